@@ -1,0 +1,1 @@
+"""tidewire: a Python event-streaming hub."""

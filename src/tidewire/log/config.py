@@ -1,0 +1,48 @@
+"""Settings of the durable log: segment size, sparse-index density, retention, limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["LogConfig", "StreamSettings"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """Per-stream settings; ``None`` retention means "keep forever"."""
+
+    segment_bytes: int = 128 * MiB
+    index_interval_bytes: int = 4096
+    retention_bytes: int | None = None
+    retention_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        if self.index_interval_bytes < 1:
+            raise ValueError("index_interval_bytes must be positive")
+        if self.retention_bytes is not None and self.retention_bytes < 0:
+            raise ValueError("retention_bytes must be >= 0")
+        if self.retention_ms is not None and self.retention_ms < 0:
+            raise ValueError("retention_ms must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Settings of a whole log directory.
+
+    ``max_record_bytes`` bounds one appended batch; ``max_pending_bytes`` bounds, per stream, the
+    bytes waiting for the next group commit (appenders wait when it is full); ``fsync=False`` is
+    for throw-away data only: ``append`` then returns before the data is durable.
+    """
+
+    defaults: StreamSettings = field(default_factory=StreamSettings)
+    streams: dict[str, StreamSettings] = field(default_factory=dict)
+    max_record_bytes: int = 64 * MiB
+    max_pending_bytes: int = 64 * MiB
+    fsync: bool = True
+
+    def for_stream(self, name: str) -> StreamSettings:
+        return self.streams.get(name, self.defaults)

@@ -1,0 +1,184 @@
+"""The on-disk record batch: one :class:`~tidewire.model.Batch`, column-wise, CRC-checked.
+
+A segment file is a sequence of records, each laid out as below (little-endian, the record's
+total length a multiple of 8 so that every record starts 8-aligned)::
+
+    offset size  field
+    0      4     length        u32  bytes of the whole record, header and padding included
+    4      1     magic         u8   = 1 (format version)
+    5      1     attributes    u8   bit 0: the record carries keys
+    6      2     reserved      u16  = 0
+    8      4     count         u32  events in the record (>= 1)
+    12     4     body_size     u32  bytes of the body before padding
+    16     8     base_id       u64  id of the first event
+    24     8     last_id       u64  id of the last event
+    32     8     max_timestamp i64  largest timestamp (ms), for retention by age
+    40     4     body_crc      u32  CRC-32 (zlib) of the body (bytes 48 .. 48 + body_size)
+    44     4     header_crc    u32  CRC-32 (zlib) of bytes 0 .. 44
+    48           body:
+                   ids            count x u64
+                   timestamps     count x i64
+                   value_offsets  (count + 1) x u32   (may start above 0; see Batch)
+                   key_offsets    (count + 1) x u32   } only with attribute bit 0
+                   key_flags      count x u8          }
+                   values         value_offsets[count] - value_offsets[0] bytes
+                   keys           key_offsets[count] - key_offsets[0] bytes (with bit 0)
+                 zero padding to a multiple of 8
+
+The header has its own CRC so that a damaged ``length`` is caught as corruption instead of being
+mistaken for a torn tail. Decoding hands back zero-copy views of the buffer it was given.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from ..model import Batch
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "EncodedRecord",
+    "RecordHeader",
+    "decode_body",
+    "encode",
+    "parse_header",
+]
+
+HEADER = struct.Struct("<IBBHIIQQqII")
+HEADER_SIZE = HEADER.size  # 48
+MAGIC = 1
+ATTR_KEYS = 0x01
+_CRC_SPAN = HEADER_SIZE - 4
+_PAD = bytes(8)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    length: int
+    attributes: int
+    count: int
+    body_size: int
+    base_id: int
+    last_id: int
+    max_timestamp: int
+    body_crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecord:
+    """A record ready for ``os.writev``: the header and body buffers, and what the index needs."""
+
+    parts: tuple[bytes | memoryview, ...]
+    length: int
+    count: int
+    base_id: int
+    last_id: int
+    max_timestamp: int
+
+
+def encode(batch: Batch) -> EncodedRecord:
+    """Encode ``batch`` as one record. Copies nothing but the 48-byte header and the padding."""
+    n = len(batch)
+    attributes = 0
+    body: list[bytes | memoryview] = [
+        batch.ids.cast("B"),
+        batch.timestamps.cast("B"),
+        batch.value_offsets.cast("B"),
+    ]
+    if batch.key_offsets is not None and batch.key_flags is not None and batch.keys is not None:
+        attributes |= ATTR_KEYS
+        body += [batch.key_offsets.cast("B"), batch.key_flags, batch.values, batch.keys]
+    else:
+        body.append(batch.values)
+    body_size = sum(part.nbytes if isinstance(part, memoryview) else len(part) for part in body)
+    crc = 0
+    for part in body:
+        crc = zlib.crc32(part, crc)
+    length = HEADER_SIZE + body_size
+    padding = -length % 8
+    length += padding
+    if length >= 2**32:
+        raise ValueError("a record must be smaller than 4 GiB")
+    max_ts = max(batch.timestamps)
+    head = bytearray(
+        HEADER.pack(
+            length,
+            MAGIC,
+            attributes,
+            0,
+            n,
+            body_size,
+            batch.first_id,
+            batch.last_id,
+            max_ts,
+            crc,
+            0,
+        )
+    )
+    struct.pack_into("<I", head, _CRC_SPAN, zlib.crc32(memoryview(head)[:_CRC_SPAN]))
+    parts: tuple[bytes | memoryview, ...] = (bytes(head), *body)
+    if padding:
+        parts = (*parts, _PAD[:padding])
+    return EncodedRecord(parts, length, n, batch.first_id, batch.last_id, max_ts)
+
+
+class HeaderError(ValueError):
+    """The 48 bytes are not a valid record header (the caller decides: torn tail or corruption)."""
+
+
+def parse_header(buf: bytes | memoryview, pos: int = 0) -> RecordHeader:
+    """Parse and check the header at ``buf[pos:pos + 48]``; raise :class:`HeaderError` if bad."""
+    (length, magic, attributes, reserved, count, body_size, base_id, last_id, max_ts, body_crc,
+     header_crc) = HEADER.unpack_from(buf, pos)  # fmt: skip
+    if zlib.crc32(memoryview(buf)[pos : pos + _CRC_SPAN]) != header_crc:
+        raise HeaderError("header CRC mismatch")
+    if magic != MAGIC:
+        raise HeaderError(f"unknown record format {magic}")
+    if reserved != 0 or attributes & ~ATTR_KEYS:
+        raise HeaderError("reserved bits set")
+    if count < 1 or base_id < 1 or last_id < base_id or last_id - base_id < count - 1:
+        raise HeaderError(f"inconsistent ids: count {count}, ids {base_id}..{last_id}")
+    needed = 20 * count + 4 + ((5 * count + 4) if attributes & ATTR_KEYS else 0)
+    if body_size < needed or length != HEADER_SIZE + body_size + (-(HEADER_SIZE + body_size) % 8):
+        raise HeaderError(f"inconsistent sizes: length {length}, body {body_size}")
+    return RecordHeader(length, attributes, count, body_size, base_id, last_id, max_ts, body_crc)
+
+
+def decode_body(stream: str, header: RecordHeader, buf: memoryview, pos: int) -> Batch:
+    """The batch held by the record at ``buf[pos:]`` whose header is ``header``.
+
+    ``buf`` must be a format-``B`` memoryview holding the whole record. Raises ``ValueError`` when
+    the body CRC or the body's own offsets disagree with the header.
+    """
+    start = pos + HEADER_SIZE
+    end = start + header.body_size
+    body = buf[start:end]
+    if zlib.crc32(body) != header.body_crc:
+        raise ValueError("body CRC mismatch")
+    n = header.count
+    p = 0
+    ids = body[p : p + 8 * n].cast("Q")
+    p += 8 * n
+    timestamps = body[p : p + 8 * n].cast("q")
+    p += 8 * n
+    value_offsets = body[p : p + 4 * (n + 1)].cast("I")
+    p += 4 * (n + 1)
+    key_flags = key_offsets = keys = None
+    if header.attributes & ATTR_KEYS:
+        key_offsets = body[p : p + 4 * (n + 1)].cast("I")
+        p += 4 * (n + 1)
+        key_flags = body[p : p + n]
+        p += n
+    values_size = value_offsets[n] - value_offsets[0]
+    values = body[p : p + values_size]
+    p += values_size
+    if key_offsets is not None:
+        keys_size = key_offsets[n] - key_offsets[0]
+        keys = body[p : p + keys_size]
+        p += keys_size
+    if p != header.body_size or ids[0] != header.base_id or ids[n - 1] != header.last_id:
+        raise ValueError("body layout disagrees with the header")
+    return Batch(stream, ids, timestamps, value_offsets, values, key_flags, key_offsets, keys)

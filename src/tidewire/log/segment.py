@@ -1,0 +1,337 @@
+"""One segment: a file of records (``<base>.log``) and its sparse id index (``<base>.index``).
+
+``<base>`` is the 20-digit id that the segment starts at: the id after the previous segment's last
+id (1 for a stream's first segment), like Kafka's segment names. Only the last segment of a stream
+(the *active* one) is written to; the others are *sealed*.
+
+The sparse index maps the base id of a record to its byte position, one entry at least every
+``index_interval_bytes`` (and always for the first record). The active segment's index lives in
+memory and is rebuilt by recovery; a sealed segment's index is written to ``<base>.index`` when it
+is sealed, with a header that lets recovery trust it without reading the segment::
+
+    magic b"TWIX" | version u32 = 1 | segment_size u64 | last_id u64 | max_timestamp i64
+    | events u64 | entries: (base_id u64, position u64) ...
+
+A missing or inconsistent index file is rebuilt from the record headers.
+
+Recovery of the active segment reads every record and checks both CRCs. The *torn tail* (a header
+cut short, a record whose length runs past the end of the file, or a tail of zero bytes) is what a
+crash in the middle of a write leaves: it is truncated and logged with file and offset. Anything
+else that fails a check (a bad CRC, ids going backwards) is corruption: :class:`CorruptLogError`
+names file and offset, and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+from array import array
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..model import Batch, CorruptLogError
+from .record import (
+    HEADER_SIZE,
+    EncodedRecord,
+    HeaderError,
+    RecordHeader,
+    decode_body,
+    parse_header,
+)
+
+__all__ = ["Segment", "segment_name"]
+
+log = logging.getLogger("tidewire.log")
+
+_INDEX_HEADER = struct.Struct("<4sIQQqQ")
+_INDEX_MAGIC = b"TWIX"
+_SCAN_CHUNK = 4 * 1024 * 1024
+_READ_AHEAD = 256 * 1024
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+
+
+def segment_name(base_id: int, suffix: str) -> str:
+    return f"{base_id:020d}{suffix}"
+
+
+@dataclass(slots=True)
+class Segment:
+    """A segment's file descriptor and what is known of its committed content.
+
+    ``size`` is the committed length: bytes past it are being written and are never read.
+    """
+
+    path: str
+    base_id: int
+    fd: int
+    size: int = 0
+    last_id: int = 0
+    max_timestamp: int = -(2**63)
+    events: int = 0
+    index_ids: array[int] = field(default_factory=lambda: array("Q"))
+    index_pos: array[int] = field(default_factory=lambda: array("Q"))
+    bytes_since_index: int = 0
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, directory: str, base_id: int) -> Segment:
+        path = os.path.join(directory, segment_name(base_id, ".log"))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        return cls(path, base_id, fd)
+
+    @classmethod
+    def open_sealed(cls, path: str, base_id: int, interval: int) -> Segment:
+        fd = os.open(path, os.O_RDONLY)
+        seg = cls(path, base_id, fd, size=os.fstat(fd).st_size)
+        if not seg._load_index_file():
+            seg._scan(interval, verify_bodies=False, repair=False)
+        return seg
+
+    @classmethod
+    def open_active(cls, path: str, base_id: int, interval: int, *, read_only: bool) -> Segment:
+        fd = os.open(path, os.O_RDONLY if read_only else os.O_RDWR)
+        seg = cls(path, base_id, fd, size=os.fstat(fd).st_size)
+        seg._scan(interval, verify_bodies=True, repair=not read_only)
+        return seg
+
+    @property
+    def index_path(self) -> str:
+        return self.path[: -len(".log")] + ".index"
+
+    @property
+    def first_id(self) -> int | None:
+        return int(self.index_ids[0]) if self.index_ids else None
+
+    # ------------------------------------------------------------------ recovery
+
+    def _scan(self, interval: int, *, verify_bodies: bool, repair: bool) -> None:
+        """Walk every record from the start, rebuilding the index; handle the tail (see module)."""
+        file_size = self.size
+        pos = 0
+        buf = memoryview(b"")
+        buf_start = 0
+        last_id = 0
+        while pos < file_size:
+            remaining = file_size - pos
+            if remaining < HEADER_SIZE:
+                self._torn(pos, "a record header is cut short", repair)
+                return
+            if pos + HEADER_SIZE > buf_start + len(buf):
+                buf_start = pos
+                buf = memoryview(os.pread(self.fd, min(_SCAN_CHUNK, remaining), pos))
+            try:
+                header = parse_header(buf, pos - buf_start)
+            except HeaderError as exc:
+                if self._zeros_from(pos):
+                    self._torn(pos, "the tail is zero bytes", repair)
+                    return
+                raise CorruptLogError(self.path, pos, str(exc)) from None
+            if header.length > remaining:
+                if not verify_bodies:  # a sealed segment was complete when it was sealed
+                    raise CorruptLogError(self.path, pos, "record runs past the end of the file")
+                self._torn(pos, f"a {header.length}-byte record is cut short", repair)
+                return
+            if header.base_id <= last_id:
+                raise CorruptLogError(
+                    self.path, pos, f"id {header.base_id} does not follow id {last_id}"
+                )
+            if verify_bodies:
+                if pos + header.length > buf_start + len(buf):
+                    buf_start = pos
+                    buf = memoryview(os.pread(self.fd, max(header.length, _SCAN_CHUNK), pos))
+                try:
+                    decode_body("-", header, buf, pos - buf_start)
+                except ValueError as exc:
+                    raise CorruptLogError(self.path, pos, str(exc)) from None
+            self._note_record(pos, header.length, header.count, header.base_id, header.last_id,
+                              header.max_timestamp, interval)  # fmt: skip
+            last_id = header.last_id
+            pos += header.length
+        self.size = pos
+
+    def _zeros_from(self, pos: int) -> bool:
+        while pos < self.size:
+            chunk = os.pread(self.fd, min(_SCAN_CHUNK, self.size - pos), pos)
+            if not chunk or chunk.count(0) != len(chunk):
+                return False
+            pos += len(chunk)
+        return True
+
+    def _torn(self, pos: int, why: str, repair: bool) -> None:
+        if repair:
+            log.warning(
+                "recovery: truncating torn tail of %s at byte offset %d (%d bytes dropped: %s)",
+                self.path, pos, self.size - pos, why,
+            )  # fmt: skip
+            os.ftruncate(self.fd, pos)
+            os.fsync(self.fd)
+        else:
+            log.warning("torn tail of %s at byte offset %d ignored (read-only)", self.path, pos)
+        self.size = pos
+
+    def _load_index_file(self) -> bool:
+        try:
+            with open(self.index_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return False
+        if len(data) < _INDEX_HEADER.size or (len(data) - _INDEX_HEADER.size) % 16:
+            return False
+        magic, version, size, last_id, max_ts, events = _INDEX_HEADER.unpack_from(data)
+        if magic != _INDEX_MAGIC or version != 1 or size != self.size:
+            return False
+        entries = memoryview(data)[_INDEX_HEADER.size :].cast("Q")
+        ids, positions = array("Q", entries[0::2]), array("Q", entries[1::2])
+        if size and (not ids or positions[0] != 0 or positions[-1] >= size):
+            return False
+        self.last_id, self.max_timestamp, self.events = last_id, max_ts, events
+        self.index_ids, self.index_pos = ids, positions
+        return True
+
+    def _note_record(self, pos: int, length: int, count: int, base_id: int, last_id: int,
+                     max_ts: int, interval: int) -> None:  # fmt: skip
+        if not self.index_ids or self.bytes_since_index >= interval:
+            self.index_ids.append(base_id)
+            self.index_pos.append(pos)
+            self.bytes_since_index = 0
+        self.bytes_since_index += length
+        self.last_id = last_id
+        self.events += count
+        self.max_timestamp = max(self.max_timestamp, max_ts)
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, records: Sequence[EncodedRecord], *, fsync: bool) -> int:
+        """Write ``records`` at the end in one ``writev`` and make them durable.
+
+        Returns the new size; the caller publishes it (under its lock) with :meth:`commit`. On
+        failure the file is cut back to its committed size before the error propagates.
+        """
+        pending: list[bytes | memoryview] = [p for r in records for p in r.parts]
+        total = sum(r.length for r in records)
+        try:
+            offset = self.size
+            while pending:  # pwritev may write less than asked: resume where it stopped
+                n = os.pwritev(self.fd, pending[:_IOV_MAX], offset)
+                if n <= 0:
+                    raise OSError("pwritev wrote nothing")
+                offset += n
+                pending = _skip(pending, n)
+            if fsync:
+                os.fdatasync(self.fd)
+        except BaseException:
+            try:
+                os.ftruncate(self.fd, self.size)
+            except OSError:  # pragma: no cover - the stream is failed by the caller anyway
+                log.exception("could not cut %s back to %d bytes", self.path, self.size)
+            raise
+        return self.size + total
+
+    def commit(self, records: Sequence[EncodedRecord], interval: int) -> None:
+        """Publish records written by :meth:`write` (call with the stream lock held)."""
+        pos = self.size
+        for r in records:
+            self._note_record(pos, r.length, r.count, r.base_id, r.last_id, r.max_timestamp,
+                              interval)  # fmt: skip
+            pos += r.length
+        self.size = pos
+
+    def seal(self) -> None:
+        """Write and fsync the index file of a segment that will not grow any more."""
+        header = _INDEX_HEADER.pack(
+            _INDEX_MAGIC, 1, self.size, self.last_id, self.max_timestamp, self.events
+        )
+        entries = array("Q")
+        for i, p in zip(self.index_ids, self.index_pos, strict=True):
+            entries.append(i)
+            entries.append(p)
+        fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, header + entries.tobytes())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.path, self.index_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    # ------------------------------------------------------------------ reading
+
+    def read(
+        self, stream: str, from_id: int, max_bytes: int, max_events: int, out: list[Batch]
+    ) -> tuple[int, int]:
+        """Append to ``out`` the batches from ``from_id`` on; stop past ``max_bytes`` or
+        ``max_events``, but always give at least one event if there is one.
+
+        Returns (bytes, events) added. Records are checked against their CRCs as they are read.
+        """
+        if from_id > self.last_id or self.size == 0:
+            return 0, 0
+        slot = bisect_right(self.index_ids, from_id) - 1
+        pos = int(self.index_pos[max(slot, 0)])
+        end = self.size
+        # Skip whole records that end before from_id, reading headers only.
+        while pos < end:
+            head = os.pread(self.fd, HEADER_SIZE, pos)
+            header = self._header(head, 0, pos)
+            if header.last_id >= from_id:
+                break
+            pos += header.length
+        got_bytes = got_events = 0
+        buf = memoryview(b"")
+        buf_start = pos
+        while pos < end and got_events < max_events and (got_bytes < max_bytes or not got_events):
+            if pos + HEADER_SIZE > buf_start + len(buf):
+                buf_start = pos
+                want = min(end - pos, max(max_bytes - got_bytes, HEADER_SIZE) + _READ_AHEAD)
+                buf = memoryview(os.pread(self.fd, want, pos))
+            header = self._header(buf, pos - buf_start, pos)
+            if pos + header.length > buf_start + len(buf):
+                buf_start = pos
+                buf = memoryview(os.pread(self.fd, header.length, pos))
+            try:
+                batch = decode_body(stream, header, buf, pos - buf_start)
+            except ValueError as exc:
+                raise CorruptLogError(self.path, pos, str(exc)) from None
+            start = batch.index_of(from_id) if header.base_id < from_id else 0
+            stop = min(len(batch), start + max_events - got_events)
+            if start < stop:
+                if start or stop < len(batch):
+                    batch = batch.slice(start, stop)
+                out.append(batch)
+                got_events += stop - start
+                got_bytes += batch.nbytes
+            pos += header.length
+        return got_bytes, got_events
+
+    def _header(self, buf: bytes | memoryview, at: int, pos: int) -> RecordHeader:
+        if len(buf) - at < HEADER_SIZE:
+            raise CorruptLogError(self.path, pos, "record header cut short inside the file")
+        try:
+            return parse_header(buf, at)
+        except HeaderError as exc:
+            raise CorruptLogError(self.path, pos, str(exc)) from None
+
+
+def _skip(parts: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
+    """``parts`` with their first ``n`` bytes dropped (to resume a short ``pwritev``)."""
+    if n == 0:
+        return parts
+    for i, part in enumerate(parts):
+        size = part.nbytes if isinstance(part, memoryview) else len(part)
+        if n < size:
+            return [memoryview(part)[n:], *parts[i + 1 :]]
+        n -= size
+    return []

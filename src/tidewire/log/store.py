@@ -1,0 +1,296 @@
+"""The durable log of a data directory: every stream, group commit, and live-tail notification.
+
+Group commit: :meth:`Log.append` checks and encodes a batch on the event loop, queues it on its
+stream and waits. One committer task per stream takes *everything* queued, writes it with one
+``pwritev`` and one ``fdatasync`` in a worker thread, then wakes every appender of that group at
+once. Appenders that arrive while the disk is busy form the next group, so N concurrent writers
+cost one flush per round, not N. ``append`` returns only once the data is durable.
+
+Ids are either the caller's (they must exceed the stream's latest id, counting batches still
+queued: Seguro's rule) or assigned by the log as latest + 1, latest + 2, ...
+
+The queue of each stream is bounded in bytes (``max_pending_bytes``): appenders wait for room.
+Readers call :meth:`Log.read` (synchronous, thread-safe; :meth:`Log.read_async` runs it in a
+worker thread) and :meth:`Log.wait_for` to learn of new commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from dataclasses import dataclass, field
+
+from ..model import (
+    Batch,
+    IdOrderError,
+    LimitExceeded,
+    LogClosedError,
+    UnknownStream,
+    validate_stream_name,
+)
+from .config import LogConfig
+from .record import HEADER_SIZE, EncodedRecord, encode
+from .stream import NAME_FILE, StreamLog, StreamStats
+
+__all__ = ["Log"]
+
+log = logging.getLogger("tidewire.log")
+
+LOCK_FILE = ".lock"
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: EncodedRecord
+    batch: Batch
+    future: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class _Writer:
+    """Per-stream group-commit state (event-loop side)."""
+
+    stream: StreamLog
+    latest: int  # the latest id accepted, queued ones included
+    queue: list[_Pending] = field(default_factory=list)
+    queued_bytes: int = 0
+    task: asyncio.Task[None] | None = None
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+    committed: asyncio.Future[None] | None = None  # resolved at each commit (live tail)
+
+
+class Log:
+    """All streams of one data directory. Open with :meth:`open`; close with :meth:`close`."""
+
+    def __init__(self, directory: str, config: LogConfig, *, read_only: bool) -> None:
+        self.directory = directory
+        self.config = config
+        self.read_only = read_only
+        self._streams: dict[str, StreamLog] = {}
+        self._writers: dict[str, _Writer] = {}
+        self._tails: dict[str, asyncio.Future[None]] = {}
+        self._lock_fd = -1
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(
+        cls, directory: str, config: LogConfig | None = None, *, read_only: bool = False
+    ) -> Log:
+        """Open (creating it if needed) and recover every stream of ``directory``.
+
+        A writable log takes an exclusive lock on the directory; a read-only one (for offline
+        tools) neither locks nor repairs anything.
+        """
+        self = cls(os.path.abspath(directory), config or LogConfig(), read_only=read_only)
+        if not read_only:
+            os.makedirs(self.directory, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.directory, LOCK_FILE),
+                                    os.O_RDWR | os.O_CREAT, 0o644)  # fmt: skip
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._lock_fd)
+                raise LogClosedError(
+                    f"data directory {self.directory} is in use by another tidewire process"
+                ) from None
+        elif not os.path.isdir(self.directory):
+            raise FileNotFoundError(f"no data directory at {self.directory}")
+        try:
+            for entry in sorted(os.listdir(self.directory)):
+                path = os.path.join(self.directory, entry)
+                if not os.path.isfile(os.path.join(path, NAME_FILE)):
+                    continue
+                with open(os.path.join(path, NAME_FILE), "rb") as f:
+                    name = f.read().decode()
+                stream = StreamLog.open(path, self.config.for_stream(name), read_only=read_only)
+                self._streams[stream.name] = stream
+        except BaseException:
+            self._close_files()
+            raise
+        return self
+
+    async def close(self) -> None:
+        """Finish every queued append (flush + fsync), then close all files."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [w.task for w in self._writers.values() if w.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for fut in self._tails.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._close_files()
+
+    def close_sync(self) -> None:
+        """Close without an event loop (offline tools, or after the loop has gone)."""
+        self._closed = True
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ streams
+
+    def streams(self) -> list[str]:
+        return sorted(self._streams)
+
+    def stats(self) -> list[StreamStats]:
+        return [self._streams[name].stats() for name in self.streams()]
+
+    def stream(self, name: str) -> StreamLog:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise UnknownStream(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._streams
+
+    def latest(self, name: str) -> int:
+        """The stream's last committed id; 0 when it has none (or does not exist)."""
+        stream = self._streams.get(name)
+        return stream.latest if stream is not None else 0
+
+    def start_id(self, name: str) -> int:
+        """The lowest id still readable (1 unless retention removed the start)."""
+        stream = self._streams.get(name)
+        return stream.start_id if stream is not None else 1
+
+    def _create(self, name: str) -> StreamLog:
+        validate_stream_name(name)
+        if self.read_only:
+            raise LogClosedError("the log is open read-only")
+        stream = StreamLog.create(self.directory, name, self.config.for_stream(name))
+        self._streams[name] = stream
+        log.info("created stream %r in %s", name, stream.directory)
+        return stream
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Apply every stream's retention; return how many segments were deleted."""
+        return sum(s.enforce_retention(now_ms) for s in list(self._streams.values()))
+
+    # ------------------------------------------------------------------ appending
+
+    async def append(self, batch: Batch, *, assign_ids: bool = False) -> Batch:
+        """Append ``batch`` durably and return it as stored (with the ids the log assigned).
+
+        With ``assign_ids=False`` the batch's own ids are kept and must exceed the stream's
+        latest id (:class:`IdOrderError` otherwise). Creates the stream on first append.
+        Cancelling the caller does not cancel the write.
+        """
+        if self._closed:
+            raise LogClosedError("the log is closed")
+        writer = self._writers.get(batch.stream)
+        if writer is None:
+            stream = self._streams.get(batch.stream) or self._create(batch.stream)
+            writer = self._writers[batch.stream] = _Writer(stream, stream.latest)
+        estimate = batch.nbytes + HEADER_SIZE
+        if estimate > self.config.max_record_bytes:
+            raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
+        # Wait for room first: from the id check to the enqueue below nothing awaits, so the
+        # queue's order is the id order.
+        while writer.queued_bytes and writer.queued_bytes + estimate > (
+            self.config.max_pending_bytes
+        ):
+            writer.room.clear()
+            await writer.room.wait()
+        if writer.stream.failed is not None:
+            raise LogClosedError(f"stream {batch.stream!r} failed: {writer.stream.failed}")
+        if assign_ids:
+            batch = batch.with_ids(writer.latest + 1)
+        elif batch.first_id <= writer.latest:
+            raise IdOrderError(batch.stream, batch.first_id, writer.latest)
+        record = encode(batch)
+        writer.latest = batch.last_id
+        future = asyncio.get_running_loop().create_future()
+        writer.queue.append(_Pending(record, batch, future))
+        writer.queued_bytes += record.length
+        if writer.task is None:
+            writer.task = asyncio.create_task(self._commit_loop(writer))
+        await asyncio.shield(future)
+        return batch
+
+    async def _commit_loop(self, writer: _Writer) -> None:
+        loop = asyncio.get_running_loop()
+        stream = writer.stream
+        try:
+            while writer.queue:
+                group, writer.queue, writer.queued_bytes = writer.queue, [], 0
+                writer.room.set()
+                records = [p.record for p in group]
+                try:
+                    await loop.run_in_executor(None, self._write, stream, records)
+                except BaseException as exc:
+                    error = LogClosedError(f"stream {stream.name!r}: append failed: {exc!r}")
+                    for pending in (*group, *writer.queue):
+                        if not pending.future.done():
+                            pending.future.set_exception(error)
+                    writer.queue, writer.queued_bytes = [], 0
+                    writer.latest = stream.latest
+                    if not isinstance(exc, Exception):
+                        raise
+                    return
+                for pending in group:
+                    if not pending.future.done():
+                        pending.future.set_result(None)
+                self._notify(stream.name)
+        finally:
+            writer.task = None
+            writer.room.set()
+
+    def _write(self, stream: StreamLog, records: list[EncodedRecord]) -> None:
+        stream.write(records, fsync=self.config.fsync)
+
+    # ------------------------------------------------------------------ reading and tailing
+
+    def read(
+        self, name: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
+    ) -> list[Batch]:
+        """Committed events of ``name`` from ``from_id`` on (see :meth:`StreamLog.read`)."""
+        stream = self._streams.get(name)
+        if stream is None:
+            return []
+        return stream.read(from_id, max_bytes, max_events)
+
+    async def read_async(
+        self, name: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
+    ) -> list[Batch]:
+        """:meth:`read` in a worker thread, so a cold disk never stalls the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.read, name, from_id, max_bytes, max_events)
+
+    async def wait_for(self, name: str, after_id: int) -> None:
+        """Return once ``name`` has a committed id greater than ``after_id`` (or the log closes,
+        which raises :class:`LogClosedError`)."""
+        while True:
+            if self._closed:
+                raise LogClosedError("the log is closed")
+            if self.latest(name) > after_id:
+                return
+            fut = self._tails.get(name)
+            if fut is None or fut.done():
+                fut = self._tails[name] = asyncio.get_running_loop().create_future()
+            await asyncio.shield(fut)
+
+    def _notify(self, name: str) -> None:
+        fut = self._tails.pop(name, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    # ------------------------------------------------------------------ misc
+
+    def __repr__(self) -> str:
+        return f"Log({self.directory!r}, streams={len(self._streams)})"

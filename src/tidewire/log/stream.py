@@ -1,0 +1,256 @@
+"""One stream's log: its directory of segments, reads by id range, rolling and retention.
+
+This layer is synchronous and thread-safe: the group committer (:mod:`tidewire.log.store`) writes
+from a worker thread while readers read from others. ``_lock`` guards the segment list and each
+segment's committed size; the write and fsync themselves run outside it, past the committed size,
+so readers never wait for a disk flush and never see an uncommitted byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from ..model import Batch, CorruptLogError, DataLossError, LogClosedError
+from .config import StreamSettings
+from .record import EncodedRecord
+from .segment import Segment
+
+__all__ = ["StreamLog", "StreamStats", "directory_name", "fsync_dir"]
+
+log = logging.getLogger("tidewire.log")
+
+NAME_FILE = "stream.name"
+
+
+def directory_name(stream: str) -> str:
+    """A file-system-safe, collision-free directory name for ``stream`` (the real name is kept
+    in ``stream.name`` inside it)."""
+    encoded = quote(stream, safe="")
+    if encoded.startswith("."):
+        encoded = "%2E" + encoded[1:]
+    if len(encoded) > 200:
+        digest = hashlib.sha256(stream.encode()).hexdigest()[:32]
+        encoded = encoded[:160].rstrip("%0123456789ABCDEF") + "~" + digest
+    return encoded
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    name: str
+    events: int
+    first_id: int | None
+    latest_id: int | None
+    bytes: int
+    segments: int
+
+
+class StreamLog:
+    """The segments of one stream. Create with :meth:`create` or :meth:`open`."""
+
+    def __init__(self, name: str, directory: str, settings: StreamSettings) -> None:
+        self.name = name
+        self.directory = directory
+        self.settings = settings
+        self.segments: list[Segment] = []
+        self.failed: BaseException | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, root: str, name: str, settings: StreamSettings) -> StreamLog:
+        directory = os.path.join(root, directory_name(name))
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, NAME_FILE), "wb") as f:
+            f.write(name.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        stream = cls(name, directory, settings)
+        stream.segments.append(Segment.create(directory, 1))
+        fsync_dir(directory)
+        fsync_dir(root)
+        return stream
+
+    @classmethod
+    def open(
+        cls, directory: str, settings: StreamSettings, *, read_only: bool = False
+    ) -> StreamLog:
+        """Open and recover the stream in ``directory`` (see :mod:`tidewire.log.segment`)."""
+        with open(os.path.join(directory, NAME_FILE), "rb") as f:
+            name = f.read().decode()
+        stream = cls(name, directory, settings)
+        bases = sorted(
+            int(entry[:-4])
+            for entry in os.listdir(directory)
+            if entry.endswith(".log") and entry[:-4].isdigit()
+        )
+        interval = settings.index_interval_bytes
+        try:
+            for i, base in enumerate(bases):
+                path = os.path.join(directory, f"{base:020d}.log")
+                if i < len(bases) - 1:
+                    seg = Segment.open_sealed(path, base, interval)
+                else:
+                    seg = Segment.open_active(path, base, interval, read_only=read_only)
+                previous = stream.segments[-1] if stream.segments else None
+                if (
+                    previous is not None
+                    and seg.first_id is not None
+                    and (seg.first_id <= previous.last_id or base <= previous.last_id)
+                ):
+                    raise CorruptLogError(path, 0, f"ids overlap the previous segment "
+                                          f"(which ends at id {previous.last_id})")  # fmt: skip
+                stream.segments.append(seg)
+            if not stream.segments:
+                if read_only:
+                    raise CorruptLogError(directory, 0, "stream directory has no segment")
+                stream.segments.append(Segment.create(directory, 1))
+                fsync_dir(directory)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def close(self) -> None:
+        with self._lock:
+            for seg in self.segments:
+                seg.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def latest(self) -> int:
+        """The last committed id, or 0 when the stream holds no event."""
+        with self._lock:
+            return self._latest_locked()
+
+    def _latest_locked(self) -> int:
+        for seg in reversed(self.segments):
+            if seg.events:
+                return seg.last_id
+        return self.segments[0].base_id - 1 if self.segments else 0
+
+    @property
+    def start_id(self) -> int:
+        """The lowest id a read may ask for without losing data (retention raises it)."""
+        with self._lock:
+            return self.segments[0].base_id
+
+    def stats(self) -> StreamStats:
+        with self._lock:
+            first = next((s.first_id for s in self.segments if s.first_id is not None), None)
+            events = sum(s.events for s in self.segments)
+            return StreamStats(
+                self.name,
+                events,
+                first,
+                self._latest_locked() if events else None,
+                sum(s.size for s in self.segments),
+                len(self.segments),
+            )
+
+    # ------------------------------------------------------------------ writing (one writer)
+
+    def write(self, records: Sequence[EncodedRecord], *, fsync: bool) -> None:
+        """Write ``records`` (already id-checked by the caller) durably, then publish them.
+
+        Only one thread writes at a time (the group committer guarantees it).
+        """
+        if self.failed is not None:
+            raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
+        try:
+            active = self.segments[-1]
+            incoming = sum(r.length for r in records)
+            if active.size and active.size + incoming > self.settings.segment_bytes:
+                active = self._roll(active)
+            active.write(records, fsync=fsync)
+        except BaseException as exc:
+            self.failed = exc
+            log.error("stream %r: write failed, the stream is closed until restart: %s",
+                      self.name, exc)  # fmt: skip
+            raise
+        with self._lock:
+            active.commit(records, self.settings.index_interval_bytes)
+
+    def _roll(self, active: Segment) -> Segment:
+        active.seal()
+        new = Segment.create(self.directory, active.last_id + 1)
+        fsync_dir(self.directory)
+        with self._lock:
+            self.segments.append(new)
+        return new
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete the oldest sealed segments that retention no longer keeps; return how many.
+
+        The active segment is never deleted. By size, a segment goes while the stream would still
+        hold at least ``retention_bytes`` without it; by age, when its newest event is older
+        than ``retention_ms``.
+        """
+        by_bytes, by_age = self.settings.retention_bytes, self.settings.retention_ms
+        if by_bytes is None and by_age is None:
+            return 0
+        removed: list[Segment] = []
+        with self._lock:
+            total = sum(s.size for s in self.segments)
+            while len(self.segments) > 1:
+                oldest = self.segments[0]
+                too_old = by_age is not None and oldest.max_timestamp < now_ms - by_age
+                too_big = by_bytes is not None and total - oldest.size >= by_bytes
+                if not (too_old or too_big):
+                    break
+                removed.append(self.segments.pop(0))
+                total -= oldest.size
+            for seg in removed:
+                log.info("retention: stream %r drops %s (ids up to %d)",
+                         self.name, seg.path, seg.last_id)  # fmt: skip
+                seg.delete()
+        if removed:
+            fsync_dir(self.directory)
+        return len(removed)
+
+    # ------------------------------------------------------------------ reading (any thread)
+
+    def read(
+        self, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
+    ) -> list[Batch]:
+        """Committed events with ids >= ``from_id``, about ``max_bytes`` of them (at least one
+        event when there is one), as zero-copy batches. Raises :class:`DataLossError` when
+        ``from_id`` was removed by retention."""
+        out: list[Batch] = []
+        with self._lock:
+            if not self.segments or self.segments[0].fd < 0:
+                raise LogClosedError(f"stream {self.name!r} is closed")
+            if from_id < self.segments[0].base_id:
+                raise DataLossError(self.name, from_id, self.segments[0].base_id)
+            got_bytes = got_events = 0
+            for seg in self._segments_from(from_id):
+                b, e = seg.read(self.name, from_id, max_bytes - got_bytes, max_events - got_events,
+                                out)  # fmt: skip
+                got_bytes += b
+                got_events += e
+                if got_events >= max_events or got_bytes >= max_bytes:
+                    break
+        return out
+
+    def _segments_from(self, from_id: int) -> list[Segment]:
+        segs = self.segments
+        lo = 0
+        for i, seg in enumerate(segs):
+            if seg.base_id <= from_id:
+                lo = i
+        return segs[lo:]

@@ -1,0 +1,487 @@
+"""Events, batches, stream names and the error tree shared by every part of tidewire.
+
+An *event* is (stream, id, key, value, timestamp). Ids are strictly increasing within a stream;
+on the wire they are u64, but tidewire keeps them in 1..2**63-1 so that every id fits Spark's
+``LongType`` and RS.io's ``Long`` (0 means "before the first event").
+
+The unit of work is the :class:`Batch`: many events of one stream held column-wise in a few
+contiguous buffers (ids, timestamps, value offsets + one values buffer, and optionally key flags,
+key offsets + one keys buffer). The log stores these buffers as they are and hands them back as
+zero-copy views, so moving a thousand events costs a handful of Python objects, not thousands.
+
+Buffers are native little-endian machine arrays (``memoryview`` casts); tidewire refuses to
+import on a big-endian machine rather than silently writing a log it could not read elsewhere.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import unicodedata
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = [
+    "MAX_ID",
+    "Batch",
+    "CorruptLogError",
+    "DataLossError",
+    "Event",
+    "IdOrderError",
+    "InvalidBatch",
+    "InvalidStreamName",
+    "LimitExceeded",
+    "LocalProtocolError",
+    "LogClosedError",
+    "LogError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "TidewireError",
+    "UnknownStream",
+    "now_ms",
+    "validate_stream_name",
+]
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("tidewire's log format is little-endian; this machine is big-endian")
+
+MAX_ID = 2**63 - 1
+"""The largest event id (ids are 1..MAX_ID)."""
+
+MAX_STREAM_NAME_BYTES = 255
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class TidewireError(Exception):
+    """Base of every error tidewire raises on purpose."""
+
+
+class InvalidStreamName(TidewireError, ValueError):
+    """A stream name that is empty, too long, not UTF-8, or holds whitespace or controls."""
+
+
+class InvalidBatch(TidewireError, ValueError):
+    """A batch whose buffers disagree, or whose ids are not strictly increasing."""
+
+
+class UnknownStream(TidewireError, KeyError):
+    """The stream does not exist (reads never create streams)."""
+
+    def __str__(self) -> str:
+        return f"unknown stream {self.args[0]!r}" if self.args else "unknown stream"
+
+
+class LimitExceeded(TidewireError):
+    """A bounded buffer, queue or size limit would be exceeded."""
+
+    def __init__(self, what: str, limit: int, got: int) -> None:
+        super().__init__(f"{what}: {got} exceeds the limit of {limit}")
+        self.what = what
+        self.limit = limit
+        self.got = got
+
+
+class LogError(TidewireError):
+    """Base of the durable log's errors."""
+
+
+class LogClosedError(LogError):
+    """The log (or the stream) was closed, or failed and must be reopened."""
+
+
+class IdOrderError(LogError, ValueError):
+    """Caller-chosen ids that are not greater than the stream's latest id."""
+
+    def __init__(self, stream: str, first_id: int, latest: int) -> None:
+        super().__init__(
+            f"stream {stream!r}: id {first_id} is not greater than the latest id {latest}"
+        )
+        self.stream = stream
+        self.first_id = first_id
+        self.latest = latest
+
+
+class DataLossError(LogError):
+    """The requested id was removed by retention (it is below the stream's first id)."""
+
+    def __init__(self, stream: str, requested: int, first_id: int) -> None:
+        super().__init__(
+            f"stream {stream!r}: id {requested} was removed by retention; "
+            f"the first retained id is {first_id}"
+        )
+        self.stream = stream
+        self.requested = requested
+        self.first_id = first_id
+
+
+class CorruptLogError(LogError):
+    """A log file is damaged before its tail: never skipped, always reported with its place."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt log file {path} at byte offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class ProtocolError(TidewireError):
+    """A breach of a wire protocol. Subclasses say which side broke it."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to do something the protocol forbids (a bug or misuse on this side)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids."""
+
+
+# --------------------------------------------------------------------------- names and time
+
+
+@lru_cache(maxsize=4096)
+def validate_stream_name(name: str) -> str:
+    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
+
+    A name is 1-255 bytes of UTF-8 with no whitespace and no control characters.
+    """
+    if not isinstance(name, str):
+        raise InvalidStreamName(f"stream name must be str, not {type(name).__name__}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidStreamName(f"stream name {name!r} is not valid UTF-8") from exc
+    if size == 0:
+        raise InvalidStreamName("stream name is empty")
+    if size > MAX_STREAM_NAME_BYTES:
+        raise InvalidStreamName(
+            f"stream name is {size} bytes of UTF-8; the limit is {MAX_STREAM_NAME_BYTES}"
+        )
+    for position, ch in enumerate(name):
+        if ch.isspace() or unicodedata.category(ch) == "Cc":
+            raise InvalidStreamName(
+                f"stream name {name!r} holds whitespace or a control character "
+                f"(U+{ord(ch):04X} at position {position})"
+            )
+    return name
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the Unix epoch (event timestamps)."""
+    return time.time_ns() // 1_000_000
+
+
+# --------------------------------------------------------------------------- events and batches
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event. Convenient for tests and tools; hot paths move :class:`Batch` instead."""
+
+    stream: str
+    id: int
+    value: bytes
+    key: bytes | None = None
+    timestamp: int = 0
+
+
+def _u64(values: Iterable[int]) -> memoryview:
+    return memoryview(array("Q", values)).cast("B").cast("Q")
+
+
+def _offsets(chunks: Sequence[bytes]) -> tuple[memoryview, memoryview]:
+    """Offsets (n+1, u32) and the concatenated bytes of ``chunks``."""
+    lengths = [len(c) for c in chunks]
+    offsets = array("I", [0])
+    total = 0
+    for n in lengths:
+        total += n
+        offsets.append(total)  # OverflowError past 4 GiB: a batch is far smaller than that
+    return memoryview(offsets), memoryview(b"".join(chunks))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Batch:
+    """Events ``[0, n)`` of one stream, column-wise in contiguous buffers.
+
+    * ``ids`` (format ``Q``) and ``timestamps`` (format ``q``, ms): ``n`` items each.
+    * ``value_offsets`` (format ``I``): ``n + 1`` items; event ``i``'s value is
+      ``values[value_offsets[i] - value_offsets[0] : value_offsets[i + 1] - value_offsets[0]]``.
+      Offsets may start above zero so that slicing a batch never rewrites them.
+    * ``key_flags`` (format ``B``, 1 = the event has a key), ``key_offsets`` and ``keys``: the same
+      layout for keys, or all three ``None`` when no event has a key.
+
+    Construction checks only what is O(1) (buffer sizes and formats); the builders check id order,
+    and :meth:`validate` checks a batch that came from an untrusted peer.
+    """
+
+    stream: str
+    ids: memoryview
+    timestamps: memoryview
+    value_offsets: memoryview
+    values: memoryview
+    key_flags: memoryview | None = None
+    key_offsets: memoryview | None = None
+    keys: memoryview | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        if n == 0:
+            raise InvalidBatch("a batch holds at least one event")
+        if self.ids.format != "Q" or self.timestamps.format != "q":
+            raise InvalidBatch("ids must be format 'Q' and timestamps format 'q'")
+        if self.value_offsets.format != "I":
+            raise InvalidBatch("value offsets must be format 'I'")
+        if len(self.timestamps) != n or len(self.value_offsets) != n + 1:
+            raise InvalidBatch("ids, timestamps and value offsets disagree in length")
+        if self.value_offsets[n] - self.value_offsets[0] != self.values.nbytes:
+            raise InvalidBatch("value offsets do not span the values buffer")
+        has = (self.key_flags is not None, self.key_offsets is not None, self.keys is not None)
+        if any(has) and not all(has):
+            raise InvalidBatch("key flags, key offsets and keys come together or not at all")
+        if self.key_flags is not None and self.key_offsets is not None and self.keys is not None:
+            if len(self.key_flags) != n or len(self.key_offsets) != n + 1:
+                raise InvalidBatch("key flags or key offsets disagree with the ids in length")
+            if self.key_offsets.format != "I":
+                raise InvalidBatch("key offsets must be format 'I'")
+            if self.key_offsets[n] - self.key_offsets[0] != self.keys.nbytes:
+                raise InvalidBatch("key offsets do not span the keys buffer")
+
+    # ------------------------------------------------------------------ builders
+
+    @classmethod
+    def build(
+        cls,
+        stream: str,
+        values: Sequence[bytes],
+        *,
+        ids: Sequence[int] | None = None,
+        keys: Sequence[bytes | None] | None = None,
+        timestamps: Sequence[int] | int | None = None,
+    ) -> Batch:
+        """Build a batch from Python values (an edge of the system, so per-event work is fine).
+
+        ``ids`` default to 1..n (the log reassigns them when it assigns ids); ``timestamps``
+        default to now, and a single int stamps every event with it.
+        """
+        validate_stream_name(stream)
+        n = len(values)
+        if n == 0:
+            raise InvalidBatch("a batch holds at least one event")
+        if ids is None:
+            id_view = _u64(range(1, n + 1))
+        else:
+            if len(ids) != n:
+                raise InvalidBatch(f"{len(ids)} ids for {n} values")
+            try:
+                id_view = _u64(ids)
+            except OverflowError as exc:
+                raise InvalidBatch("ids must be within 1..2**63-1") from exc
+            _check_ids(id_view)
+        if timestamps is None or isinstance(timestamps, int):
+            ts = now_ms() if timestamps is None else timestamps
+            ts_array = array("q", [ts]) * n
+        else:
+            if len(timestamps) != n:
+                raise InvalidBatch(f"{len(timestamps)} timestamps for {n} values")
+            ts_array = array("q", timestamps)
+        value_offsets, value_bytes = _offsets(values)
+        key_flags = key_offsets = key_bytes = None
+        if keys is not None:
+            if len(keys) != n:
+                raise InvalidBatch(f"{len(keys)} keys for {n} values")
+            if any(k is not None for k in keys):
+                key_flags = memoryview(bytes(0 if k is None else 1 for k in keys))
+                key_offsets, key_bytes = _offsets([b"" if k is None else k for k in keys])
+        return cls(
+            stream,
+            id_view,
+            memoryview(ts_array),
+            value_offsets,
+            value_bytes,
+            key_flags,
+            key_offsets,
+            key_bytes,
+        )
+
+    @classmethod
+    def from_events(cls, events: Sequence[Event]) -> Batch:
+        """A batch of events that all belong to one stream."""
+        if not events:
+            raise InvalidBatch("a batch holds at least one event")
+        stream = events[0].stream
+        if any(e.stream != stream for e in events):
+            raise InvalidBatch("every event of a batch belongs to the same stream")
+        return cls.build(
+            stream,
+            [e.value for e in events],
+            ids=[e.id for e in events],
+            keys=[e.key for e in events],
+            timestamps=[e.timestamp for e in events],
+        )
+
+    # ------------------------------------------------------------------ accessors
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def first_id(self) -> int:
+        return int(self.ids[0])
+
+    @property
+    def last_id(self) -> int:
+        return int(self.ids[-1])
+
+    @property
+    def has_keys(self) -> bool:
+        return self.key_flags is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the batch's buffers (what it costs to keep or send)."""
+        n = len(self.ids)
+        size = 20 * n + 4 + self.values.nbytes
+        if self.keys is not None:
+            size += 5 * n + 4 + self.keys.nbytes
+        return size
+
+    def value(self, i: int) -> bytes:
+        base = self.value_offsets[0]
+        return bytes(self.values[self.value_offsets[i] - base : self.value_offsets[i + 1] - base])
+
+    def key(self, i: int) -> bytes | None:
+        if self.key_flags is None or self.key_offsets is None or self.keys is None:
+            return None
+        if not self.key_flags[i]:
+            return None
+        base = self.key_offsets[0]
+        return bytes(self.keys[self.key_offsets[i] - base : self.key_offsets[i + 1] - base])
+
+    def event(self, i: int) -> Event:
+        return Event(
+            self.stream, int(self.ids[i]), self.value(i), self.key(i), int(self.timestamps[i])
+        )
+
+    def __iter__(self) -> Iterator[Event]:
+        """Per-event objects: for tools and tests, never for hot paths."""
+        for i in range(len(self.ids)):
+            yield self.event(i)
+
+    def index_of(self, event_id: int) -> int:
+        """Index of the first event whose id is >= ``event_id`` (``len(self)`` if none)."""
+        return bisect_left(self.ids, event_id)
+
+    # ------------------------------------------------------------------ derived batches
+
+    def slice(self, start: int, stop: int) -> Batch:
+        """Events ``[start, stop)`` as a zero-copy view (a non-empty range)."""
+        n = len(self.ids)
+        start, stop, _ = slice(start, stop).indices(n)
+        if stop <= start:
+            raise InvalidBatch("a slice of a batch holds at least one event")
+        if start == 0 and stop == n:
+            return self
+        vbase = self.value_offsets[0]
+        values = self.values[self.value_offsets[start] - vbase : self.value_offsets[stop] - vbase]
+        key_flags = key_offsets = keys = None
+        if self.key_flags is not None and self.key_offsets is not None and self.keys is not None:
+            kbase = self.key_offsets[0]
+            key_flags = self.key_flags[start:stop]
+            key_offsets = self.key_offsets[start : stop + 1]
+            keys = self.keys[self.key_offsets[start] - kbase : self.key_offsets[stop] - kbase]
+        return Batch(
+            self.stream,
+            self.ids[start:stop],
+            self.timestamps[start:stop],
+            self.value_offsets[start : stop + 1],
+            values,
+            key_flags,
+            key_offsets,
+            keys,
+        )
+
+    def with_ids(self, first_id: int) -> Batch:
+        """The same events renumbered ``first_id, first_id + 1, ...`` (log-assigned ids)."""
+        last = first_id + len(self.ids) - 1
+        if first_id < 1 or last > MAX_ID:
+            raise InvalidBatch(f"ids {first_id}..{last} are outside 1..2**63-1")
+        return Batch(
+            self.stream,
+            _u64(range(first_id, last + 1)),
+            self.timestamps,
+            self.value_offsets,
+            self.values,
+            self.key_flags,
+            self.key_offsets,
+            self.keys,
+        )
+
+    def with_stream(self, stream: str) -> Batch:
+        """The same events in another stream (buffers shared)."""
+        validate_stream_name(stream)
+        return Batch(
+            stream,
+            self.ids,
+            self.timestamps,
+            self.value_offsets,
+            self.values,
+            self.key_flags,
+            self.key_offsets,
+            self.keys,
+        )
+
+    def validate(self) -> Batch:
+        """Check every O(n) invariant: ids strictly increasing in 1..MAX_ID, offsets monotone."""
+        _check_ids(self.ids)
+        _check_monotone(self.value_offsets, "value offsets")
+        if self.key_offsets is not None:
+            _check_monotone(self.key_offsets, "key offsets")
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Batch):
+            return NotImplemented
+        return (
+            self.stream == other.stream
+            and self.ids == other.ids
+            and self.timestamps == other.timestamps
+            and self.values == other.values
+            and _value_lengths(self.value_offsets) == _value_lengths(other.value_offsets)
+            and [self.key(i) for i in range(len(self))] == [other.key(i) for i in range(len(other))]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Batch(stream={self.stream!r}, n={len(self.ids)}, "
+            f"ids={self.first_id}..{self.last_id}, values={self.values.nbytes} B)"
+        )
+
+
+def _check_ids(ids: memoryview) -> None:
+    if ids[0] < 1 or ids[-1] > MAX_ID:
+        raise InvalidBatch("ids must be within 1..2**63-1")
+    previous = 0
+    for i in ids:
+        if i <= previous:
+            raise InvalidBatch(f"ids must be strictly increasing ({previous} then {i})")
+        previous = i
+
+
+def _check_monotone(offsets: memoryview, what: str) -> None:
+    previous = offsets[0]
+    for o in offsets:
+        if o < previous:
+            raise InvalidBatch(f"{what} must not decrease")
+        previous = o
+
+
+def _value_lengths(offsets: memoryview) -> list[int]:
+    return [offsets[i + 1] - offsets[i] for i in range(len(offsets) - 1)]
