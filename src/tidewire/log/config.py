@@ -34,14 +34,17 @@ class LogConfig:
     """Settings of a whole log directory.
 
     ``max_record_bytes`` bounds one appended batch; ``max_pending_bytes`` bounds, per stream, the
-    bytes waiting for the next group commit (appenders wait when it is full); ``fsync=False`` is
-    for throw-away data only: ``append`` then returns before the data is durable.
+    bytes waiting for the next group commit (appenders wait when it is full); ``recent_bytes``
+    bounds, per stream, the newest committed batches kept in memory for live tails;
+    ``fsync=False`` is for throw-away data only: ``append`` then returns before the data is
+    durable.
     """
 
     defaults: StreamSettings = field(default_factory=StreamSettings)
     streams: dict[str, StreamSettings] = field(default_factory=dict)
     max_record_bytes: int = 64 * MiB
     max_pending_bytes: int = 64 * MiB
+    recent_bytes: int = 1 * MiB
     fsync: bool = True
 
     def for_stream(self, name: str) -> StreamSettings:

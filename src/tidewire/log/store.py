@@ -20,6 +20,7 @@ import asyncio
 import fcntl
 import logging
 import os
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..model import (
@@ -54,6 +55,8 @@ class _Writer:
 
     stream: StreamLog
     latest: int  # the latest id accepted, queued ones included
+    recent: deque[Batch] = field(default_factory=deque)  # newest commits, bounded in bytes
+    recent_bytes: int = 0
     queue: list[_Pending] = field(default_factory=list)
     queued_bytes: int = 0
     task: asyncio.Task[None] | None = None
@@ -246,10 +249,47 @@ class Log:
                 for pending in group:
                     if not pending.future.done():
                         pending.future.set_result(None)
+                self._remember(writer, group)
                 self._notify(stream.name)
         finally:
             writer.task = None
             writer.room.set()
+
+    def _remember(self, writer: _Writer, group: list[_Pending]) -> None:
+        """Keep the newest committed batches in memory so live tails read without disk I/O."""
+        limit = self.config.recent_bytes
+        for pending in group:
+            writer.recent.append(pending.batch)
+            writer.recent_bytes += pending.batch.nbytes
+        while writer.recent and writer.recent_bytes > limit:
+            writer.recent_bytes -= writer.recent.popleft().nbytes
+
+    def _read_recent(
+        self, name: str, from_id: int, max_bytes: int, max_events: int
+    ) -> list[Batch] | None:
+        """Serve a read from the in-memory tail, or ``None`` if it starts before it."""
+        writer = self._writers.get(name)
+        if writer is None or not writer.recent or from_id < writer.recent[0].first_id:
+            return None
+        if from_id < writer.stream.start_id:  # retention got there first: let read() say so
+            return None
+        out: list[Batch] = []
+        got_bytes = got_events = 0
+        committed = writer.stream.latest
+        for batch in writer.recent:
+            if batch.last_id < from_id:
+                continue
+            if batch.first_id > committed:
+                break
+            start = batch.index_of(from_id) if batch.first_id < from_id else 0
+            stop = min(len(batch), start + max_events - got_events)
+            piece = batch.slice(start, stop) if (start or stop < len(batch)) else batch
+            out.append(piece)
+            got_events += len(piece)
+            got_bytes += piece.nbytes
+            if got_events >= max_events or got_bytes >= max_bytes:
+                break
+        return out
 
     def _write(self, stream: StreamLog, records: list[EncodedRecord]) -> None:
         stream.write(records, fsync=self.config.fsync)
@@ -268,7 +308,11 @@ class Log:
     async def read_async(
         self, name: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
     ) -> list[Batch]:
-        """:meth:`read` in a worker thread, so a cold disk never stalls the event loop."""
+        """:meth:`read`, served from the in-memory tail when it can be (live subscribers), else
+        in a worker thread, so a cold disk never stalls the event loop."""
+        recent = self._read_recent(name, from_id, max_bytes, max_events)
+        if recent is not None:
+            return recent
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.read, name, from_id, max_bytes, max_events)
 

@@ -1,0 +1,155 @@
+"""The hub core: the registry of streams over the durable log, appends, reads, subscriptions.
+
+Every protocol adapter talks to one :class:`Hub`; none touches the log directly, so what is
+written through one protocol is read through any other. Retention runs here as a periodic task
+(:meth:`Hub.start`); :meth:`Hub.enforce_retention` takes the time as an argument for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Literal
+
+from ..log import Log, LogConfig, StreamStats
+from ..model import Batch, DataLossError, now_ms, validate_stream_name
+from .subscription import Subscription
+
+__all__ = ["Hub", "Start"]
+
+log = logging.getLogger("tidewire.hub")
+
+Start = int | Literal["earliest", "latest"]
+"""Where a subscription starts: an id (inclusive), the first retained event, or after the
+latest committed one (only new events)."""
+
+
+class Hub:
+    """Streams, appends, reads and subscriptions over one :class:`~tidewire.log.Log`."""
+
+    def __init__(
+        self,
+        log: Log,
+        *,
+        retention_interval_s: float = 60.0,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.log = log
+        self.retention_interval_s = retention_interval_s
+        self.clock = clock
+        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+        self._retention_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str,
+        config: LogConfig | None = None,
+        *,
+        retention_interval_s: float = 60.0,
+        clock: Callable[[], int] = now_ms,
+    ) -> Hub:
+        """Open (and recover) the log in ``data_dir`` and build a hub on it."""
+        return cls(
+            Log.open(data_dir, config), retention_interval_s=retention_interval_s, clock=clock
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the background tasks (retention)."""
+        if self._retention_task is None:
+            self._retention_task = asyncio.create_task(self._retention_loop())
+
+    async def close(self) -> None:
+        """Cancel every subscription, finish queued appends (flush + fsync), close the log."""
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+            self._retention_task = None
+        for sub in list(self._subscriptions):
+            sub.cancel()
+        await self.log.close()
+
+    async def _retention_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.retention_interval_s)
+            try:
+                await loop.run_in_executor(None, self.enforce_retention)
+            except Exception:
+                log.exception("retention failed")
+
+    def enforce_retention(self, now: int | None = None) -> int:
+        """Apply retention at time ``now`` (ms; default: the hub's clock)."""
+        return self.log.enforce_retention(self.clock() if now is None else now)
+
+    # ------------------------------------------------------------------ streams
+
+    def streams(self) -> list[StreamStats]:
+        return self.log.stats()
+
+    def latest(self, stream: str) -> int:
+        return self.log.latest(stream)
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._subscriptions)
+
+    # ------------------------------------------------------------------ write and read
+
+    async def append(self, batch: Batch, *, assign_ids: bool = False) -> Batch:
+        """Append durably; returns the batch as stored (see :meth:`Log.append`)."""
+        return await self.log.append(batch, assign_ids=assign_ids)
+
+    async def read(
+        self, stream: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
+    ) -> list[Batch]:
+        validate_stream_name(stream)
+        return await self.log.read_async(stream, from_id, max_bytes, max_events)
+
+    def resolve_start(self, stream: str, start: Start, *, skip_lost: bool = False) -> int:
+        """The first id a subscription starting at ``start`` will deliver."""
+        if start == "earliest":
+            return self.log.start_id(stream)
+        if start == "latest":
+            return self.log.latest(stream) + 1
+        if not isinstance(start, int) or start < 0:
+            raise ValueError(f"bad start position {start!r}")
+        first = self.log.start_id(stream)
+        if start < first:
+            if first > 1 and not skip_lost:  # retention removed what was asked for
+                raise DataLossError(stream, start, first)
+            return first
+        return start
+
+    def subscribe(
+        self,
+        stream: str,
+        start: Start = "earliest",
+        *,
+        until_id: int | None = None,
+        key: bytes | None = None,
+        skip_lost: bool = False,
+        max_batch_bytes: int = 1024 * 1024,
+    ) -> Subscription:
+        """Follow ``stream`` from ``start``, then live. Deliveries wait for :meth:`request`.
+
+        The stream need not exist yet: the subscription waits for its first events.
+        """
+        validate_stream_name(stream)
+        sub = Subscription(
+            self,
+            stream,
+            self.resolve_start(stream, start, skip_lost=skip_lost),
+            until_id=until_id,
+            key=key,
+            skip_lost=skip_lost,
+            max_batch_bytes=max_batch_bytes,
+        )
+        self._subscriptions.add(sub)
+        return sub

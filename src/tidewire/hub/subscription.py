@@ -1,0 +1,166 @@
+"""A subscription: follow one stream from an id, then live, as fast as demand allows.
+
+Demand follows the Reactive Streams rules that every tidewire protocol maps onto: ``request(n)``
+needs ``n >= 1``; outstanding demand saturates at 2**63-1, which means unbounded; no more events
+are delivered than were requested. A subscription holds a *position* in the log (the next id),
+never a queue: a slow subscriber costs the server nothing while it does not ask, whatever its
+backlog. Each delivery is read from the log (from memory for a live tail) when demand allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from ..model import MAX_ID, Batch, DataLossError, TidewireError
+from .filters import filter_key
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+__all__ = ["MAX_DEMAND", "Subscription"]
+
+MAX_DEMAND = 2**63 - 1
+"""Demand at or above this is unbounded (Reactive Streams: Long.MAX_VALUE)."""
+
+
+class Subscription:
+    """Created by :meth:`tidewire.hub.Hub.subscribe`; read with :meth:`next`.
+
+    ``until_id`` bounds the subscription (it completes after delivering the last event with an
+    id <= ``until_id``); ``key`` keeps only the events with that key; ``skip_lost`` jumps over
+    events removed by retention instead of failing with :class:`DataLossError`.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        stream: str,
+        next_id: int,
+        *,
+        until_id: int | None = None,
+        key: bytes | None = None,
+        skip_lost: bool = False,
+        max_batch_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.hub = hub
+        self.stream = stream
+        self.next_id = next_id
+        self.until_id = MAX_ID if until_id is None else until_id
+        self.key = key
+        self.skip_lost = skip_lost
+        self.max_batch_bytes = max_batch_bytes
+        self.demand = 0
+        self.cancelled = False
+        self.delivered = 0
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ demand
+
+    def request(self, n: int) -> None:
+        """Add ``n`` (>= 1) to the outstanding demand, saturating at :data:`MAX_DEMAND`."""
+        if n < 1:
+            raise ValueError(f"request({n}): demand must be at least 1 (Reactive Streams 3.9)")
+        self.demand = min(MAX_DEMAND, self.demand + n)
+        self._wake.set()
+
+    def cancel(self) -> None:
+        """Stop delivering; a pending :meth:`next` returns ``None``. Idempotent."""
+        self.cancelled = True
+        self._wake.set()
+
+    @property
+    def complete(self) -> bool:
+        """True once every event up to ``until_id`` was delivered (bounded subscriptions)."""
+        return self.next_id > self.until_id
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or self.complete
+
+    # ------------------------------------------------------------------ delivery
+
+    def poll_ready(self) -> bool:
+        """Whether :meth:`next` would find events without waiting for new commits."""
+        return self.demand > 0 and self.hub.log.latest(self.stream) >= self.next_id
+
+    async def next(self) -> list[Batch] | None:
+        """Wait for demand and for events, then deliver up to the demand (and about
+        ``max_batch_bytes``) as batches, advancing the position and spending the demand.
+
+        Returns ``None`` once the subscription is cancelled or complete. Raises
+        :class:`DataLossError` when the position was removed by retention (unless
+        ``skip_lost``), and whatever the log raises when it closes.
+        """
+        while True:
+            if self.done:
+                return None
+            if self.demand <= 0:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            latest = self.hub.log.latest(self.stream)
+            if latest < self.next_id:
+                await self._wait_for_commit(self.next_id - 1)
+                continue
+            batches = await self._read()
+            if batches:
+                return batches
+
+    async def _wait_for_commit(self, after_id: int) -> None:
+        """Wait for a commit past ``after_id``, or for a cancel."""
+        self._wake.clear()
+        commit = asyncio.ensure_future(self.hub.log.wait_for(self.stream, after_id))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((commit, woken), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (commit, woken):
+                fut.cancel()
+        if commit.done() and not commit.cancelled() and commit.exception() is not None:
+            raise commit.exception()  # type: ignore[misc]
+
+    async def _read(self) -> list[Batch]:
+        """One read at the position; may return nothing when a key filter dropped everything."""
+        want = min(self.demand, self.until_id - self.next_id + 1)
+        try:
+            batches = await self.hub.log.read_async(
+                self.stream, self.next_id, self.max_batch_bytes, want
+            )
+        except DataLossError as exc:
+            if not self.skip_lost:
+                raise
+            self.next_id = exc.first_id
+            return []
+        out: list[Batch] = []
+        budget = want
+        for batch in batches:
+            if self.cancelled:
+                break
+            if batch.first_id > self.until_id:
+                self.next_id = self.until_id + 1
+                break
+            self.next_id = batch.last_id + 1
+            if batch.last_id > self.until_id:
+                batch = batch.slice(0, batch.index_of(self.until_id + 1))
+                self.next_id = self.until_id + 1
+            if self.key is not None:
+                filtered = filter_key(batch, self.key)
+                if filtered is None:
+                    continue
+                batch = filtered
+            if len(batch) > budget:  # a filter never grows a batch; the log honours max_events
+                raise TidewireError("internal: read returned more than the demand")
+            out.append(batch)
+            budget -= len(batch)
+        delivered = want - budget
+        if self.demand < MAX_DEMAND:
+            self.demand -= delivered
+        self.delivered += delivered
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"Subscription({self.stream!r}, next_id={self.next_id}, demand={self.demand}, "
+            f"cancelled={self.cancelled})"
+        )
