@@ -1,0 +1,167 @@
+"""The ``tidewire`` command: ``serve`` runs the hub; ``streams`` and ``dump`` read a data
+directory offline (read-only: no lock taken, nothing repaired, safe while a server runs).
+
+click is the library for the command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .config import SETTINGS, ConfigError, env_name, load_config
+from .log import Log
+from .model import LogError, TidewireError, UnknownStream
+
+__all__ = ["main"]
+
+_DATA_DIR_HELP = "data directory (default: $TIDEWIRE_DATA_DIR or ./tidewire-data)"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _data_dir(option: str | None) -> str:
+    return option or load_config(None).data_dir
+
+
+def _open_read_only(data_dir: str) -> Log:
+    try:
+        return Log.open(data_dir, read_only=True)
+    except FileNotFoundError:
+        raise click.ClickException(f"no data directory at {data_dir}") from None
+    except LogError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tidewire")
+def main() -> None:
+    """tidewire: a durable event-streaming hub."""
+
+
+def _settings_help() -> str:
+    lines = [f"{key} ({kind.__name__}, {env_name(key)}): {help_}"
+             for key, (kind, _, help_) in SETTINGS.items()]  # fmt: skip
+    return "\b\nSettings for --set KEY=VALUE:\n" + "\n".join(lines)
+
+
+@main.command(epilog=_settings_help())
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+              envvar="TIDEWIRE_CONFIG", help="TOML config file ($TIDEWIRE_CONFIG)")  # fmt: skip
+@click.option("--data-dir", help="directory of the embedded log")
+@click.option("--host", help="address every listener binds to (default 127.0.0.1)")
+@click.option("--http-port", type=int, help="HTTP port (default 7480; 0 = any free port)")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting")
+def serve(
+    config_path: str | None,
+    data_dir: str | None,
+    host: str | None,
+    http_port: int | None,
+    sets: tuple[str, ...],
+) -> None:
+    """Run the hub: config file < TIDEWIRE_* variables < flags."""
+    from .server import run_server
+
+    overrides: dict[str, Any] = {"data_dir": data_dir, "host": host, "http.port": http_port}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
+        overrides[key.strip()] = value
+    try:
+        config = load_config(config_path, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _setup_logging(config.log_level)
+    try:
+        run_server(config)
+    except (LogError, OSError) as exc:
+        logging.getLogger("tidewire").error("cannot serve: %s", exc)
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option("--data-dir", help=_DATA_DIR_HELP)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per stream")
+def streams(data_dir: str | None, as_json: bool) -> None:
+    """List the streams of a data directory: name, events, first/latest id, bytes."""
+    log = _open_read_only(_data_dir(data_dir))
+    try:
+        stats = log.stats()
+    finally:
+        log.close_sync()
+    if as_json:
+        for s in stats:
+            click.echo(json.dumps({"name": s.name, "events": s.events, "first_id": s.first_id,
+                                   "latest_id": s.latest_id, "bytes": s.bytes}))  # fmt: skip
+        return
+    width = max([len("STREAM"), *(len(s.name) for s in stats)])
+    click.echo(f"{'STREAM':<{width}}  {'EVENTS':>12}  {'FIRST':>12}  {'LATEST':>12}  {'BYTES':>14}")
+    for s in stats:
+        first = "-" if s.first_id is None else str(s.first_id)
+        latest = "-" if s.latest_id is None else str(s.latest_id)
+        click.echo(f"{s.name:<{width}}  {s.events:>12}  {first:>12}  {latest:>12}  {s.bytes:>14}")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return "-"
+    return repr(data)[2:-1]  # printable ASCII as is, everything else escaped
+
+
+@main.command()
+@click.argument("stream")
+@click.option("--data-dir", help=_DATA_DIR_HELP)
+@click.option("--from", "from_id", type=click.IntRange(min=0), default=0, help="first id")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="at most N events")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines; key and value in base64")
+def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_json: bool) -> None:
+    """Print the events of STREAM: id, timestamp (ms), key, value."""
+    log = _open_read_only(_data_dir(data_dir))
+    try:
+        if stream not in log:
+            raise click.ClickException(str(UnknownStream(stream)))
+        remaining = sys.maxsize if limit is None else limit
+        next_id = max(from_id, 1)
+        while remaining > 0:
+            batches = log.read(stream, next_id, 1024 * 1024, remaining)
+            if not batches:
+                break
+            for batch in batches:
+                for event in batch:
+                    if as_json:
+                        click.echo(json.dumps({
+                            "id": event.id,
+                            "timestamp": event.timestamp,
+                            "key": None if event.key is None else _b64(event.key),
+                            "value": _b64(event.value),
+                        }))  # fmt: skip
+                    else:
+                        click.echo(f"{event.id}\t{event.timestamp}\t{_text(event.key)}\t"
+                                   f"{_text(event.value)}")  # fmt: skip
+                remaining -= len(batch)
+                next_id = batch.last_id + 1
+    except TidewireError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        log.close_sync()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""asyncio clients, one per protocol."""

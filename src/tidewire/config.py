@@ -1,0 +1,189 @@
+"""Server configuration: a TOML file, overridden by ``TIDEWIRE_*`` variables, overridden by flags.
+
+Every setting has a dotted key (``data_dir``, ``http.port``, ``log.retention_ms``, ...). In the
+TOML file a key ``a.b`` is key ``b`` of table ``[a]``; its environment variable is
+``TIDEWIRE_A_B`` (upper case, dots as underscores); on the command line it is
+``--set a.b=VALUE`` (a few have flags of their own, e.g. ``--data-dir``). Per-stream log settings
+live in TOML tables ``[log.streams."<stream name>"]`` only. Unknown keys are errors, not
+silently ignored. ``docs/configuration.md`` lists every key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .log import LogConfig, StreamSettings
+from .model import validate_stream_name
+
+__all__ = ["SETTINGS", "ConfigError", "ServerConfig", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A setting that is unknown or has the wrong type or value."""
+
+
+# key -> (type, default, help)
+SETTINGS: dict[str, tuple[type, Any, str]] = {
+    "data_dir": (str, "./tidewire-data", "directory of the embedded log"),
+    "host": (str, "127.0.0.1", "address every listener binds to"),
+    "log_level": (str, "info", "debug, info, warning or error"),
+    "http.port": (int, 7480, "HTTP listener (admin endpoints; 0 = any free port)"),
+    "log.segment_bytes": (int, 128 * 1024 * 1024, "roll a segment past this size"),
+    "log.index_interval_bytes": (int, 4096, "bytes of records between sparse-index entries"),
+    "log.retention_bytes": (int, -1, "keep at least this many bytes per stream (-1 = no limit)"),
+    "log.retention_ms": (int, -1, "drop segments whose newest event is older (-1 = never)"),
+    "log.retention_check_interval_s": (float, 60.0, "how often retention runs"),
+    "log.max_record_bytes": (int, 64 * 1024 * 1024, "largest batch one append may write"),
+    "log.max_pending_bytes": (int, 64 * 1024 * 1024, "per stream, bytes queued for a commit"),
+    "log.recent_bytes": (int, 1024 * 1024, "per stream, newest commits kept in memory"),
+    "log.fsync": (bool, True, "fsync every commit (false only for throw-away data)"),
+}
+
+_STREAM_KEYS = {"segment_bytes", "index_interval_bytes", "retention_bytes", "retention_ms"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The resolved settings of ``tidewire serve``."""
+
+    values: Mapping[str, Any]
+    log: LogConfig
+    stream_overrides: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    @property
+    def data_dir(self) -> str:
+        return str(self.values["data_dir"])
+
+    @property
+    def host(self) -> str:
+        return str(self.values["host"])
+
+    @property
+    def http_port(self) -> int:
+        return int(self.values["http.port"])
+
+    @property
+    def log_level(self) -> str:
+        return str(self.values["log_level"])
+
+    @property
+    def retention_check_interval_s(self) -> float:
+        return float(self.values["log.retention_check_interval_s"])
+
+
+def _convert(key: str, kind: type, raw: object) -> Any:
+    """Convert ``raw`` (from TOML, an env variable or a flag) to the setting's type."""
+    if isinstance(raw, str) and kind is not str:
+        text = raw.strip()
+        try:
+            if kind is bool:
+                if text.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if text.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(text)
+            return kind(text)
+        except ValueError:
+            raise ConfigError(f"{key}: {raw!r} is not a valid {kind.__name__}") from None
+    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
+    if type(raw) is not kind:
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {type(raw).__name__} {raw!r}")
+    return raw
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "log.streams":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def env_name(key: str) -> str:
+    return "TIDEWIRE_" + key.replace(".", "_").upper()
+
+
+def load_config(
+    path: str | None = None,
+    overrides: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """Defaults < TOML file at ``path`` < ``TIDEWIRE_*`` in ``environ`` < ``overrides``."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {k: default for k, (_, default, _) in SETTINGS.items()}
+    streams: dict[str, dict[str, int]] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                document = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        for key, raw in _flatten(document).items():
+            if key == "log.streams":
+                streams = _stream_tables(raw)
+                continue
+            if key not in SETTINGS:
+                raise ConfigError(f"{path}: unknown setting {key!r}")
+            values[key] = _convert(key, SETTINGS[key][0], raw)
+    for key, (kind, _, _) in SETTINGS.items():
+        if env_name(key) in environ:
+            values[key] = _convert(env_name(key), kind, environ[env_name(key)])
+    for key, raw in (overrides or {}).items():
+        if key not in SETTINGS:
+            raise ConfigError(f"unknown setting {key!r}")
+        if raw is not None:
+            values[key] = _convert(key, SETTINGS[key][0], raw)
+    if values["log_level"] not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"log_level: {values['log_level']!r} is not debug/info/warning/error")
+    if not 0 <= values["http.port"] <= 65535:
+        raise ConfigError(f"http.port: {values['http.port']} is not a port number")
+    return ServerConfig(values, _log_config(values, streams), streams)
+
+
+def _stream_tables(raw: object) -> dict[str, dict[str, int]]:
+    if not isinstance(raw, dict):
+        raise ConfigError("log.streams must be a table of per-stream tables")
+    out: dict[str, dict[str, int]] = {}
+    for name, table in raw.items():
+        validate_stream_name(name)
+        if not isinstance(table, dict) or not set(table) <= _STREAM_KEYS:
+            raise ConfigError(
+                f"log.streams.{name!r}: allowed keys are {', '.join(sorted(_STREAM_KEYS))}"
+            )
+        out[name] = {k: _convert(f"log.streams.{name}.{k}", int, v) for k, v in table.items()}
+    return out
+
+
+def _settings(values: Mapping[str, Any]) -> StreamSettings:
+    def limit(v: int) -> int | None:
+        return None if v < 0 else v
+
+    try:
+        return StreamSettings(
+            segment_bytes=values["segment_bytes"],
+            index_interval_bytes=values["index_interval_bytes"],
+            retention_bytes=limit(values["retention_bytes"]),
+            retention_ms=limit(values["retention_ms"]),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _log_config(values: Mapping[str, Any], streams: Mapping[str, Mapping[str, int]]) -> LogConfig:
+    base = {k: values[f"log.{k}"] for k in _STREAM_KEYS}
+    return LogConfig(
+        defaults=_settings(base),
+        streams={name: _settings({**base, **over}) for name, over in streams.items()},
+        max_record_bytes=values["log.max_record_bytes"],
+        max_pending_bytes=values["log.max_pending_bytes"],
+        recent_bytes=values["log.recent_bytes"],
+        fsync=values["log.fsync"],
+    )

@@ -1,0 +1,1 @@
+"""Wire protocols, one package each: pure sans-IO codecs and state machines (no asyncio)."""

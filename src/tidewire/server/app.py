@@ -1,0 +1,37 @@
+"""The hub's aiohttp application. For now the admin endpoints; RS.io over HTTP and Tube mount
+here in later releases.
+
+aiohttp is the library for HTTP and WebSocket, server and client, throughout tidewire.
+
+* ``GET /healthz`` -> ``200 ok`` (text/plain)
+* ``GET /streams`` -> JSON list of ``{name, events, first_id, latest_id, bytes, segments}``
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from aiohttp import web
+
+from ..hub import Hub
+
+__all__ = ["HUB_KEY", "build_app"]
+
+HUB_KEY = web.AppKey("hub", Hub)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def _streams(request: web.Request) -> web.Response:
+    hub = request.app[HUB_KEY]
+    return web.json_response([asdict(s) for s in hub.streams()])
+
+
+def build_app(hub: Hub) -> web.Application:
+    app = web.Application(client_max_size=1024 * 1024)
+    app[HUB_KEY] = hub
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/streams", _streams)
+    return app

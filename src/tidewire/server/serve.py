@@ -1,0 +1,99 @@
+"""``tidewire serve``: open the hub, start every listener, print every endpoint, run until
+SIGINT/SIGTERM, then shut down gracefully (listeners closed, queued appends flushed and fsynced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from aiohttp import web
+
+from .. import __version__
+from ..config import ServerConfig
+from ..hub import Hub
+from .app import build_app
+
+__all__ = ["Endpoint", "run_server", "serve"]
+
+log = logging.getLogger("tidewire.server")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    protocol: str
+    url: str
+    what: str
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return int(server.sockets[0].getsockname()[1])
+    raise RuntimeError("the HTTP site is not listening")
+
+
+async def serve(
+    config: ServerConfig,
+    *,
+    out: TextIO = sys.stdout,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[list[Endpoint]], None] | None = None,
+) -> None:
+    """Run the hub until ``stop`` is set (or SIGINT/SIGTERM arrives)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    hub = Hub.open(
+        config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s
+    )
+    runner: web.AppRunner | None = None
+    try:
+        await hub.start()
+        runner = web.AppRunner(build_app(hub), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
+        await site.start()
+        port = _bound_port(runner)
+        endpoints = [
+            Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
+            Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
+        ]
+        streams = hub.log.streams()
+        print(
+            f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.log.directory}",
+            file=out,
+        )
+        for e in endpoints:
+            print(f"  {e.protocol:<6} {e.url:<40} {e.what}", file=out)
+        print("ready (Ctrl-C or SIGTERM to stop)", file=out, flush=True)
+        if on_ready is not None:
+            on_ready(endpoints)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down: closing listeners, flushing the log")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if runner is not None:
+            await runner.cleanup()
+        await hub.close()
+    print("stopped: every acknowledged event is on disk", file=out, flush=True)
+
+
+def run_server(config: ServerConfig) -> None:
+    """Run :func:`serve` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every POSIX platform
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(config))
