@@ -53,6 +53,8 @@ async def serve(
         config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s
     )
     runner: web.AppRunner | None = None
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
+        loop.add_signal_handler(sig, stop.set)
     try:
         await hub.start()
         runner = web.AppRunner(build_app(hub), access_log=None, handle_signals=False)
@@ -74,8 +76,6 @@ async def serve(
         print("ready (Ctrl-C or SIGTERM to stop)", file=out, flush=True)
         if on_ready is not None:
             on_ready(endpoints)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting down: closing listeners, flushing the log")
     finally:

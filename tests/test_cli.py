@@ -1,0 +1,210 @@
+"""The command line: ``serve`` as a real process (endpoints printed, graceful exit on signals,
+clear refusal of a corrupt log) and the offline tools ``streams`` and ``dump``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tidewire.cli import main
+from tidewire.log import Log
+from tidewire.model import Batch
+
+
+def fill(data_dir: Path) -> None:
+    async def go() -> None:
+        log = Log.open(str(data_dir))
+        await log.append(Batch.build("orders", [b"hello", b"\x00\xff"], keys=[b"k", None],
+                                     timestamps=[1000, 2000]), assign_ids=True)  # fmt: skip
+        await log.append(Batch.build("zeta", [b"z"] * 5, timestamps=7), assign_ids=True)
+        await log.close()
+
+    asyncio.run(go())
+
+
+@contextmanager
+def server(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidewire.cli", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 30.0) -> list[str]:
+    """Lines of stdout up to and including the one that contains ``marker``."""
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = proc.stdout
+
+    def pump() -> None:
+        for line in stdout:
+            lines.put(line.rstrip("\n"))
+            if marker in line:
+                return
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        seen.append(line)
+        if marker in line:
+            return seen
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"no {marker!r} on stdout within {timeout}s; got {seen}")
+
+
+def endpoint(lines: list[str], path: str) -> str:
+    return next(word for line in lines for word in line.split() if word.endswith(path))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_prints_endpoints_and_exits_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    fill(tmp_path)
+    with server("--data-dir", str(tmp_path), "--http-port", "0") as proc:
+        lines = read_until(proc, "ready")
+        url = endpoint(lines, "/streams")
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url, timeout=10) as response:
+            streams = json.load(response)
+        assert [(s["name"], s["events"], s["latest_id"]) for s in streams] == [
+            ("orders", 2, 2),
+            ("zeta", 5, 5),
+        ]
+        with urllib.request.urlopen(endpoint(lines, "/healthz"), timeout=10) as response:
+            assert response.read() == b"ok\n"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stdout is not None
+        assert "stopped" in proc.stdout.read()
+
+
+def test_serve_takes_settings_from_environment(tmp_path: Path) -> None:
+    env = {"TIDEWIRE_DATA_DIR": str(tmp_path / "envdir"), "TIDEWIRE_HTTP_PORT": "0"}
+    with server(env=env) as proc:
+        lines = read_until(proc, "ready")
+        assert str(tmp_path / "envdir") in lines[0]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_serve_refuses_a_second_server_on_the_same_directory(tmp_path: Path) -> None:
+    with server("--data-dir", str(tmp_path), "--http-port", "0") as first:
+        read_until(first, "ready")
+        second = subprocess.run(
+            [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(tmp_path),
+             "--http-port", "0"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1
+        assert "in use by another tidewire process" in second.stderr
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+
+
+def test_serve_refuses_a_corrupt_log_naming_file_and_offset(tmp_path: Path) -> None:
+    fill(tmp_path)
+    segment = next((tmp_path / "orders").glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[60] ^= 0xFF  # inside the first record's body
+    segment.write_bytes(bytes(data))
+    result = subprocess.run(
+        [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(tmp_path),
+         "--http-port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"corrupt log file {segment} at byte offset 0: body CRC mismatch" in result.stderr
+    assert segment.read_bytes() == bytes(data)  # refused, not "repaired"
+
+
+def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "t.toml"
+    config.write_text("[http]\nprot = 1\n")
+    result = CliRunner().invoke(main, ["serve", "--config", str(config)])
+    assert result.exit_code == 1
+    assert "unknown setting 'http.prot'" in result.output
+    result = CliRunner().invoke(main, ["serve", "--set", "novalue"])
+    assert result.exit_code == 2
+
+
+def test_streams_table_and_json(tmp_path: Path) -> None:
+    fill(tmp_path)
+    result = CliRunner().invoke(main, ["streams", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines()]
+    assert rows[0] == ["STREAM", "EVENTS", "FIRST", "LATEST", "BYTES"]
+    assert [r[:4] for r in rows[1:]] == [["orders", "2", "1", "2"], ["zeta", "5", "1", "5"]]
+    result = CliRunner().invoke(main, ["streams", "--data-dir", str(tmp_path), "--json"])
+    first = json.loads(result.output.splitlines()[0])
+    assert first["name"] == "orders"
+    assert first["bytes"] == os.path.getsize(next((tmp_path / "orders").glob("*.log")))
+
+
+def test_dump_text_json_from_and_limit(tmp_path: Path) -> None:
+    fill(tmp_path)
+    result = CliRunner().invoke(main, ["dump", "orders", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["1\t1000\tk\thello", "2\t2000\t-\t\\x00\\xff"]
+    result = CliRunner().invoke(
+        main, ["dump", "zeta", "--data-dir", str(tmp_path), "--from", "2", "--limit", "2", "--json"]
+    )
+    events = [json.loads(line) for line in result.output.splitlines()]
+    assert [(e["id"], e["key"], e["value"], e["timestamp"]) for e in events] == [
+        (2, None, "eg==", 7),
+        (3, None, "eg==", 7),
+    ]
+
+
+def test_dump_unknown_stream_and_missing_directory(tmp_path: Path) -> None:
+    fill(tmp_path)
+    result = CliRunner().invoke(main, ["dump", "nope", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "unknown stream 'nope'" in result.output
+    result = CliRunner().invoke(main, ["streams", "--data-dir", str(tmp_path / "missing")])
+    assert result.exit_code == 1
+    assert "no data directory" in result.output
+
+
+def test_offline_tools_do_not_touch_a_torn_tail(tmp_path: Path) -> None:
+    fill(tmp_path)
+    segment = next((tmp_path / "zeta").glob("*.log"))
+    with segment.open("ab") as f:
+        f.write(b"\x01\x02\x03")  # a torn tail, as a live server could show mid-write
+    before = segment.read_bytes()
+    result = CliRunner().invoke(main, ["dump", "zeta", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0
+    assert len(result.output.splitlines()) == 5
+    assert segment.read_bytes() == before
