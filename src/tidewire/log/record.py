@@ -83,7 +83,7 @@ def encode(batch: Batch) -> EncodedRecord:
     """Encode ``batch`` as one record. Copies nothing but the 48-byte header and the padding."""
     n = len(batch)
     attributes = 0
-    body: list[bytes | memoryview] = [
+    body: list[memoryview] = [
         batch.ids.cast("B"),
         batch.timestamps.cast("B"),
         batch.value_offsets.cast("B"),
@@ -93,7 +93,9 @@ def encode(batch: Batch) -> EncodedRecord:
         body += [batch.key_offsets.cast("B"), batch.key_flags, batch.values, batch.keys]
     else:
         body.append(batch.values)
-    body_size = sum(part.nbytes if isinstance(part, memoryview) else len(part) for part in body)
+    body_size = 0
+    for part in body:
+        body_size += part.nbytes
     crc = 0
     for part in body:
         crc = zlib.crc32(part, crc)

@@ -223,14 +223,22 @@ class Log:
         writer.queued_bytes += record.length
         if writer.task is None:
             writer.task = asyncio.create_task(self._commit_loop(writer))
-        await asyncio.shield(future)
+        # No shield: cancelling the caller cancels only its own future; the write goes on, and
+        # the committer skips futures that are already done.
+        await future
         return batch
 
     async def _commit_loop(self, writer: _Writer) -> None:
         loop = asyncio.get_running_loop()
         stream = writer.stream
         try:
-            while writer.queue:
+            while True:
+                if not writer.queue:
+                    # Let the appenders just woken by the last commit enqueue their next batch,
+                    # so that they join the next group instead of each starting a new round.
+                    await asyncio.sleep(0)
+                    if not writer.queue:
+                        break
                 group, writer.queue, writer.queued_bytes = writer.queue, [], 0
                 writer.room.set()
                 records = [p.record for p in group]
