@@ -19,7 +19,7 @@ import sys
 import time
 import unicodedata
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -376,6 +376,25 @@ class Batch:
     def index_of(self, event_id: int) -> int:
         """Index of the first event whose id is >= ``event_id`` (``len(self)`` if none)."""
         return bisect_left(self.ids, event_id)
+
+    def fit(self, start: int, max_bytes: int) -> int:
+        """The largest ``stop`` such that events ``[start, stop)`` take at most ``max_bytes``
+        (as :attr:`nbytes` counts them); ``start`` itself when not even one event fits."""
+        n = len(self.ids)
+        vo, ko = self.value_offsets, self.key_offsets
+        v0 = vo[start]
+        if ko is None:
+
+            def size(stop: int) -> int:
+                return 20 * (stop - start) + vo[stop] - v0
+
+        else:
+            k0 = ko[start]
+
+            def size(stop: int) -> int:
+                return 25 * (stop - start) + vo[stop] - v0 + ko[stop] - k0
+
+        return start + bisect_right(range(start + 1, n + 1), max_bytes, key=size)
 
     # ------------------------------------------------------------------ derived batches
 

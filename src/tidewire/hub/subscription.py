@@ -103,9 +103,12 @@ class Subscription:
             if latest < self.next_id:
                 await self._wait_for_commit(self.next_id - 1)
                 continue
+            position = self.next_id
             batches = await self._read()
             if batches:
                 return batches
+            if self.next_id == position:  # never spin without yielding to the loop
+                await asyncio.sleep(0)
 
     async def _wait_for_commit(self, after_id: int) -> None:
         """Wait for a commit past ``after_id``, or for a cancel."""
@@ -117,6 +120,8 @@ class Subscription:
         finally:
             for fut in (commit, woken):
                 fut.cancel()
+        if self.cancelled:  # the hub closing cancels us first: that is an end, not an error
+            return
         if commit.done() and not commit.cancelled() and commit.exception() is not None:
             raise commit.exception()  # type: ignore[misc]
 

@@ -9,10 +9,11 @@ The sparse index maps the base id of a record to its byte position, one entry at
 memory and is rebuilt by recovery; a sealed segment's index is written to ``<base>.index`` when it
 is sealed, with a header that lets recovery trust it without reading the segment::
 
-    magic b"TWIX" | version u32 = 1 | segment_size u64 | last_id u64 | max_timestamp i64
-    | events u64 | entries: (base_id u64, position u64) ...
+    magic b"TWIX" | version u32 = 2 | segment_size u64 | last_id u64 | max_timestamp i64
+    | events u64 | crc u32 | 4 zero bytes | entries: (base_id u64, position u64) ...
 
-A missing or inconsistent index file is rebuilt from the record headers.
+``crc`` is the CRC-32 of the whole file with the crc field read as zero. A missing index file,
+or one that fails its CRC or disagrees with the segment's size, is rebuilt from the headers.
 
 Recovery of the active segment reads every record and checks both CRCs. The *torn tail* (a header
 cut short, a record whose length runs past the end of the file, or a tail of zero bytes) is what a
@@ -27,6 +28,7 @@ import contextlib
 import logging
 import os
 import struct
+import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -42,11 +44,12 @@ from .record import (
     parse_header,
 )
 
-__all__ = ["Segment", "segment_name"]
+__all__ = ["Segment", "segment_name", "take"]
 
 log = logging.getLogger("tidewire.log")
 
-_INDEX_HEADER = struct.Struct("<4sIQQqQ")
+_INDEX_HEADER = struct.Struct("<4sIQQqQI4x")  # ... | crc u32 | 4 zero bytes
+_INDEX_VERSION = 2
 _INDEX_MAGIC = b"TWIX"
 _SCAN_CHUNK = 4 * 1024 * 1024
 _READ_AHEAD = 256 * 1024
@@ -88,14 +91,14 @@ class Segment:
         fd = os.open(path, os.O_RDONLY)
         seg = cls(path, base_id, fd, size=os.fstat(fd).st_size)
         if not seg._load_index_file():
-            seg._scan(interval, verify_bodies=False, repair=False)
+            seg._scan(interval, active=False, repair=False)
         return seg
 
     @classmethod
     def open_active(cls, path: str, base_id: int, interval: int, *, read_only: bool) -> Segment:
         fd = os.open(path, os.O_RDONLY if read_only else os.O_RDWR)
         seg = cls(path, base_id, fd, size=os.fstat(fd).st_size)
-        seg._scan(interval, verify_bodies=True, repair=not read_only)
+        seg._scan(interval, active=True, repair=not read_only)
         return seg
 
     @property
@@ -108,8 +111,12 @@ class Segment:
 
     # ------------------------------------------------------------------ recovery
 
-    def _scan(self, interval: int, *, verify_bodies: bool, repair: bool) -> None:
-        """Walk every record from the start, rebuilding the index; handle the tail (see module)."""
+    def _scan(self, interval: int, *, active: bool, repair: bool) -> None:
+        """Walk every record from the start, rebuilding the index; handle the tail (see module).
+
+        Only the active segment may have a torn tail and has its bodies checked here; a sealed
+        segment was complete and fsynced when it was sealed, so a short one is corrupt.
+        """
         file_size = self.size
         pos = 0
         buf = memoryview(b"")
@@ -118,7 +125,7 @@ class Segment:
         while pos < file_size:
             remaining = file_size - pos
             if remaining < HEADER_SIZE:
-                self._torn(pos, "a record header is cut short", repair)
+                self._torn(pos, "a record header is cut short", active, repair)
                 return
             if pos + HEADER_SIZE > buf_start + len(buf):
                 buf_start = pos
@@ -127,19 +134,17 @@ class Segment:
                 header = parse_header(buf, pos - buf_start)
             except HeaderError as exc:
                 if self._zeros_from(pos):
-                    self._torn(pos, "the tail is zero bytes", repair)
+                    self._torn(pos, "the tail is zero bytes", active, repair)
                     return
                 raise CorruptLogError(self.path, pos, str(exc)) from None
             if header.length > remaining:
-                if not verify_bodies:  # a sealed segment was complete when it was sealed
-                    raise CorruptLogError(self.path, pos, "record runs past the end of the file")
-                self._torn(pos, f"a {header.length}-byte record is cut short", repair)
+                self._torn(pos, f"a {header.length}-byte record is cut short", active, repair)
                 return
             if header.base_id <= last_id:
                 raise CorruptLogError(
                     self.path, pos, f"id {header.base_id} does not follow id {last_id}"
                 )
-            if verify_bodies:
+            if active:
                 if pos + header.length > buf_start + len(buf):
                     buf_start = pos
                     buf = memoryview(os.pread(self.fd, max(header.length, _SCAN_CHUNK), pos))
@@ -161,7 +166,9 @@ class Segment:
             pos += len(chunk)
         return True
 
-    def _torn(self, pos: int, why: str, repair: bool) -> None:
+    def _torn(self, pos: int, why: str, active: bool, repair: bool) -> None:
+        if not active:
+            raise CorruptLogError(self.path, pos, f"sealed segment is cut short: {why}")
         if repair:
             log.warning(
                 "recovery: truncating torn tail of %s at byte offset %d (%d bytes dropped: %s)",
@@ -181,8 +188,12 @@ class Segment:
             return False
         if len(data) < _INDEX_HEADER.size or (len(data) - _INDEX_HEADER.size) % 16:
             return False
-        magic, version, size, last_id, max_ts, events = _INDEX_HEADER.unpack_from(data)
-        if magic != _INDEX_MAGIC or version != 1 or size != self.size:
+        magic, version, size, last_id, max_ts, events, crc = _INDEX_HEADER.unpack_from(data)
+        if magic != _INDEX_MAGIC or version != _INDEX_VERSION or size != self.size:
+            return False
+        if _index_crc(data) != crc:
+            log.warning("index file %s fails its CRC: rebuilding it from the segment",
+                        self.index_path)  # fmt: skip
             return False
         entries = memoryview(data)[_INDEX_HEADER.size :].cast("Q")
         ids, positions = array("Q", entries[0::2]), array("Q", entries[1::2])
@@ -211,7 +222,7 @@ class Segment:
         Returns the new size; the caller publishes it (under its lock) with :meth:`commit`. On
         failure the file is cut back to its committed size before the error propagates.
         """
-        pending: list[bytes | memoryview] = [p for r in records for p in r.parts]
+        pending: list[bytes | bytearray | memoryview] = [r.data for r in records]
         total = sum(r.length for r in records)
         try:
             offset = self.size
@@ -242,16 +253,18 @@ class Segment:
 
     def seal(self) -> None:
         """Write and fsync the index file of a segment that will not grow any more."""
-        header = _INDEX_HEADER.pack(
-            _INDEX_MAGIC, 1, self.size, self.last_id, self.max_timestamp, self.events
-        )
         entries = array("Q")
         for i, p in zip(self.index_ids, self.index_pos, strict=True):
             entries.append(i)
             entries.append(p)
+        data = bytearray(_INDEX_HEADER.size) + entries.tobytes()
+        _INDEX_HEADER.pack_into(data, 0, _INDEX_MAGIC, _INDEX_VERSION, self.size, self.last_id,
+                                self.max_timestamp, self.events, 0)  # fmt: skip
+        _INDEX_HEADER.pack_into(data, 0, _INDEX_MAGIC, _INDEX_VERSION, self.size, self.last_id,
+                                self.max_timestamp, self.events, _index_crc(data))  # fmt: skip
         fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, header + entries.tobytes())
+            os.write(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -305,14 +318,15 @@ class Segment:
                 batch = decode_body(stream, header, buf, pos - buf_start)
             except ValueError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
-            start = batch.index_of(from_id) if header.base_id < from_id else 0
-            stop = min(len(batch), start + max_events - got_events)
-            if start < stop:
-                if start or stop < len(batch):
-                    batch = batch.slice(start, stop)
-                out.append(batch)
-                got_events += stop - start
-                got_bytes += batch.nbytes
+            piece = take(batch, from_id, max_bytes - got_bytes, max_events - got_events,
+                         first=not got_events)  # fmt: skip
+            if piece is None:
+                break
+            out.append(piece)
+            got_events += len(piece)
+            got_bytes += piece.nbytes
+            if piece.last_id < batch.last_id:
+                break
             pos += header.length
         return got_bytes, got_events
 
@@ -325,7 +339,34 @@ class Segment:
             raise CorruptLogError(self.path, pos, str(exc)) from None
 
 
-def _skip(parts: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
+def _index_crc(data: bytes | bytearray) -> int:
+    """CRC-32 of an index file with its CRC field (bytes 40..44) read as zero."""
+    view = memoryview(data)
+    crc = zlib.crc32(view[:40])
+    crc = zlib.crc32(b"\0\0\0\0", crc)
+    return zlib.crc32(view[44:], crc)
+
+
+def take(
+    batch: Batch, from_id: int, max_bytes: int, max_events: int, *, first: bool
+) -> Batch | None:
+    """The part of ``batch`` from ``from_id`` on that fits ``max_bytes`` and ``max_events``
+    (at least one event when ``first``), or ``None`` when nothing is to be taken."""
+    start = batch.index_of(from_id) if batch.first_id < from_id else 0
+    n = len(batch)
+    stop = min(n, start + max_events)
+    if batch.nbytes > max_bytes:
+        stop = min(stop, batch.fit(start, max_bytes))
+    if stop <= start:
+        if not first or start >= n or max_events < 1:
+            return None
+        stop = start + 1
+    return batch if start == 0 and stop == n else batch.slice(start, stop)
+
+
+def _skip(
+    parts: list[bytes | bytearray | memoryview], n: int
+) -> list[bytes | bytearray | memoryview]:
     """``parts`` with their first ``n`` bytes dropped (to resume a short ``pwritev``)."""
     if n == 0:
         return parts

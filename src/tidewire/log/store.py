@@ -33,6 +33,7 @@ from ..model import (
 )
 from .config import LogConfig
 from .record import HEADER_SIZE, EncodedRecord, encode
+from .segment import take
 from .stream import NAME_FILE, StreamLog, StreamStats
 
 __all__ = ["Log"]
@@ -217,6 +218,7 @@ class Log:
         elif batch.first_id <= writer.latest:
             raise IdOrderError(batch.stream, batch.first_id, writer.latest)
         record = encode(batch)
+        batch = record.batch  # the log's own copy, not the caller's buffers
         writer.latest = batch.last_id
         future = asyncio.get_running_loop().create_future()
         writer.queue.append(_Pending(record, batch, future))
@@ -281,21 +283,23 @@ class Log:
             return None
         if from_id < writer.stream.start_id:  # retention got there first: let read() say so
             return None
+        if writer.recent[-1].last_id < writer.stream.latest:
+            # A commit was published by the writer thread but is not remembered yet: the disk
+            # has it, the memory does not (yet).
+            return None
         out: list[Batch] = []
         got_bytes = got_events = 0
-        committed = writer.stream.latest
         for batch in writer.recent:
             if batch.last_id < from_id:
                 continue
-            if batch.first_id > committed:
+            piece = take(batch, from_id, max_bytes - got_bytes, max_events - got_events,
+                         first=not got_events)  # fmt: skip
+            if piece is None:
                 break
-            start = batch.index_of(from_id) if batch.first_id < from_id else 0
-            stop = min(len(batch), start + max_events - got_events)
-            piece = batch.slice(start, stop) if (start or stop < len(batch)) else batch
             out.append(piece)
             got_events += len(piece)
             got_bytes += piece.nbytes
-            if got_events >= max_events or got_bytes >= max_bytes:
+            if piece.last_id < batch.last_id:
                 break
         return out
 

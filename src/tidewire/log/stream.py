@@ -35,8 +35,11 @@ def directory_name(stream: str) -> str:
     if encoded.startswith("."):
         encoded = "%2E" + encoded[1:]
     if len(encoded) > 200:
+        # "%%" never occurs in a percent-encoded name, so a hashed name is never a real one.
         digest = hashlib.sha256(stream.encode()).hexdigest()[:32]
-        encoded = encoded[:160].rstrip("%0123456789ABCDEF") + "~" + digest
+        head = encoded[:160]
+        cut = head.rfind("%", len(head) - 2)  # do not keep half of a %XX escape
+        encoded = (head[:cut] if cut >= 0 else head) + "%%" + digest
     return encoded
 
 
@@ -245,6 +248,8 @@ class StreamLog:
                 got_events += e
                 if got_events >= max_events or got_bytes >= max_bytes:
                     break
+                if out and out[-1].last_id < seg.last_id:
+                    break  # the budget stopped this segment's read: the next one must wait
         return out
 
     def _segments_from(self, from_id: int) -> list[Segment]:
