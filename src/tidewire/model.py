@@ -386,13 +386,13 @@ class Batch:
         if ko is None:
 
             def size(stop: int) -> int:
-                return 20 * (stop - start) + vo[stop] - v0
+                return 20 * (stop - start) + 4 + vo[stop] - v0
 
         else:
             k0 = ko[start]
 
             def size(stop: int) -> int:
-                return 25 * (stop - start) + vo[stop] - v0 + ko[stop] - k0
+                return 25 * (stop - start) + 8 + vo[stop] - v0 + ko[stop] - k0
 
         return start + bisect_right(range(start + 1, n + 1), max_bytes, key=size)
 

@@ -283,10 +283,18 @@ class Segment:
     # ------------------------------------------------------------------ reading
 
     def read(
-        self, stream: str, from_id: int, max_bytes: int, max_events: int, out: list[Batch]
+        self,
+        stream: str,
+        from_id: int,
+        max_bytes: int,
+        max_events: int,
+        out: list[Batch],
+        *,
+        first: bool = True,
     ) -> tuple[int, int]:
-        """Append to ``out`` the batches from ``from_id`` on; stop past ``max_bytes`` or
-        ``max_events``, but always give at least one event if there is one.
+        """Append to ``out`` the batches from ``from_id`` on within ``max_bytes`` and
+        ``max_events``; when ``first`` (nothing was read before), give at least one event if
+        there is one, whatever it costs.
 
         Returns (bytes, events) added. Records are checked against their CRCs as they are read.
         """
@@ -305,7 +313,11 @@ class Segment:
         got_bytes = got_events = 0
         buf = memoryview(b"")
         buf_start = pos
-        while pos < end and got_events < max_events and (got_bytes < max_bytes or not got_events):
+        while (
+            pos < end
+            and got_events < max_events
+            and (got_bytes < max_bytes or (first and not got_events))
+        ):
             if pos + HEADER_SIZE > buf_start + len(buf):
                 buf_start = pos
                 want = min(end - pos, max(max_bytes - got_bytes, HEADER_SIZE) + _READ_AHEAD)
@@ -319,7 +331,7 @@ class Segment:
             except ValueError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
             piece = take(batch, from_id, max_bytes - got_bytes, max_events - got_events,
-                         first=not got_events)  # fmt: skip
+                         first=first and not got_events)  # fmt: skip
             if piece is None:
                 break
             out.append(piece)

@@ -243,7 +243,7 @@ class StreamLog:
             got_bytes = got_events = 0
             for seg in self._segments_from(from_id):
                 b, e = seg.read(self.name, from_id, max_bytes - got_bytes, max_events - got_events,
-                                out)  # fmt: skip
+                                out, first=not got_events)  # fmt: skip
                 got_bytes += b
                 got_events += e
                 if got_events >= max_events or got_bytes >= max_bytes:
