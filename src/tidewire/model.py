@@ -144,7 +144,6 @@ class RemoteProtocolError(ProtocolError):
 # --------------------------------------------------------------------------- names and time
 
 
-@lru_cache(maxsize=4096)
 def validate_stream_name(name: str) -> str:
     """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
 
@@ -152,6 +151,11 @@ def validate_stream_name(name: str) -> str:
     """
     if not isinstance(name, str):
         raise InvalidStreamName(f"stream name must be str, not {type(name).__name__}")
+    return _validate_stream_name(name)
+
+
+@lru_cache(maxsize=4096)
+def _validate_stream_name(name: str) -> str:
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError as exc:

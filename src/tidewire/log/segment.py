@@ -187,13 +187,20 @@ class Segment:
         except FileNotFoundError:
             return False
         if len(data) < _INDEX_HEADER.size or (len(data) - _INDEX_HEADER.size) % 16:
+            log.warning("index file %s has a bad size: rebuilding it from the segment",
+                        self.index_path)  # fmt: skip
             return False
         magic, version, size, last_id, max_ts, events, crc = _INDEX_HEADER.unpack_from(data)
-        if magic != _INDEX_MAGIC or version != _INDEX_VERSION or size != self.size:
-            return False
-        if _index_crc(data) != crc:
-            log.warning("index file %s fails its CRC: rebuilding it from the segment",
-                        self.index_path)  # fmt: skip
+        problem = None
+        if magic != _INDEX_MAGIC or version != _INDEX_VERSION:
+            problem = "is not a tidewire index"
+        elif size != self.size:
+            problem = f"describes {size} bytes of a {self.size}-byte segment"
+        elif _index_crc(data) != crc:
+            problem = "fails its CRC"
+        if problem is not None:
+            log.warning("index file %s %s: rebuilding it from the segment",
+                        self.index_path, problem)  # fmt: skip
             return False
         entries = memoryview(data)[_INDEX_HEADER.size :].cast("Q")
         ids, positions = array("Q", entries[0::2]), array("Q", entries[1::2])

@@ -197,6 +197,8 @@ class Log:
         """
         if self._closed:
             raise LogClosedError("the log is closed")
+        if self.read_only:
+            raise LogClosedError("the log is open read-only")
         writer = self._writers.get(batch.stream)
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)

@@ -238,8 +238,11 @@ class StreamLog:
         with self._lock:
             if not self.segments or self.segments[0].fd < 0:
                 raise LogClosedError(f"stream {self.name!r} is closed")
-            if from_id < self.segments[0].base_id:
-                raise DataLossError(self.name, from_id, self.segments[0].base_id)
+            start = self.segments[0].base_id
+            if from_id < start:
+                if start > 1:  # retention removed what was asked for
+                    raise DataLossError(self.name, from_id, start)
+                from_id = 1  # id 0 means "from the start"
             got_bytes = got_events = 0
             for seg in self._segments_from(from_id):
                 b, e = seg.read(self.name, from_id, max_bytes - got_bytes, max_events - got_events,
