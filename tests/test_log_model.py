@@ -52,7 +52,6 @@ STREAMS = ("alpha", "β/two")
 NO_LIMIT = 2**63 - 1
 
 
-
 def record_length(events: list[Event]) -> int:
     """The on-disk size of one record holding ``events`` (computed from the documented layout)."""
     n = len(events)

@@ -90,10 +90,10 @@ def test_invalid_stream_name_message_points_at_the_character() -> None:
         validate_stream_name("abc\tdef")
 
 
-@pytest.mark.parametrize("name", [123, None, b"bytes"])
+@pytest.mark.parametrize("name", [123, None, b"bytes", ["unhashable"]])
 def test_non_str_stream_name(name: object) -> None:
     with pytest.raises(InvalidStreamName, match="must be str"):
-        validate_stream_name(name)
+        validate_stream_name(name)  # type: ignore[arg-type]
 
 
 def test_multibyte_boundary_counts_bytes_not_characters() -> None:

@@ -113,8 +113,8 @@ class Hub:
         return await self.log.read_async(stream, from_id, max_bytes, max_events)
 
     def resolve_start(self, stream: str, start: Start, *, skip_lost: bool = False) -> int:
-        """The first id a subscription starting at ``start`` will deliver."""
-        if start == "earliest":
+        """The first id a subscription starting at ``start`` will deliver (0 = earliest)."""
+        if start == "earliest" or start == 0:
             return self.log.start_id(stream)
         if start == "latest":
             return self.log.latest(stream) + 1

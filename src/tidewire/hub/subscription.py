@@ -126,12 +126,18 @@ class Subscription:
             raise commit.exception()  # type: ignore[misc]
 
     async def _read(self) -> list[Batch]:
-        """One read at the position; may return nothing when a key filter dropped everything."""
+        """One read at the position; may return nothing when a key filter dropped everything.
+
+        Without a filter the log is asked for at most the demand. With one, the read is bounded
+        by bytes only (most events may not match), and the position stops right after the last
+        event delivered once the demand is met, so nothing matching is skipped.
+        """
         want = min(self.demand, self.until_id - self.next_id + 1)
         try:
             batches = await self.hub.log.read_async(
-                self.stream, self.next_id, self.max_batch_bytes, want
-            )
+                self.stream, self.next_id, self.max_batch_bytes,
+                want if self.key is None else MAX_DEMAND,
+            )  # fmt: skip
         except DataLossError as exc:
             if not self.skip_lost:
                 raise
@@ -140,22 +146,27 @@ class Subscription:
         out: list[Batch] = []
         budget = want
         for batch in batches:
-            if self.cancelled:
+            if self.cancelled or budget <= 0:
                 break
             if batch.first_id > self.until_id:
                 self.next_id = self.until_id + 1
                 break
-            self.next_id = batch.last_id + 1
+            next_id = batch.last_id + 1
             if batch.last_id > self.until_id:
                 batch = batch.slice(0, batch.index_of(self.until_id + 1))
-                self.next_id = self.until_id + 1
+                next_id = self.until_id + 1
             if self.key is not None:
                 filtered = filter_key(batch, self.key)
                 if filtered is None:
+                    self.next_id = next_id
                     continue
                 batch = filtered
-            if len(batch) > budget:  # a filter never grows a batch; the log honours max_events
+                if len(batch) > budget:
+                    batch = batch.slice(0, budget)
+                    next_id = batch.last_id + 1
+            elif len(batch) > budget:  # the log honours max_events
                 raise TidewireError("internal: read returned more than the demand")
+            self.next_id = next_id
             out.append(batch)
             budget -= len(batch)
         delivered = want - budget
