@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 
 from tidewire.hub import MAX_DEMAND, Hub, Subscription
 from tidewire.log import LogConfig, StreamLog, StreamSettings
-from tidewire.log.record import EncodedRecord
 from tidewire.model import Batch
 
 S = "ticks"
@@ -168,12 +167,15 @@ class HeldCommit:
         self._armed = True
         original = hub.log._write
 
-        def write(stream: StreamLog, records: list[EncodedRecord]) -> None:
-            original(stream, records)
+        def write(
+            stream: StreamLog, items: list[tuple[Batch, int | None]]
+        ) -> tuple[list[Batch], list[Batch]]:
+            result = original(stream, items)
             if self._armed:
                 self._armed = False
                 self.written.set()
                 self.release.wait(10)
+            return result
 
         monkeypatch.setattr(hub.log, "_write", write)
 

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from tidewire.log import Log, LogConfig, StreamSettings
+from tidewire.log.store import MERGE_MAX_BYTES, MERGE_MAX_EVENTS
 from tidewire.log.stream import directory_name
 from tidewire.model import (
     MAX_ID,
@@ -61,6 +62,40 @@ def record_length(events: list[Event]) -> int:
     return size + (-size % 8)
 
 
+def batch_nbytes(events: list[Event]) -> int:
+    """``Batch.nbytes`` of a batch holding ``events`` (keys counted when any event has one)."""
+    n = len(events)
+    size = 20 * n + 4 + sum(len(e.value) for e in events)
+    if any(e.key is not None for e in events):
+        size += 5 * n + 4 + sum(len(e.key or b"") for e in events)
+    return size
+
+
+def merged_records(group: list[list[Event]]) -> list[list[Event]]:
+    """The records one group commit writes: consecutive batches of at most MERGE_MAX_EVENTS
+    events and MERGE_MAX_BYTES bytes share a record (a run closes before it would grow past
+    MERGE_MAX_BYTES); any other batch is a record of its own."""
+    records: list[list[Event]] = []
+    run: list[Event] = []
+    run_bytes = 0
+    for batch in group:
+        size = batch_nbytes(batch)
+        if len(batch) <= MERGE_MAX_EVENTS and size <= MERGE_MAX_BYTES:
+            if run and run_bytes + size > MERGE_MAX_BYTES:
+                records.append(run)
+                run, run_bytes = [], 0
+            run = [*run, *batch]
+            run_bytes += size
+        else:
+            if run:
+                records.append(run)
+                run, run_bytes = [], 0
+            records.append(batch)
+    if run:
+        records.append(run)
+    return records
+
+
 @dataclass
 class ModelSegment:
     base_id: int
@@ -83,8 +118,10 @@ class ModelStream:
     def start_id(self) -> int:
         return self.segments[0].base_id
 
-    def commit(self, group: list[list[Event]]) -> None:
-        """One group commit (one write): rolls at most once, before the group."""
+    def commit(self, appended: list[list[Event]]) -> None:
+        """One group commit (one write): rolls at most once, before the group; runs of small
+        batches share a record (see :func:`merged_records`)."""
+        group = merged_records(appended)
         incoming = sum(record_length(batch) for batch in group)
         active = self.segments[-1]
         if active.size and active.size + incoming > SEGMENT_BYTES:

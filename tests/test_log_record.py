@@ -16,6 +16,7 @@ from tidewire.log.record import (
     HeaderError,
     decode_body,
     encode,
+    merge,
     parse_header,
 )
 from tidewire.model import MAX_ID, Batch, Event
@@ -322,3 +323,34 @@ def test_parse_header_at_offset() -> None:
     assert (header.base_id, header.count, header.max_timestamp) == (99, 1, 5)
     with pytest.raises(HeaderError):
         parse_header(a + b, 8)  # not a record boundary
+
+
+def test_merge_keeps_every_event_and_assigns_ids() -> None:
+    """Small batches committed together share one record: keyed and unkeyed batches, given
+    and log-assigned ids, offsets that start above zero (a slice)."""
+    plain = Batch.build("m", [b"a", b"bb"], ids=[3, 4], timestamps=10)
+    keyed = Batch.build("m", [b"ccc", b"", b"d"], keys=[b"k", None, b""], timestamps=20)
+    sliced = Batch.build("m", [b"x", b"yy", b"zzz"], keys=[b"1", b"22", b"333"]).slice(1, 3)
+    merged = merge([(plain, None), (keyed, 5), (sliced, 8)])
+    merged.validate()
+    assert [(e.id, e.key, e.value) for e in merged] == [
+        (3, None, b"a"),
+        (4, None, b"bb"),
+        (5, b"k", b"ccc"),
+        (6, None, b""),
+        (7, b"", b"d"),
+        (8, b"22", b"yy"),
+        (9, b"333", b"zzz"),
+    ]
+    assert list(merged.timestamps[:5]) == [10, 10, 20, 20, 20]
+    record = encode(merged)
+    stored = decode_body("m", parse_header(record.data), memoryview(bytes(record.data)), 0)
+    assert stored == merged
+
+
+def test_encode_with_first_id_renumbers_without_touching_the_batch() -> None:
+    batch = Batch.build("m", [b"a", b"b"], ids=[1, 2])
+    record = encode(batch, 41)
+    assert [e.id for e in record.batch] == [41, 42]
+    assert (record.base_id, record.last_id) == (41, 42)
+    assert [e.id for e in batch] == [1, 2]

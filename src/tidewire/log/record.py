@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import Batch
+from ..model import MAX_ID, Batch, InvalidBatch
 
 __all__ = [
     "HEADER",
@@ -44,6 +46,7 @@ __all__ = [
     "RecordHeader",
     "decode_body",
     "encode",
+    "merge",
     "parse_header",
 ]
 
@@ -80,16 +83,25 @@ class EncodedRecord:
     max_timestamp: int
 
 
-def encode(batch: Batch) -> EncodedRecord:
+def encode(batch: Batch, first_id: int | None = None) -> EncodedRecord:
     """Encode ``batch`` as one record: a single copy of its buffers into the record's bytes.
 
-    From then on the log holds its own copy, so the caller's buffers (say, a receive buffer that
-    a protocol reuses) are free as soon as ``encode`` returns.
+    With ``first_id`` the events are stored as ids ``first_id, first_id + 1, ...`` (ids the log
+    assigned) instead of the batch's own. From then on the log holds its own copy, so the
+    caller's buffers (say, a receive buffer that a protocol reuses) are free once ``encode``
+    returns.
     """
     n = len(batch)
+    if first_id is None:
+        ids, first, last = batch.ids.cast("B"), batch.first_id, batch.last_id
+    else:
+        first, last = first_id, first_id + n - 1
+        if first < 1 or last > MAX_ID:
+            raise InvalidBatch(f"ids {first}..{last} are outside 1..2**63-1")
+        ids = memoryview(array("Q", range(first, last + 1))).cast("B")
     attributes = 0
     body: list[memoryview] = [
-        batch.ids.cast("B"),
+        ids,
         batch.timestamps.cast("B"),
         batch.value_offsets.cast("B"),
     ]
@@ -114,20 +126,68 @@ def encode(batch: Batch) -> EncodedRecord:
     view = memoryview(data)
     crc = zlib.crc32(view[HEADER_SIZE:pos])
     max_ts = max(batch.timestamps)
-    HEADER.pack_into(data, 0, length, MAGIC, attributes, 0, n, body_size, batch.first_id,
-                     batch.last_id, max_ts, crc, 0)  # fmt: skip
+    HEADER.pack_into(data, 0, length, MAGIC, attributes, 0, n, body_size, first, last, max_ts,
+                     crc, 0)  # fmt: skip
     struct.pack_into("<I", data, _CRC_SPAN, zlib.crc32(view[:_CRC_SPAN]))
-    header = RecordHeader(length, attributes, n, body_size, batch.first_id, batch.last_id,
-                          max_ts, crc)  # fmt: skip
+    header = RecordHeader(length, attributes, n, body_size, first, last, max_ts, crc)
     stored = decode_body(batch.stream, header, view.toreadonly(), 0, verify=False)
-    return EncodedRecord(data, stored, length, n, batch.first_id, batch.last_id, max_ts)
+    return EncodedRecord(data, stored, length, n, first, last, max_ts)
+
+
+def merge(items: Sequence[tuple[Batch, int | None]]) -> Batch:
+    """One batch holding the events of several small batches of one stream, in order; a batch
+    paired with a first id gets ids from it (log-assigned ids).
+
+    Group commit uses it so that many small appends make one record, not one each. It rebases
+    offsets event by event, so it is meant for small batches only.
+    """
+    stream = items[0][0].stream
+    ids = array("Q")
+    timestamps = array("q")
+    value_offsets = array("I", [0])
+    values: list[memoryview] = []
+    keyed = any(b.key_flags is not None for b, _ in items)
+    key_flags = bytearray()
+    key_offsets = array("I", [0])
+    keys: list[memoryview] = []
+    for batch, first_id in items:
+        n = len(batch)
+        if first_id is None:
+            ids.frombytes(batch.ids.cast("B"))
+        else:
+            ids.extend(range(first_id, first_id + n))
+        timestamps.frombytes(batch.timestamps.cast("B"))
+        shift = value_offsets[-1] - batch.value_offsets[0]
+        value_offsets.extend([o + shift for o in batch.value_offsets[1:]])
+        values.append(batch.values)
+        if keyed:
+            if batch.key_flags is None or batch.key_offsets is None or batch.keys is None:
+                key_flags += bytes(n)
+                key_offsets.extend([key_offsets[-1]] * n)
+            else:
+                key_flags += batch.key_flags
+                shift = key_offsets[-1] - batch.key_offsets[0]
+                key_offsets.extend([o + shift for o in batch.key_offsets[1:]])
+                keys.append(batch.keys)
+    if ids[0] < 1 or ids[-1] > MAX_ID:
+        raise InvalidBatch("ids must be within 1..2**63-1")
+    return Batch(
+        stream,
+        memoryview(ids),
+        memoryview(timestamps),
+        memoryview(value_offsets),
+        memoryview(b"".join(values)),
+        memoryview(key_flags) if keyed else None,
+        memoryview(key_offsets) if keyed else None,
+        memoryview(b"".join(keys)) if keyed else None,
+    )
 
 
 class HeaderError(ValueError):
     """The 48 bytes are not a valid record header (the caller decides: torn tail or corruption)."""
 
 
-def parse_header(buf: bytes | memoryview, pos: int = 0) -> RecordHeader:
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordHeader:
     """Parse and check the header at ``buf[pos:pos + 48]``; raise :class:`HeaderError` if bad."""
     (length, magic, attributes, reserved, count, body_size, base_id, last_id, max_ts, body_crc,
      header_crc) = HEADER.unpack_from(buf, pos)  # fmt: skip

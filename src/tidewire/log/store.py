@@ -24,15 +24,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..model import (
+    MAX_ID,
     Batch,
     IdOrderError,
+    InvalidBatch,
     LimitExceeded,
     LogClosedError,
     UnknownStream,
     validate_stream_name,
 )
 from .config import LogConfig
-from .record import HEADER_SIZE, EncodedRecord, encode
+from .record import HEADER_SIZE, EncodedRecord, encode, merge
 from .segment import take
 from .stream import NAME_FILE, StreamLog, StreamStats
 
@@ -41,13 +43,17 @@ __all__ = ["Log"]
 log = logging.getLogger("tidewire.log")
 
 LOCK_FILE = ".lock"
+MERGE_MAX_EVENTS = 64
+"""Batches of at most this many events that are committed together share one record."""
+MERGE_MAX_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
 class _Pending:
-    record: EncodedRecord
     batch: Batch
-    future: asyncio.Future[None]
+    first_id: int | None  # ids assigned by the log start here; None: the batch's own ids
+    size: int
+    future: asyncio.Future[Batch]
 
 
 @dataclass(slots=True)
@@ -215,22 +221,25 @@ class Log:
             await writer.room.wait()
         if writer.stream.failed is not None:
             raise LogClosedError(f"stream {batch.stream!r} failed: {writer.stream.failed}")
+        first_id: int | None = None
         if assign_ids:
-            batch = batch.with_ids(writer.latest + 1)
+            first_id = writer.latest + 1
+            writer.latest += len(batch)
+            if writer.latest > MAX_ID:
+                writer.latest = first_id - 1
+                raise InvalidBatch(f"stream {batch.stream!r} has run out of ids")
         elif batch.first_id <= writer.latest:
             raise IdOrderError(batch.stream, batch.first_id, writer.latest)
-        record = encode(batch)
-        batch = record.batch  # the log's own copy, not the caller's buffers
-        writer.latest = batch.last_id
-        future = asyncio.get_running_loop().create_future()
-        writer.queue.append(_Pending(record, batch, future))
-        writer.queued_bytes += record.length
+        else:
+            writer.latest = batch.last_id
+        future: asyncio.Future[Batch] = asyncio.get_running_loop().create_future()
+        writer.queue.append(_Pending(batch, first_id, estimate, future))
+        writer.queued_bytes += estimate
         if writer.task is None:
             writer.task = asyncio.create_task(self._commit_loop(writer))
         # No shield: cancelling the caller cancels only its own future; the write goes on, and
         # the committer skips futures that are already done.
-        await future
-        return batch
+        return await future
 
     async def _commit_loop(self, writer: _Writer) -> None:
         loop = asyncio.get_running_loop()
@@ -245,9 +254,9 @@ class Log:
                         break
                 group, writer.queue, writer.queued_bytes = writer.queue, [], 0
                 writer.room.set()
-                records = [p.record for p in group]
+                items = [(p.batch, p.first_id) for p in group]
                 try:
-                    await loop.run_in_executor(None, self._write, stream, records)
+                    stored, kept = await loop.run_in_executor(None, self._write, stream, items)
                 except BaseException as exc:
                     error = LogClosedError(f"stream {stream.name!r}: append failed: {exc!r}")
                     for pending in (*group, *writer.queue):
@@ -258,21 +267,21 @@ class Log:
                     if not isinstance(exc, Exception):
                         raise
                     return
-                for pending in group:
+                for pending, batch in zip(group, stored, strict=True):
                     if not pending.future.done():
-                        pending.future.set_result(None)
-                self._remember(writer, group)
+                        pending.future.set_result(batch)
+                self._remember(writer, kept)
                 self._notify(stream.name)
         finally:
             writer.task = None
             writer.room.set()
 
-    def _remember(self, writer: _Writer, group: list[_Pending]) -> None:
+    def _remember(self, writer: _Writer, batches: list[Batch]) -> None:
         """Keep the newest committed batches in memory so live tails read without disk I/O."""
         limit = self.config.recent_bytes
-        for pending in group:
-            writer.recent.append(pending.batch)
-            writer.recent_bytes += pending.batch.nbytes
+        for batch in batches:
+            writer.recent.append(batch)
+            writer.recent_bytes += batch.nbytes
         while writer.recent and writer.recent_bytes > limit:
             writer.recent_bytes -= writer.recent.popleft().nbytes
 
@@ -305,8 +314,56 @@ class Log:
                 break
         return out
 
-    def _write(self, stream: StreamLog, records: list[EncodedRecord]) -> None:
+    def _write(
+        self, stream: StreamLog, items: list[tuple[Batch, int | None]]
+    ) -> tuple[list[Batch], list[Batch]]:
+        """Encode a group (in a worker thread) and write it durably. Returns the batch stored for
+        each item, and the batches of the records written."""
+        records, stored = self._encode_group(items)
         stream.write(records, fsync=self.config.fsync)
+        return stored, [r.batch for r in records]
+
+    def _encode_group(
+        self, items: list[tuple[Batch, int | None]]
+    ) -> tuple[list[EncodedRecord], list[Batch]]:
+        """Records for a group: runs of small batches merge into one record each (so many small
+        appends cost one record, not one each); a larger batch is a record of its own."""
+        limit = min(MERGE_MAX_BYTES, self.config.max_record_bytes - HEADER_SIZE - 64)
+        records: list[EncodedRecord] = []
+        stored: list[Batch] = []
+        run: list[tuple[Batch, int | None]] = []
+        run_bytes = 0
+
+        def close_run() -> None:
+            if len(run) == 1:
+                record = encode(*run[0])
+                records.append(record)
+                stored.append(record.batch)
+            elif run:
+                record = encode(merge(run))
+                records.append(record)
+                start = 0
+                for batch, _ in run:
+                    stored.append(record.batch.slice(start, start + len(batch)))
+                    start += len(batch)
+            run.clear()
+
+        for batch, first_id in items:
+            size = batch.nbytes
+            if len(batch) <= MERGE_MAX_EVENTS and size <= limit:
+                if run_bytes + size > limit:
+                    close_run()
+                    run_bytes = 0
+                run.append((batch, first_id))
+                run_bytes += size
+            else:
+                close_run()
+                run_bytes = 0
+                record = encode(batch, first_id)
+                records.append(record)
+                stored.append(record.batch)
+        close_run()
+        return records, stored
 
     # ------------------------------------------------------------------ reading and tailing
 
