@@ -405,7 +405,8 @@ class Batch:
     def slice(self, start: int, stop: int) -> Batch:
         """Events ``[start, stop)`` as a zero-copy view (a non-empty range)."""
         n = len(self.ids)
-        start, stop, _ = slice(start, stop).indices(n)
+        if not 0 <= start < stop <= n:
+            start, stop, _ = slice(start, stop).indices(n)
         if stop <= start:
             raise InvalidBatch("a slice of a batch holds at least one event")
         if start == 0 and stop == n:
@@ -418,16 +419,20 @@ class Batch:
             key_flags = self.key_flags[start:stop]
             key_offsets = self.key_offsets[start : stop + 1]
             keys = self.keys[self.key_offsets[start] - kbase : self.key_offsets[stop] - kbase]
-        return Batch(
-            self.stream,
-            self.ids[start:stop],
-            self.timestamps[start:stop],
-            self.value_offsets[start : stop + 1],
-            values,
-            key_flags,
-            key_offsets,
-            keys,
-        )
+        # A slice of a valid batch is valid: skip the checks of __post_init__ (hot path).
+        view = object.__new__(Batch)
+        for name, value in (
+            ("stream", self.stream),
+            ("ids", self.ids[start:stop]),
+            ("timestamps", self.timestamps[start:stop]),
+            ("value_offsets", self.value_offsets[start : stop + 1]),
+            ("values", values),
+            ("key_flags", key_flags),
+            ("key_offsets", key_offsets),
+            ("keys", keys),
+        ):
+            object.__setattr__(view, name, value)
+        return view
 
     def with_ids(self, first_id: int) -> Batch:
         """The same events renumbered ``first_id, first_id + 1, ...`` (log-assigned ids)."""
