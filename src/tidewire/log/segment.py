@@ -44,7 +44,7 @@ from .record import (
     parse_header,
 )
 
-__all__ = ["Segment", "segment_name", "take"]
+__all__ = ["ReadBudget", "Segment", "segment_name"]
 
 log = logging.getLogger("tidewire.log")
 
@@ -289,24 +289,12 @@ class Segment:
 
     # ------------------------------------------------------------------ reading
 
-    def read(
-        self,
-        stream: str,
-        from_id: int,
-        max_bytes: int,
-        max_events: int,
-        out: list[Batch],
-        *,
-        first: bool = True,
-    ) -> tuple[int, int]:
-        """Append to ``out`` the batches from ``from_id`` on within ``max_bytes`` and
-        ``max_events``; when ``first`` (nothing was read before), give at least one event if
-        there is one, whatever it costs.
-
-        Returns (bytes, events) added. Records are checked against their CRCs as they are read.
-        """
+    def read(self, stream: str, budget: ReadBudget) -> None:
+        """Add to ``budget`` the events from ``budget.next_id`` on, until it is spent or this
+        segment ends. Records are checked against their CRCs as they are read."""
+        from_id = budget.next_id
         if from_id > self.last_id or self.size == 0:
-            return 0, 0
+            return
         slot = bisect_right(self.index_ids, from_id) - 1
         pos = int(self.index_pos[max(slot, 0)])
         end = self.size
@@ -317,17 +305,12 @@ class Segment:
             if header.last_id >= from_id:
                 break
             pos += header.length
-        got_bytes = got_events = 0
         buf = memoryview(b"")
         buf_start = pos
-        while (
-            pos < end
-            and got_events < max_events
-            and (got_bytes < max_bytes or (first and not got_events))
-        ):
+        while pos < end and budget.open:
             if pos + HEADER_SIZE > buf_start + len(buf):
                 buf_start = pos
-                want = min(end - pos, max(max_bytes - got_bytes, HEADER_SIZE) + _READ_AHEAD)
+                want = min(end - pos, max(budget.bytes_left, HEADER_SIZE) + _READ_AHEAD)
                 buf = memoryview(os.pread(self.fd, want, pos))
             header = self._header(buf, pos - buf_start, pos)
             if pos + header.length > buf_start + len(buf):
@@ -337,17 +320,9 @@ class Segment:
                 batch = decode_body(stream, header, buf, pos - buf_start)
             except ValueError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
-            piece = take(batch, from_id, max_bytes - got_bytes, max_events - got_events,
-                         first=first and not got_events)  # fmt: skip
-            if piece is None:
-                break
-            out.append(piece)
-            got_events += len(piece)
-            got_bytes += piece.nbytes
-            if piece.last_id < batch.last_id:
-                break
+            if not budget.add(batch):
+                return
             pos += header.length
-        return got_bytes, got_events
 
     def _header(self, buf: bytes | memoryview, at: int, pos: int) -> RecordHeader:
         if len(buf) - at < HEADER_SIZE:
@@ -366,21 +341,42 @@ def _index_crc(data: bytes | bytearray) -> int:
     return zlib.crc32(view[44:], crc)
 
 
-def take(
-    batch: Batch, from_id: int, max_bytes: int, max_events: int, *, first: bool
-) -> Batch | None:
-    """The part of ``batch`` from ``from_id`` on that fits ``max_bytes`` and ``max_events``
-    (at least one event when ``first``), or ``None`` when nothing is to be taken."""
-    start = batch.index_of(from_id) if batch.first_id < from_id else 0
-    n = len(batch)
-    stop = min(n, start + max_events)
-    if batch.nbytes > max_bytes:
-        stop = min(stop, batch.fit(start, max_bytes))
-    if stop <= start:
-        if not first or start >= n or max_events < 1:
-            return None
-        stop = start + 1
-    return batch if start == 0 and stop == n else batch.slice(start, stop)
+class ReadBudget:
+    """What one read gathers: batches from ``next_id`` on, within ``max_bytes`` (as
+    :attr:`Batch.nbytes` counts them; a batch is sliced to fit) and ``max_events``, and at least
+    one event when there is one, whatever it costs. Segments and the in-memory tail feed it."""
+
+    __slots__ = ("bytes_left", "events_left", "next_id", "open", "out")
+
+    def __init__(self, from_id: int, max_bytes: int, max_events: int) -> None:
+        self.next_id = from_id
+        self.bytes_left = max_bytes
+        self.events_left = max_events
+        self.out: list[Batch] = []
+        self.open = max_events > 0
+
+    def add(self, batch: Batch) -> bool:
+        """Take what fits of ``batch`` (from ``next_id`` on); False once the read is complete,
+        that is when the budget is spent or did not take the whole rest of ``batch``."""
+        if batch.last_id < self.next_id:
+            return True
+        start = batch.index_of(self.next_id) if batch.first_id < self.next_id else 0
+        n = len(batch)
+        stop = min(n, start + self.events_left)
+        if batch.nbytes > self.bytes_left:
+            stop = min(stop, batch.fit(start, self.bytes_left))
+        if stop <= start:
+            if self.out:
+                self.open = False
+                return False
+            stop = start + 1  # the first event is always taken
+        piece = batch if start == 0 and stop == n else batch.slice(start, stop)
+        self.out.append(piece)
+        self.next_id = piece.last_id + 1
+        self.bytes_left -= piece.nbytes
+        self.events_left -= stop - start
+        self.open = stop == n and self.events_left > 0 and self.bytes_left > 0
+        return self.open
 
 
 def _skip(

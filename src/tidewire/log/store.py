@@ -35,7 +35,7 @@ from ..model import (
 )
 from .config import LogConfig
 from .record import HEADER_SIZE, EncodedRecord, encode, merge
-from .segment import take
+from .segment import ReadBudget
 from .stream import NAME_FILE, StreamLog, StreamStats
 
 __all__ = ["Log"]
@@ -298,21 +298,11 @@ class Log:
             # A commit was published by the writer thread but is not remembered yet: the disk
             # has it, the memory does not (yet).
             return None
-        out: list[Batch] = []
-        got_bytes = got_events = 0
+        budget = ReadBudget(from_id, max_bytes, max_events)
         for batch in writer.recent:
-            if batch.last_id < from_id:
-                continue
-            piece = take(batch, from_id, max_bytes - got_bytes, max_events - got_events,
-                         first=not got_events)  # fmt: skip
-            if piece is None:
+            if not budget.add(batch):
                 break
-            out.append(piece)
-            got_events += len(piece)
-            got_bytes += piece.nbytes
-            if piece.last_id < batch.last_id:
-                break
-        return out
+        return budget.out
 
     def _write(
         self, stream: StreamLog, items: list[tuple[Batch, int | None]]

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from ..model import Batch, CorruptLogError, DataLossError, LogClosedError
 from .config import StreamSettings
 from .record import EncodedRecord
-from .segment import Segment
+from .segment import ReadBudget, Segment
 
 __all__ = ["StreamLog", "StreamStats", "directory_name", "fsync_dir"]
 
@@ -234,7 +234,6 @@ class StreamLog:
         """Committed events with ids >= ``from_id``, about ``max_bytes`` of them (at least one
         event when there is one), as zero-copy batches. Raises :class:`DataLossError` when
         ``from_id`` was removed by retention."""
-        out: list[Batch] = []
         with self._lock:
             if not self.segments or self.segments[0].fd < 0:
                 raise LogClosedError(f"stream {self.name!r} is closed")
@@ -243,17 +242,12 @@ class StreamLog:
                 if start > 1:  # retention removed what was asked for
                     raise DataLossError(self.name, from_id, start)
                 from_id = 1  # id 0 means "from the start"
-            got_bytes = got_events = 0
+            budget = ReadBudget(from_id, max_bytes, max_events)
             for seg in self._segments_from(from_id):
-                b, e = seg.read(self.name, from_id, max_bytes - got_bytes, max_events - got_events,
-                                out, first=not got_events)  # fmt: skip
-                got_bytes += b
-                got_events += e
-                if got_events >= max_events or got_bytes >= max_bytes:
-                    break
-                if out and out[-1].last_id < seg.last_id:
-                    break  # the budget stopped this segment's read: the next one must wait
-        return out
+                seg.read(self.name, budget)
+                if not budget.open or budget.next_id <= seg.last_id:
+                    break  # spent, or stopped inside this segment: the next one must wait
+        return budget.out
 
     def _segments_from(self, from_id: int) -> list[Segment]:
         segs = self.segments
