@@ -15,6 +15,8 @@ import on a big-endian machine rather than silently writing a log it could not r
 
 from __future__ import annotations
 
+import itertools
+import operator
 import sys
 import time
 import unicodedata
@@ -195,7 +197,16 @@ class Event:
 
 
 def _u64(values: Iterable[int]) -> memoryview:
-    return memoryview(array("Q", values)).cast("B").cast("Q")
+    return _frozen(array("Q", values))
+
+
+def _frozen(items: array[int]) -> memoryview:
+    """A view of an immutable copy of ``items`` (see :meth:`Batch.owned`)."""
+    return _cast(memoryview(items.tobytes()), items.typecode)
+
+
+def _cast(view: memoryview, fmt: str) -> memoryview:
+    return view.cast(fmt)  # type: ignore[call-overload,no-any-return]
 
 
 def _offsets(chunks: Sequence[bytes]) -> tuple[memoryview, memoryview]:
@@ -206,7 +217,7 @@ def _offsets(chunks: Sequence[bytes]) -> tuple[memoryview, memoryview]:
     for n in lengths:
         total += n
         offsets.append(total)  # OverflowError past 4 GiB: a batch is far smaller than that
-    return memoryview(offsets), memoryview(b"".join(chunks))
+    return _frozen(offsets), memoryview(b"".join(chunks))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -243,6 +254,8 @@ class Batch:
             raise InvalidBatch("value offsets must be format 'I'")
         if len(self.timestamps) != n or len(self.value_offsets) != n + 1:
             raise InvalidBatch("ids, timestamps and value offsets disagree in length")
+        if self.values.format != "B":
+            raise InvalidBatch("values must be format 'B'")
         if self.value_offsets[n] - self.value_offsets[0] != self.values.nbytes:
             raise InvalidBatch("value offsets do not span the values buffer")
         has = (self.key_flags is not None, self.key_offsets is not None, self.keys is not None)
@@ -251,8 +264,10 @@ class Batch:
         if self.key_flags is not None and self.key_offsets is not None and self.keys is not None:
             if len(self.key_flags) != n or len(self.key_offsets) != n + 1:
                 raise InvalidBatch("key flags or key offsets disagree with the ids in length")
-            if self.key_offsets.format != "I":
-                raise InvalidBatch("key offsets must be format 'I'")
+            if self.key_offsets.format != "I" or self.key_flags.format != "B":
+                raise InvalidBatch("key offsets must be format 'I' and key flags format 'B'")
+            if self.keys.format != "B":
+                raise InvalidBatch("keys must be format 'B'")
             if self.key_offsets[n] - self.key_offsets[0] != self.keys.nbytes:
                 raise InvalidBatch("key offsets do not span the keys buffer")
 
@@ -305,7 +320,7 @@ class Batch:
         return cls(
             stream,
             id_view,
-            memoryview(ts_array),
+            _frozen(ts_array),
             value_offsets,
             value_bytes,
             key_flags,
@@ -464,6 +479,20 @@ class Batch:
             self.keys,
         )
 
+    def owned(self) -> Batch:
+        """This batch, or a copy of it, whose buffers nobody can change: every buffer a view of
+        ``bytes``. The log takes one before it waits, so that a caller's receive buffer is free
+        again at once, even if the append is cancelled."""
+        buffers = (self.ids, self.timestamps, self.value_offsets, self.values,
+                   self.key_flags, self.key_offsets, self.keys)  # fmt: skip
+        if all(b is None or type(b.obj) is bytes for b in buffers):
+            return self
+
+        def copy(view: memoryview | None) -> memoryview | None:
+            return None if view is None else _cast(memoryview(view.tobytes()), view.format)
+
+        return Batch(self.stream, *(copy(b) for b in buffers))  # type: ignore[arg-type]
+
     def validate(self) -> Batch:
         """Check every O(n) invariant: ids strictly increasing in 1..MAX_ID, offsets monotone."""
         _check_ids(self.ids)
@@ -496,19 +525,14 @@ class Batch:
 def _check_ids(ids: memoryview) -> None:
     if ids[0] < 1 or ids[-1] > MAX_ID:
         raise InvalidBatch("ids must be within 1..2**63-1")
-    previous = 0
-    for i in ids:
-        if i <= previous:
-            raise InvalidBatch(f"ids must be strictly increasing ({previous} then {i})")
-        previous = i
+    if not all(map(operator.lt, ids[:-1], ids[1:])):  # the loop runs in C
+        previous, i = next((a, b) for a, b in itertools.pairwise(ids) if a >= b)
+        raise InvalidBatch(f"ids must be strictly increasing ({previous} then {i})")
 
 
 def _check_monotone(offsets: memoryview, what: str) -> None:
-    previous = offsets[0]
-    for o in offsets:
-        if o < previous:
-            raise InvalidBatch(f"{what} must not decrease")
-        previous = o
+    if not all(map(operator.le, offsets[:-1], offsets[1:])):
+        raise InvalidBatch(f"{what} must not decrease")
 
 
 def _value_lengths(offsets: memoryview) -> list[int]:

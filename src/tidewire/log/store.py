@@ -20,6 +20,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import shutil
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ from ..model import (
 from .config import LogConfig
 from .record import HEADER_SIZE, EncodedRecord, encode, merge
 from .segment import ReadBudget
-from .stream import NAME_FILE, StreamLog, StreamStats
+from .stream import NAME_FILE, STAGING_PREFIX, StreamLog, StreamStats, read_name
 
 __all__ = ["Log"]
 
@@ -66,9 +67,10 @@ class _Writer:
     recent_bytes: int = 0
     queue: list[_Pending] = field(default_factory=list)
     queued_bytes: int = 0
+    inflight_bytes: int = 0  # the group being written
     task: asyncio.Task[None] | None = None
     room: asyncio.Event = field(default_factory=asyncio.Event)
-    committed: asyncio.Future[None] | None = None  # resolved at each commit (live tail)
+    admission: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Log:
@@ -112,10 +114,14 @@ class Log:
         try:
             for entry in sorted(os.listdir(self.directory)):
                 path = os.path.join(self.directory, entry)
-                if not os.path.isfile(os.path.join(path, NAME_FILE)):
+                if entry.startswith(STAGING_PREFIX):
+                    if not read_only:  # a stream whose creation a crash interrupted
+                        log.info("removing %s, a stream creation that did not finish", path)
+                        shutil.rmtree(path, ignore_errors=True)
                     continue
-                with open(os.path.join(path, NAME_FILE), "rb") as f:
-                    name = f.read().decode()
+                if entry.startswith(".") or not os.path.isfile(os.path.join(path, NAME_FILE)):
+                    continue
+                name = read_name(path)
                 stream = StreamLog.open(path, self.config.for_stream(name), read_only=read_only)
                 self._streams[stream.name] = stream
         except BaseException:
@@ -199,47 +205,62 @@ class Log:
 
         With ``assign_ids=False`` the batch's own ids are kept and must exceed the stream's
         latest id (:class:`IdOrderError` otherwise). Creates the stream on first append.
-        Cancelling the caller does not cancel the write.
+        The batch is checked in full (:meth:`Batch.validate`) and, unless its buffers are
+        immutable, copied before the first wait, so the caller may reuse its buffers at once.
+        Cancelling the caller does not cancel the write. Appenders are admitted first come,
+        first served when the stream's queue is full.
         """
         if self._closed:
             raise LogClosedError("the log is closed")
         if self.read_only:
             raise LogClosedError("the log is open read-only")
+        estimate = batch.nbytes + HEADER_SIZE
+        if estimate > self.config.max_record_bytes:
+            raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
+        batch = batch.owned().validate()
         writer = self._writers.get(batch.stream)
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)
             writer = self._writers[batch.stream] = _Writer(stream, stream.latest)
-        estimate = batch.nbytes + HEADER_SIZE
-        if estimate > self.config.max_record_bytes:
-            raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
-        # Wait for room first: from the id check to the enqueue below nothing awaits, so the
-        # queue's order is the id order.
-        while writer.queued_bytes and writer.queued_bytes + estimate > (
-            self.config.max_pending_bytes
-        ):
-            writer.room.clear()
-            await writer.room.wait()
+        if writer.admission.locked() or self._full(writer, estimate):
+            async with writer.admission:  # FIFO: nobody overtakes an appender that waits
+                while self._full(writer, estimate):
+                    writer.room.clear()
+                    await writer.room.wait()
+                future = self._enqueue(writer, batch, assign_ids, estimate)
+        else:
+            future = self._enqueue(writer, batch, assign_ids, estimate)
+        return await future
+
+    def _full(self, writer: _Writer, size: int) -> bool:
+        pending = writer.queued_bytes + writer.inflight_bytes
+        return pending > 0 and pending + size > self.config.max_pending_bytes
+
+    def _enqueue(
+        self, writer: _Writer, batch: Batch, assign_ids: bool, size: int
+    ) -> asyncio.Future[Batch]:
+        """Check the ids and queue the batch, with no wait in between, so that the queue's order
+        is the id order. Returns the future of the stored batch."""
         if writer.stream.failed is not None:
             raise LogClosedError(f"stream {batch.stream!r} failed: {writer.stream.failed}")
         first_id: int | None = None
         if assign_ids:
+            if writer.latest + len(batch) > MAX_ID:
+                raise InvalidBatch(f"stream {batch.stream!r} has run out of ids")
             first_id = writer.latest + 1
             writer.latest += len(batch)
-            if writer.latest > MAX_ID:
-                writer.latest = first_id - 1
-                raise InvalidBatch(f"stream {batch.stream!r} has run out of ids")
         elif batch.first_id <= writer.latest:
             raise IdOrderError(batch.stream, batch.first_id, writer.latest)
         else:
             writer.latest = batch.last_id
+        # No shield on this future: cancelling the caller cancels only its own future; the write
+        # goes on, and the committer skips futures that are already done.
         future: asyncio.Future[Batch] = asyncio.get_running_loop().create_future()
-        writer.queue.append(_Pending(batch, first_id, estimate, future))
-        writer.queued_bytes += estimate
+        writer.queue.append(_Pending(batch, first_id, size, future))
+        writer.queued_bytes += size
         if writer.task is None:
             writer.task = asyncio.create_task(self._commit_loop(writer))
-        # No shield: cancelling the caller cancels only its own future; the write goes on, and
-        # the committer skips futures that are already done.
-        return await future
+        return future
 
     async def _commit_loop(self, writer: _Writer) -> None:
         loop = asyncio.get_running_loop()
@@ -252,21 +273,30 @@ class Log:
                     await asyncio.sleep(0)
                     if not writer.queue:
                         break
-                group, writer.queue, writer.queued_bytes = writer.queue, [], 0
-                writer.room.set()
+                group, writer.queue = writer.queue, []
+                writer.inflight_bytes, writer.queued_bytes = writer.queued_bytes, 0
                 items = [(p.batch, p.first_id) for p in group]
+                write = loop.run_in_executor(None, self._write, stream, items)
                 try:
-                    stored, kept = await loop.run_in_executor(None, self._write, stream, items)
+                    # Shielded: the thread writes on whatever happens to this task, so this
+                    # task must never act as if the write had not happened.
+                    stored, kept = await asyncio.shield(write)
                 except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError) and stream.failed is None:
+                        stream.failed = RuntimeError("the committer was cancelled mid-write")
                     error = LogClosedError(f"stream {stream.name!r}: append failed: {exc!r}")
                     for pending in (*group, *writer.queue):
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     writer.queue, writer.queued_bytes = [], 0
-                    writer.latest = stream.latest
+                    if stream.failed is None:  # nothing was written: the ids are free again
+                        writer.latest = stream.latest
                     if not isinstance(exc, Exception):
                         raise
                     return
+                finally:
+                    writer.inflight_bytes = 0
+                    writer.room.set()
                 for pending, batch in zip(group, stored, strict=True):
                     if not pending.future.done():
                         pending.future.set_result(batch)

@@ -11,21 +11,42 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ..model import Batch, CorruptLogError, DataLossError, LogClosedError
+from ..model import (
+    Batch,
+    CorruptLogError,
+    DataLossError,
+    InvalidStreamName,
+    LogClosedError,
+    LogError,
+    validate_stream_name,
+)
 from .config import StreamSettings
 from .record import EncodedRecord
-from .segment import ReadBudget, Segment
+from .segment import ReadBudget, Segment, segment_name
 
 __all__ = ["StreamLog", "StreamStats", "directory_name", "fsync_dir"]
 
 log = logging.getLogger("tidewire.log")
 
 NAME_FILE = "stream.name"
+STAGING_PREFIX = ".creating-"
+
+
+def read_name(directory: str) -> str:
+    """The stream name kept in ``directory``; :class:`CorruptLogError` if it is not valid."""
+    path = os.path.join(directory, NAME_FILE)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return validate_stream_name(raw.decode())
+    except (UnicodeDecodeError, InvalidStreamName) as exc:
+        raise CorruptLogError(path, 0, f"not a valid stream name: {exc}") from None
 
 
 def directory_name(stream: str) -> str:
@@ -76,16 +97,28 @@ class StreamLog:
 
     @classmethod
     def create(cls, root: str, name: str, settings: StreamSettings) -> StreamLog:
-        directory = os.path.join(root, directory_name(name))
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, NAME_FILE), "wb") as f:
+        """Create the stream's directory atomically: built under a staging name (which starts
+        with a dot, so :meth:`Log.open` never takes it for a stream and removes it), then
+        renamed into place; a crash leaves either no stream or a complete one."""
+        final = os.path.join(root, directory_name(name))
+        staging = os.path.join(root, STAGING_PREFIX + directory_name(name))
+        shutil.rmtree(staging, ignore_errors=True)
+        os.mkdir(staging)
+        with open(os.path.join(staging, NAME_FILE), "wb") as f:
             f.write(name.encode())
             f.flush()
             os.fsync(f.fileno())
-        stream = cls(name, directory, settings)
-        stream.segments.append(Segment.create(directory, 1))
-        fsync_dir(directory)
+        Segment.create(staging, 1).close()
+        fsync_dir(staging)
+        try:
+            os.rename(staging, final)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise LogError(f"cannot create stream {name!r} at {final}: {exc}") from None
         fsync_dir(root)
+        stream = cls(name, final, settings)
+        path = os.path.join(final, segment_name(1, ".log"))
+        stream.segments.append(Segment(path, 1, os.open(path, os.O_RDWR)))
         return stream
 
     @classmethod
@@ -93,8 +126,7 @@ class StreamLog:
         cls, directory: str, settings: StreamSettings, *, read_only: bool = False
     ) -> StreamLog:
         """Open and recover the stream in ``directory`` (see :mod:`tidewire.log.segment`)."""
-        with open(os.path.join(directory, NAME_FILE), "rb") as f:
-            name = f.read().decode()
+        name = read_name(directory)
         stream = cls(name, directory, settings)
         bases = sorted(
             int(entry[:-4])
