@@ -160,6 +160,21 @@ def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+def test_offline_tools_report_bad_settings_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIDEWIRE_HTTP_PORT", "abc")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["streams"])
+    assert result.exit_code == 1
+    assert "TIDEWIRE_HTTP_PORT: 'abc' is not a valid int" in result.output
+    config = tmp_path / "t.toml"
+    config.write_text('[log.streams."bad name"]\nretention_ms = 1\n')
+    result = CliRunner().invoke(main, ["serve", "--config", str(config)])
+    assert result.exit_code == 1
+    assert "log.streams: stream name 'bad name' holds whitespace" in result.output
+
+
 def test_streams_table_and_json(tmp_path: Path) -> None:
     fill(tmp_path)
     result = CliRunner().invoke(main, ["streams", "--data-dir", str(tmp_path)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -33,15 +34,20 @@ def _setup_logging(level: str) -> None:
 
 
 def _data_dir(option: str | None) -> str:
-    return option or load_config(None).data_dir
+    if option:
+        return option
+    try:
+        return load_config(None).data_dir
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _open_read_only(data_dir: str) -> Log:
+    if not os.path.isdir(data_dir):
+        raise click.ClickException(f"no data directory at {data_dir}")
     try:
         return Log.open(data_dir, read_only=True)
-    except FileNotFoundError:
-        raise click.ClickException(f"no data directory at {data_dir}") from None
-    except LogError as exc:
+    except (LogError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

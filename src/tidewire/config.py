@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .log import LogConfig, StreamSettings
-from .model import validate_stream_name
+from .model import InvalidStreamName, validate_stream_name
 
 __all__ = ["SETTINGS", "ConfigError", "ServerConfig", "load_config"]
 
@@ -141,11 +141,32 @@ def load_config(
             raise ConfigError(f"unknown setting {key!r}")
         if raw is not None:
             values[key] = _convert(key, SETTINGS[key][0], raw)
+    _check(values)
+    return ServerConfig(values, _log_config(values, streams), streams)
+
+
+_LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric settings
+    "http.port": (0, 65535),
+    "log.max_record_bytes": (4096, 2**32 - 4096),
+    "log.max_pending_bytes": (1, 2**62),
+    "log.recent_bytes": (0, 2**62),
+    "log.retention_check_interval_s": (0.001, 10**9),
+}
+
+
+def _check(values: Mapping[str, Any]) -> None:
     if values["log_level"] not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {values['log_level']!r} is not debug/info/warning/error")
-    if not 0 <= values["http.port"] <= 65535:
-        raise ConfigError(f"http.port: {values['http.port']} is not a port number")
-    return ServerConfig(values, _log_config(values, streams), streams)
+    for key, (low, high) in _LIMITS.items():
+        if not low <= values[key] <= high:
+            raise ConfigError(f"{key}: {values[key]} is outside {low:g}..{high:g}")
+    for key in ("log.retention_bytes", "log.retention_ms"):
+        _check_retention(key, values[key])
+
+
+def _check_retention(key: str, value: int) -> None:
+    if value < -1:
+        raise ConfigError(f"{key}: {value} is neither -1 (no limit) nor >= 0")
 
 
 def _stream_tables(raw: object) -> dict[str, dict[str, int]]:
@@ -153,12 +174,18 @@ def _stream_tables(raw: object) -> dict[str, dict[str, int]]:
         raise ConfigError("log.streams must be a table of per-stream tables")
     out: dict[str, dict[str, int]] = {}
     for name, table in raw.items():
-        validate_stream_name(name)
+        try:
+            validate_stream_name(name)
+        except InvalidStreamName as exc:
+            raise ConfigError(f"log.streams: {exc}") from None
         if not isinstance(table, dict) or not set(table) <= _STREAM_KEYS:
             raise ConfigError(
                 f"log.streams.{name!r}: allowed keys are {', '.join(sorted(_STREAM_KEYS))}"
             )
         out[name] = {k: _convert(f"log.streams.{name}.{k}", int, v) for k, v in table.items()}
+        for key in ("retention_bytes", "retention_ms"):
+            if key in out[name]:
+                _check_retention(f"log.streams.{name}.{key}", out[name][key])
     return out
 
 

@@ -42,6 +42,7 @@ class Hub:
         self.clock = clock
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self._retention_task: asyncio.Task[None] | None = None
+        self._retention_run: asyncio.Future[int] | None = None
 
     @classmethod
     def open(
@@ -71,6 +72,9 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
             self._retention_task = None
+        if self._retention_run is not None:  # a pass in its thread: let it finish first
+            with contextlib.suppress(Exception):
+                await self._retention_run
         for sub in list(self._subscriptions):
             sub.cancel()
         await self.log.close()
@@ -79,8 +83,9 @@ class Hub:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.retention_interval_s)
+            self._retention_run = loop.run_in_executor(None, self.enforce_retention)
             try:
-                await loop.run_in_executor(None, self.enforce_retention)
+                await asyncio.shield(self._retention_run)
             except Exception:
                 log.exception("retention failed")
 

@@ -103,12 +103,13 @@ class Subscription:
             if latest < self.next_id:
                 await self._wait_for_commit(self.next_id - 1)
                 continue
-            position = self.next_id
             batches = await self._read()
             if batches:
                 return batches
-            if self.next_id == position:  # never spin without yielding to the loop
-                await asyncio.sleep(0)
+            # Nothing to deliver (a key filter dropped it all, or the memory tail lagged): yield
+            # to the loop before the next read, so that a long run of non-matching events
+            # never holds it.
+            await asyncio.sleep(0)
 
     async def _wait_for_commit(self, after_id: int) -> None:
         """Wait for a commit past ``after_id``, or for a cancel."""

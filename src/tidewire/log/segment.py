@@ -52,7 +52,8 @@ _INDEX_HEADER = struct.Struct("<4sIQQqQI4x")  # ... | crc u32 | 4 zero bytes
 _INDEX_VERSION = 2
 _INDEX_MAGIC = b"TWIX"
 _SCAN_CHUNK = 4 * 1024 * 1024
-_READ_AHEAD = 256 * 1024
+_READ_CHUNK = 256 * 1024
+_SMALL_CHUNK = 16 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 
 
@@ -310,7 +311,10 @@ class Segment:
         while pos < end and budget.open:
             if pos + HEADER_SIZE > buf_start + len(buf):
                 buf_start = pos
-                want = min(end - pos, max(budget.bytes_left, HEADER_SIZE) + _READ_AHEAD)
+                # Read what the budget may take, in chunks: a small demand reads (and its
+                # delivery keeps alive) a small buffer, not a megabyte.
+                chunk = _SMALL_CHUNK if budget.events_left < 64 else _READ_CHUNK
+                want = min(end - pos, max(min(budget.bytes_left, chunk), HEADER_SIZE))
                 buf = memoryview(os.pread(self.fd, want, pos))
             header = self._header(buf, pos - buf_start, pos)
             if pos + header.length > buf_start + len(buf):

@@ -73,6 +73,14 @@ class _Writer:
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+@dataclass(slots=True)
+class _Tail:
+    """The waiters for the next commit of one stream."""
+
+    future: asyncio.Future[None]
+    waiters: int = 0
+
+
 class Log:
     """All streams of one data directory. Open with :meth:`open`; close with :meth:`close`."""
 
@@ -82,7 +90,7 @@ class Log:
         self.read_only = read_only
         self._streams: dict[str, StreamLog] = {}
         self._writers: dict[str, _Writer] = {}
-        self._tails: dict[str, asyncio.Future[None]] = {}
+        self._tails: dict[str, _Tail] = {}
         self._lock_fd = -1
         self._closed = False
 
@@ -137,9 +145,9 @@ class Log:
         tasks = [w.task for w in self._writers.values() if w.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for fut in self._tails.values():
-            if not fut.done():
-                fut.set_result(None)
+        for tail in self._tails.values():
+            if not tail.future.done():
+                tail.future.set_result(None)
         self._close_files()
 
     def close_sync(self) -> None:
@@ -409,21 +417,28 @@ class Log:
 
     async def wait_for(self, name: str, after_id: int) -> None:
         """Return once ``name`` has a committed id greater than ``after_id`` (or the log closes,
-        which raises :class:`LogClosedError`)."""
+        which raises :class:`LogClosedError`). Waiters of a stream share one future, dropped
+        when the last of them leaves, so abandoned waits leave nothing behind."""
         while True:
             if self._closed:
                 raise LogClosedError("the log is closed")
             if self.latest(name) > after_id:
                 return
-            fut = self._tails.get(name)
-            if fut is None or fut.done():
-                fut = self._tails[name] = asyncio.get_running_loop().create_future()
-            await asyncio.shield(fut)
+            tail = self._tails.get(name)
+            if tail is None:
+                tail = self._tails[name] = _Tail(asyncio.get_running_loop().create_future())
+            tail.waiters += 1
+            try:
+                await asyncio.shield(tail.future)
+            finally:
+                tail.waiters -= 1
+                if tail.waiters == 0 and self._tails.get(name) is tail:
+                    del self._tails[name]
 
     def _notify(self, name: str) -> None:
-        fut = self._tails.pop(name, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        tail = self._tails.pop(name, None)
+        if tail is not None and not tail.future.done():
+            tail.future.set_result(None)
 
     # ------------------------------------------------------------------ misc
 

@@ -91,6 +91,8 @@ class StreamLog:
         self.settings = settings
         self.segments: list[Segment] = []
         self.failed: BaseException | None = None
+        self._latest = 0
+        self._start_id = 1
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ opening
@@ -158,6 +160,7 @@ class StreamLog:
         except BaseException:
             stream.close()
             raise
+        stream._publish()
         return stream
 
     def close(self) -> None:
@@ -169,9 +172,11 @@ class StreamLog:
 
     @property
     def latest(self) -> int:
-        """The last committed id, or 0 when the stream holds no event."""
-        with self._lock:
-            return self._latest_locked()
+        """The last committed id, or 0 when the stream holds no event.
+
+        Read without the lock (an int is published atomically), so the event loop never waits
+        for a reader's disk I/O to learn it."""
+        return self._latest
 
     def _latest_locked(self) -> int:
         for seg in reversed(self.segments):
@@ -181,9 +186,14 @@ class StreamLog:
 
     @property
     def start_id(self) -> int:
-        """The lowest id a read may ask for without losing data (retention raises it)."""
-        with self._lock:
-            return self.segments[0].base_id
+        """The lowest id a read may ask for without losing data (retention raises it).
+        Read without the lock, like :attr:`latest`."""
+        return self._start_id
+
+    def _publish(self) -> None:
+        """Refresh what :attr:`latest` and :attr:`start_id` say (call with the lock held)."""
+        self._latest = self._latest_locked()
+        self._start_id = self.segments[0].base_id if self.segments else 1
 
     def stats(self) -> StreamStats:
         with self._lock:
@@ -220,6 +230,7 @@ class StreamLog:
             raise
         with self._lock:
             active.commit(records, self.settings.index_interval_bytes)
+            self._publish()
 
     def _roll(self, active: Segment) -> Segment:
         active.seal()
@@ -250,6 +261,7 @@ class StreamLog:
                     break
                 removed.append(self.segments.pop(0))
                 total -= oldest.size
+            self._publish()
             for seg in removed:
                 log.info("retention: stream %r drops %s (ids up to %d)",
                          self.name, seg.path, seg.last_id)  # fmt: skip

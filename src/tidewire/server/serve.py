@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -79,16 +80,34 @@ async def serve(
         await stop.wait()
         log.info("shutting down: closing listeners, flushing the log")
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        if runner is not None:
-            await runner.cleanup()
-        await hub.close()
-    print("stopped: every acknowledged event is on disk", file=out, flush=True)
+        # The handlers stay until the log is closed: a second signal during the flush is
+        # ignored (stop is already set) instead of killing the process mid-flush.
+        try:
+            if runner is not None:
+                await runner.cleanup()
+            await hub.close()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    if config.log.fsync:
+        print("stopped: every acknowledged event is on disk", file=out, flush=True)
+    else:
+        print("stopped (log.fsync is off: recent events may not be on disk)", file=out, flush=True)
+
+
+def raise_open_files_limit() -> None:
+    """The log keeps one file descriptor per segment: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # pragma: no cover - some sandboxes refuse
+            log.warning("could not raise the open-files limit from %d to %d", soft, hard)
 
 
 def run_server(config: ServerConfig) -> None:
     """Run :func:`serve` on uvloop when it is installed, else on asyncio's default loop."""
+    raise_open_files_limit()
     try:
         import uvloop
 
