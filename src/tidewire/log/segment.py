@@ -282,23 +282,32 @@ class Segment:
             os.close(self.fd)
             self.fd = -1
 
-    def delete(self) -> None:
-        self.close()
+    def delete(self, *, close: bool = True) -> None:
+        """Remove the files; with ``close=False`` the fd stays open for reads in progress
+        (the caller closes it when they are done)."""
+        if close:
+            self.close()
         for path in (self.path, self.index_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
     # ------------------------------------------------------------------ reading
 
-    def read(self, stream: str, budget: ReadBudget) -> None:
-        """Add to ``budget`` the events from ``budget.next_id`` on, until it is spent or this
-        segment ends. Records are checked against their CRCs as they are read."""
+    def view(self) -> SegmentView:
+        """What a reader needs, as of now (call with the stream lock held)."""
+        return SegmentView(self, self.size, self.last_id, len(self.index_pos))
+
+    def read(self, stream: str, budget: ReadBudget, view: SegmentView | None = None) -> None:
+        """Add to ``budget`` the events from ``budget.next_id`` on, until it is spent or the
+        segment ends, as of ``view`` (taken under the stream lock; the read itself needs no
+        lock). Records are checked against their CRCs as they are read."""
+        view = view or self.view()
         from_id = budget.next_id
-        if from_id > self.last_id or self.size == 0:
+        end = view.size
+        if from_id > view.last_id or end == 0:
             return
-        slot = bisect_right(self.index_ids, from_id) - 1
+        slot = bisect_right(self.index_ids, from_id, 0, view.index_entries) - 1
         pos = int(self.index_pos[max(slot, 0)])
-        end = self.size
         # Skip whole records that end before from_id, reading headers only.
         while pos < end:
             head = os.pread(self.fd, HEADER_SIZE, pos)
@@ -343,6 +352,17 @@ def _index_crc(data: bytes | bytearray) -> int:
     crc = zlib.crc32(view[:40])
     crc = zlib.crc32(b"\0\0\0\0", crc)
     return zlib.crc32(view[44:], crc)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentView:
+    """A segment as a reader saw it under the stream lock: its committed size and last id, and
+    how many index entries were complete (the writer appends to the index meanwhile)."""
+
+    segment: Segment
+    size: int
+    last_id: int
+    index_entries: int
 
 
 class ReadBudget:

@@ -93,6 +93,9 @@ class StreamLog:
         self.failed: BaseException | None = None
         self._latest = 0
         self._start_id = 1
+        self._closed = False
+        self._readers = 0  # reads doing I/O outside the lock
+        self._graveyard: list[Segment] = []  # dropped segments whose fds readers may still use
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ opening
@@ -164,9 +167,12 @@ class StreamLog:
         return stream
 
     def close(self) -> None:
+        """Close every file; those a read still uses close when it ends."""
         with self._lock:
-            for seg in self.segments:
-                seg.close()
+            self._closed = True
+            self._graveyard.extend(self.segments)
+            if not self._readers:
+                self._close_graveyard()
 
     # ------------------------------------------------------------------ state
 
@@ -265,7 +271,10 @@ class StreamLog:
             for seg in removed:
                 log.info("retention: stream %r drops %s (ids up to %d)",
                          self.name, seg.path, seg.last_id)  # fmt: skip
-                seg.delete()
+                seg.delete(close=False)
+            self._graveyard.extend(removed)
+            if not self._readers:
+                self._close_graveyard()
         if removed:
             fsync_dir(self.directory)
         return len(removed)
@@ -279,19 +288,34 @@ class StreamLog:
         event when there is one), as zero-copy batches. Raises :class:`DataLossError` when
         ``from_id`` was removed by retention."""
         with self._lock:
-            if not self.segments or self.segments[0].fd < 0:
+            if self._closed or not self.segments:
                 raise LogClosedError(f"stream {self.name!r} is closed")
             start = self.segments[0].base_id
             if from_id < start:
                 if start > 1:  # retention removed what was asked for
                     raise DataLossError(self.name, from_id, start)
                 from_id = 1  # id 0 means "from the start"
+            views = [seg.view() for seg in self._segments_from(from_id)]
+            self._readers += 1
+        # The disk I/O runs without the lock: commits and the event loop never wait for it.
+        # Segments that retention drops meanwhile keep their fds until the last reader leaves.
+        try:
             budget = ReadBudget(from_id, max_bytes, max_events)
-            for seg in self._segments_from(from_id):
-                seg.read(self.name, budget)
-                if not budget.open or budget.next_id <= seg.last_id:
+            for view in views:
+                view.segment.read(self.name, budget, view)
+                if not budget.open or budget.next_id <= view.last_id:
                     break  # spent, or stopped inside this segment: the next one must wait
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if not self._readers:
+                    self._close_graveyard()
         return budget.out
+
+    def _close_graveyard(self) -> None:
+        for seg in self._graveyard:
+            seg.close()
+        self._graveyard.clear()
 
     def _segments_from(self, from_id: int) -> list[Segment]:
         segs = self.segments
