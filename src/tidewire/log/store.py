@@ -1,17 +1,20 @@
 """The durable log of a data directory: every stream, group commit, and live-tail notification.
 
-Group commit: :meth:`Log.append` checks and encodes a batch on the event loop, queues it on its
-stream and waits. One committer task per stream takes *everything* queued, writes it with one
-``pwritev`` and one ``fdatasync`` in a worker thread, then wakes every appender of that group at
-once. Appenders that arrive while the disk is busy form the next group, so N concurrent writers
-cost one flush per round, not N. ``append`` returns only once the data is durable.
+Group commit: :meth:`Log.append` checks a batch in full and makes sure it owns its buffers, on
+the event loop, then queues it on its stream and waits. One committer task per stream takes
+*everything* queued and, in a worker thread, encodes it (runs of small batches share a record),
+writes it with one ``pwritev`` and makes it durable with one ``fdatasync``; then it wakes every
+appender of that group at once. Appenders that arrive while the disk is busy form the next
+group, so N concurrent writers cost one flush per round, not N. ``append`` returns only once the
+data is durable.
 
 Ids are either the caller's (they must exceed the stream's latest id, counting batches still
 queued: Seguro's rule) or assigned by the log as latest + 1, latest + 2, ...
 
-The queue of each stream is bounded in bytes (``max_pending_bytes``): appenders wait for room.
-Readers call :meth:`Log.read` (synchronous, thread-safe; :meth:`Log.read_async` runs it in a
-worker thread) and :meth:`Log.wait_for` to learn of new commits.
+The queue of each stream is bounded in bytes (``max_pending_bytes``, the group being written
+included): appenders wait for room in arrival order. Readers call :meth:`Log.read`
+(synchronous, thread-safe) or :meth:`Log.read_async` (from the in-memory tail of recent commits
+when it can, else in a worker thread), and :meth:`Log.wait_for` to learn of new commits.
 """
 
 from __future__ import annotations
