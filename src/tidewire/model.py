@@ -483,10 +483,18 @@ class Batch:
         """This batch, or a copy of it, whose buffers nobody can change: every buffer a view of
         ``bytes``. The log takes one before it waits, so that a caller's receive buffer is free
         again at once, even if the append is cancelled."""
+        if (
+            type(self.ids.obj) is bytes
+            and type(self.timestamps.obj) is bytes
+            and type(self.value_offsets.obj) is bytes
+            and type(self.values.obj) is bytes
+            and (self.keys is None or type(self.keys.obj) is bytes)
+            and (self.key_flags is None or type(self.key_flags.obj) is bytes)
+            and (self.key_offsets is None or type(self.key_offsets.obj) is bytes)
+        ):
+            return self
         buffers = (self.ids, self.timestamps, self.value_offsets, self.values,
                    self.key_flags, self.key_offsets, self.keys)  # fmt: skip
-        if all(b is None or type(b.obj) is bytes for b in buffers):
-            return self
 
         def copy(view: memoryview | None) -> memoryview | None:
             return None if view is None else _cast(memoryview(view.tobytes()), view.format)
@@ -525,13 +533,16 @@ class Batch:
 def _check_ids(ids: memoryview) -> None:
     if ids[0] < 1 or ids[-1] > MAX_ID:
         raise InvalidBatch("ids must be within 1..2**63-1")
-    if not all(map(operator.lt, ids[:-1], ids[1:])):  # the loop runs in C
+    if len(ids) > 1 and not all(map(operator.lt, ids[:-1], ids[1:])):  # the loop runs in C
         previous, i = next((a, b) for a, b in itertools.pairwise(ids) if a >= b)
         raise InvalidBatch(f"ids must be strictly increasing ({previous} then {i})")
 
 
 def _check_monotone(offsets: memoryview, what: str) -> None:
-    if not all(map(operator.le, offsets[:-1], offsets[1:])):
+    if len(offsets) == 2:
+        if offsets[0] > offsets[1]:
+            raise InvalidBatch(f"{what} must not decrease")
+    elif not all(map(operator.le, offsets[:-1], offsets[1:])):
         raise InvalidBatch(f"{what} must not decrease")
 
 
