@@ -256,6 +256,16 @@ class Batch:
             raise InvalidBatch("ids, timestamps and value offsets disagree in length")
         if self.values.format != "B":
             raise InvalidBatch("values must be format 'B'")
+        if not (
+            self.ids.c_contiguous
+            and self.timestamps.c_contiguous
+            and self.value_offsets.c_contiguous
+            and self.values.c_contiguous
+            and (self.keys is None or self.keys.c_contiguous)
+            and (self.key_flags is None or self.key_flags.c_contiguous)
+            and (self.key_offsets is None or self.key_offsets.c_contiguous)
+        ):
+            raise InvalidBatch("a batch's buffers must be C-contiguous")
         if self.value_offsets[n] - self.value_offsets[0] != self.values.nbytes:
             raise InvalidBatch("value offsets do not span the values buffer")
         has = (self.key_flags is not None, self.key_offsets is not None, self.keys is not None)

@@ -74,6 +74,8 @@ class _Writer:
     task: asyncio.Task[None] | None = None
     room: asyncio.Event = field(default_factory=asyncio.Event)
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0  # appenders in the admission queue
+    writing: asyncio.Future[tuple[list[Batch], list[Batch]]] | None = None  # in the worker
 
 
 @dataclass(slots=True)
@@ -148,6 +150,11 @@ class Log:
         tasks = [w.task for w in self._writers.values() if w.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        # A committer cancelled mid-write left its write running in the worker thread: the
+        # files stay open, and the directory locked, until it is done.
+        writes = [w.writing for w in self._writers.values() if w.writing is not None]
+        if writes:
+            await asyncio.gather(*writes, return_exceptions=True)
         for tail in self._tails.values():
             if not tail.future.done():
                 tail.future.set_result(None)
@@ -233,12 +240,19 @@ class Log:
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)
             writer = self._writers[batch.stream] = _Writer(stream, stream.latest)
-        if writer.admission.locked() or self._full(writer, estimate):
-            async with writer.admission:  # FIFO: nobody overtakes an appender that waits
-                while self._full(writer, estimate):
-                    writer.room.clear()
-                    await writer.room.wait()
-                future = self._enqueue(writer, batch, assign_ids, estimate)
+        if writer.waiting or self._full(writer, estimate):
+            # FIFO: while anyone waits (for the lock or for room), newcomers queue behind it;
+            # the count covers the hand-off, when the lock is free but its next owner not yet
+            # awake.
+            writer.waiting += 1
+            try:
+                async with writer.admission:
+                    while self._full(writer, estimate):
+                        writer.room.clear()
+                        await writer.room.wait()
+                    future = self._enqueue(writer, batch, assign_ids, estimate)
+            finally:
+                writer.waiting -= 1
         else:
             future = self._enqueue(writer, batch, assign_ids, estimate)
         return await future
@@ -287,7 +301,7 @@ class Log:
                 group, writer.queue = writer.queue, []
                 writer.inflight_bytes, writer.queued_bytes = writer.queued_bytes, 0
                 items = [(p.batch, p.first_id) for p in group]
-                write = loop.run_in_executor(None, self._write, stream, items)
+                write = writer.writing = loop.run_in_executor(None, self._write, stream, items)
                 try:
                     # Shielded: the thread writes on whatever happens to this task, so this
                     # task must never act as if the write had not happened.
@@ -308,6 +322,7 @@ class Log:
                 finally:
                     writer.inflight_bytes = 0
                     writer.room.set()
+                writer.writing = None
                 for pending, batch in zip(group, stored, strict=True):
                     if not pending.future.done():
                         pending.future.set_result(batch)
