@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from ..model import (
     MAX_ID,
     Batch,
+    CorruptLogError,
     IdOrderError,
     InvalidBatch,
     LimitExceeded,
@@ -132,8 +133,13 @@ class Log:
                         log.info("removing %s, a stream creation that did not finish", path)
                         shutil.rmtree(path, ignore_errors=True)
                     continue
-                if entry.startswith(".") or not os.path.isfile(os.path.join(path, NAME_FILE)):
+                if entry.startswith(".") or not os.path.isdir(path):
                     continue
+                if not os.path.isfile(os.path.join(path, NAME_FILE)):
+                    if any(f.endswith(".log") for f in os.listdir(path)):
+                        raise CorruptLogError(os.path.join(path, NAME_FILE), 0,
+                                              "segments without a stream name")  # fmt: skip
+                    continue  # not ours
                 name = read_name(path)
                 stream = StreamLog.open(path, self.config.for_stream(name), read_only=read_only)
                 self._streams[stream.name] = stream
