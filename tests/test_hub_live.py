@@ -27,7 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidewire.hub import MAX_DEMAND, Hub, Subscription
+from subscribing import assert_pending, collect, count, settle
+from tidewire.hub import MAX_DEMAND, Hub
 from tidewire.log import LogConfig, StreamLog, StreamSettings
 from tidewire.model import Batch
 
@@ -127,34 +128,6 @@ def run_in_child(main: Callable[[], Coroutine[Any, Any, None]], timeout: float =
 
 def events(batches: Sequence[Batch]) -> list[EventTuple]:
     return [(int(b.ids[i]), b.value(i), b.key(i)) for b in batches for i in range(len(b))]
-
-
-def count(batches: Sequence[Batch]) -> int:
-    return sum(len(b) for b in batches)
-
-
-async def settle(task: asyncio.Future[Any] | None = None, iterations: int = 50) -> None:
-    for _ in range(iterations):
-        await asyncio.sleep(0)
-    if task is not None:
-        await asyncio.wait({task}, timeout=0.02)
-
-
-async def assert_pending(task: asyncio.Future[Any]) -> None:
-    await settle(task)
-    assert not task.done(), f"expected next() to block, it returned {task.result()!r}"
-
-
-async def collect(sub: Subscription, n: int) -> list[Batch]:
-    out: list[Batch] = []
-    for _ in range(n):
-        if count(out) >= n:
-            break
-        got = await sub.next()
-        assert got, f"next() returned {got!r} with {n - count(out)} events still expected"
-        out.extend(got)
-    assert count(out) == n
-    return out
 
 
 class HeldCommit:
