@@ -354,3 +354,26 @@ def test_encode_with_first_id_renumbers_without_touching_the_batch() -> None:
     assert [e.id for e in record.batch] == [41, 42]
     assert (record.base_id, record.last_id) == (41, 42)
     assert [e.id for e in batch] == [1, 2]
+
+
+def test_merge_of_single_event_batches() -> None:
+    """The column-wise path for many one-event appends: keys absent, empty and present, given
+    and assigned ids, and a one-event slice of a larger batch."""
+    wide = Batch.build("m", [b"p", b"qq", b"rrr"], keys=[b"a", b"bb", b"ccc"], timestamps=5)
+    items: list[tuple[Batch, int | None]] = [
+        (Batch.build("m", [b"one"], ids=[7], timestamps=1), None),
+        (Batch.build("m", [b""], keys=[b""], timestamps=2), 8),
+        (wide.slice(1, 2), 9),
+        (Batch.build("m", [b"four"], keys=[None], timestamps=4), 10),
+    ]
+    merged = merge(items)
+    merged.validate()
+    assert [(e.id, e.key, e.value, e.timestamp) for e in merged] == [
+        (7, None, b"one", 1),
+        (8, b"", b"", 2),
+        (9, b"bb", b"qq", 5),
+        (10, None, b"four", 4),
+    ]
+    plain = merge([(Batch.build("m", [b"x"], timestamps=0), i) for i in (1, 2, 3)])
+    assert plain.key_flags is None
+    assert [e.id for e in plain] == [1, 2, 3]

@@ -36,6 +36,7 @@ import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from ..model import MAX_ID, Batch, InvalidBatch
 
@@ -134,6 +135,33 @@ def encode(batch: Batch, first_id: int | None = None) -> EncodedRecord:
     return EncodedRecord(data, stored, length, n, first, last, max_ts)
 
 
+def _merge_singles(items: Sequence[tuple[Batch, int | None]]) -> Batch:
+    """:func:`merge` for one-event batches (many concurrent single appends): column by column."""
+    batches = [b for b, _ in items]
+    ids = array("Q", [b.ids[0] if f is None else f for b, f in items])
+    if ids[0] < 1 or ids[-1] > MAX_ID:
+        raise InvalidBatch("ids must be within 1..2**63-1")
+    timestamps = array("q", [b.timestamps[0] for b in batches])
+    values = [b.values for b in batches]
+    value_offsets = array("I", accumulate([v.nbytes for v in values], initial=0))
+    key_flags = key_offsets = keys = None
+    if any(b.key_flags is not None for b in batches):
+        flags = bytes([0 if b.key_flags is None else b.key_flags[0] for b in batches])
+        parts = [
+            b.keys if b.keys is not None and f else _EMPTY
+            for b, f in zip(batches, flags, strict=True)
+        ]
+        key_flags = memoryview(flags)
+        key_offsets = memoryview(array("I", accumulate([k.nbytes for k in parts], initial=0)))
+        keys = memoryview(b"".join(parts))
+    return Batch(items[0][0].stream, memoryview(ids), memoryview(timestamps),
+                 memoryview(value_offsets), memoryview(b"".join(values)), key_flags,
+                 key_offsets, keys)  # fmt: skip
+
+
+_EMPTY = memoryview(b"")
+
+
 def merge(items: Sequence[tuple[Batch, int | None]]) -> Batch:
     """One batch holding the events of several small batches of one stream, in order; a batch
     paired with a first id gets ids from it (log-assigned ids).
@@ -141,6 +169,8 @@ def merge(items: Sequence[tuple[Batch, int | None]]) -> Batch:
     Group commit uses it so that many small appends make one record, not one each. It rebases
     offsets event by event, so it is meant for small batches only.
     """
+    if all(len(b) == 1 for b, _ in items):
+        return _merge_singles(items)
     stream = items[0][0].stream
     ids = array("Q")
     timestamps = array("q")
