@@ -1,0 +1,289 @@
+"""RS.io frames: ``encode`` and an incremental, bounded :class:`Decoder`.
+
+A frame is the message type as a varint, then the message's fields in the order the seed lists
+them, as protobuf wire primitives with no field tags and no frame length (see :mod:`.wire` and
+docs/protocols/rsio.md)::
+
+    0  clientHello   version varint | extensions List[Id]
+    1  serverHello   version varint | extensions List[Id]
+    2  goodbye       reason String
+    3  subscribe     publisher String | subscriber Id | initialDemand Long
+    4  request       subscriber Id | demand Long
+    5  cancel        subscriber Id
+    6  subscribed    subscriber Id | elementSize varint
+    7  onNext        subscriber Id | element bytes   (fixed-size mode: exactly elementSize bytes,
+                                                       no length prefix)
+    8  onNextPacked  subscriber Id | count varint | count x elementSize bytes (fixed-size only)
+    9  onComplete    subscriber Id
+    10 onError       subscriber Id | error String
+
+Frames carry no length, so the decoder must know each subscription's element size to find where
+an ``onNext`` ends: it asks ``element_size(subscriber)`` (the connection knows it from the
+``subscribed`` it received). A frame cut short is retried only once enough bytes have arrived
+for the field that was missing, so feeding a frame byte by byte stays linear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...model import LocalProtocolError, RemoteProtocolError
+from .messages import (
+    Cancel,
+    ClientHello,
+    Goodbye,
+    Message,
+    MessageType,
+    OnComplete,
+    OnError,
+    OnNext,
+    OnNextPacked,
+    Request,
+    ServerHello,
+    Subscribe,
+    Subscribed,
+)
+from .wire import (
+    InvalidUtf8,
+    NeedData,
+    pull_bytes,
+    pull_id_list,
+    pull_long,
+    pull_string,
+    pull_varint,
+    push_bytes,
+    push_id_list,
+    push_string,
+    push_varint,
+)
+
+__all__ = ["Decoder", "Limits", "SubscriptionProtocolError", "encode"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what a peer may make us buffer; breaking one is a connection-level breach."""
+
+    max_string_bytes: int = 64 * 1024
+    max_element_bytes: int = 16 * 1024 * 1024
+    max_packed_bytes: int = 16 * 1024 * 1024
+    max_extensions: int = 256
+
+
+class SubscriptionProtocolError(RemoteProtocolError):
+    """A well-delimited frame that breaks the protocol for one subscription only (answered with
+    ``onError`` for that subscriber; the connection carries on)."""
+
+    def __init__(self, subscriber: int, reason: str) -> None:
+        super().__init__(reason)
+        self.subscriber = subscriber
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode(message: Message, element_size: int = 0, out: bytearray | None = None) -> bytearray:
+    """Append the frame of ``message`` to ``out`` (a new bytearray by default) and return it.
+
+    ``element_size`` is the subscription's fixed element size for ``OnNext`` and
+    ``OnNextPacked`` (0 = variable-size elements).
+    """
+    out = bytearray() if out is None else out
+    match message:
+        case OnNext(subscriber, element):
+            push_varint(out, MessageType.ON_NEXT)
+            push_varint(out, subscriber)
+            if element_size:
+                if len(element) != element_size:
+                    raise LocalProtocolError(
+                        f"a {len(element)}-byte element in a {element_size}-byte fixed-size "
+                        "subscription"
+                    )
+                out += element
+            else:
+                push_bytes(out, element)
+        case OnNextPacked(subscriber, count, elements):
+            if not element_size or len(elements) != count * element_size:
+                raise LocalProtocolError(
+                    "onNextPacked needs fixed-size mode and count x size bytes"
+                )
+            push_varint(out, MessageType.ON_NEXT_PACKED)
+            push_varint(out, subscriber)
+            push_varint(out, count)
+            out += elements
+        case ClientHello(version, extensions) | ServerHello(version, extensions):
+            kind = MessageType.CLIENT_HELLO
+            if isinstance(message, ServerHello):
+                kind = MessageType.SERVER_HELLO
+            push_varint(out, kind)
+            push_varint(out, version)
+            push_id_list(out, extensions)
+        case Goodbye(reason):
+            push_varint(out, MessageType.GOODBYE)
+            push_string(out, reason)
+        case Subscribe(publisher, subscriber, initial_demand):
+            push_varint(out, MessageType.SUBSCRIBE)
+            push_string(out, publisher)
+            push_varint(out, subscriber)
+            push_varint(out, initial_demand)
+        case Request(subscriber, demand):
+            push_varint(out, MessageType.REQUEST)
+            push_varint(out, subscriber)
+            push_varint(out, demand)
+        case Cancel(subscriber):
+            push_varint(out, MessageType.CANCEL)
+            push_varint(out, subscriber)
+        case Subscribed(subscriber, size):
+            push_varint(out, MessageType.SUBSCRIBED)
+            push_varint(out, subscriber)
+            push_varint(out, size)
+        case OnComplete(subscriber):
+            push_varint(out, MessageType.ON_COMPLETE)
+            push_varint(out, subscriber)
+        case OnError(subscriber, error):
+            push_varint(out, MessageType.ON_ERROR)
+            push_varint(out, subscriber)
+            push_string(out, error)
+        case _:  # pragma: no cover - the union is exhaustive
+            raise LocalProtocolError(f"not an RS.io message: {message!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- decoding
+
+Buffer = bytearray
+
+
+class Decoder:
+    """Bytes in (:meth:`feed`), messages out (:meth:`next_message`), bounded by :class:`Limits`.
+
+    :meth:`next_message` returns ``None`` when it needs more bytes; it raises
+    :class:`SubscriptionProtocolError` (frame consumed, connection fine) or
+    :class:`RemoteProtocolError` (connection-level breach: the decoder is then dead).
+    """
+
+    def __init__(
+        self, limits: Limits | None = None, element_size: Callable[[int], int] | None = None
+    ) -> None:
+        self.limits = limits or Limits()
+        self.element_size = element_size or (lambda subscriber: 0)
+        self._buf = bytearray()
+        self._pos = 0
+        self._need = 0  # do not retry the current frame before the buffer is this long
+        self._dead: RemoteProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._dead is not None:
+            raise self._dead
+        self._buf += data
+
+    def next_message(self) -> Message | None:
+        if self._dead is not None:
+            raise self._dead
+        if len(self._buf) < self._need or self._pos >= len(self._buf):
+            self._compact()
+            return None
+        try:
+            message, end = self._parse(self._buf, self._pos)
+        except NeedData as need:
+            self._need = need.needed
+            self._compact()
+            return None
+        except _Consumed as consumed:
+            self._pos, self._need = consumed.end, 0
+            raise consumed.error from None
+        except RemoteProtocolError as exc:
+            self._dead = exc
+            raise
+        self._pos, self._need = end, 0
+        return message
+
+    def _compact(self) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._need = max(0, self._need - self._pos)
+            self._pos = 0
+
+    def _parse(self, buf: Buffer, pos: int) -> tuple[Message, int]:
+        limits = self.limits
+        kind, pos = pull_varint(buf, pos)
+        if kind == MessageType.ON_NEXT:
+            subscriber, pos = pull_varint(buf, pos)
+            size = self.element_size(subscriber)
+            if size:
+                if size > limits.max_element_bytes:
+                    raise RemoteProtocolError(f"element size {size} exceeds the limit")
+                end = pos + size
+                if end > len(buf):
+                    raise NeedData(end)
+                return OnNext(subscriber, bytes(buf[pos:end])), end
+            element, pos = pull_bytes(buf, pos, limits.max_element_bytes)
+            return OnNext(subscriber, element), pos
+        if kind == MessageType.ON_NEXT_PACKED:
+            subscriber, pos = pull_varint(buf, pos)
+            count, pos = pull_varint(buf, pos)
+            size = self.element_size(subscriber)
+            if not size:
+                raise RemoteProtocolError(
+                    f"onNextPacked for subscriber {subscriber}, which is not in fixed-size mode"
+                )
+            if count < 1:
+                raise RemoteProtocolError("onNextPacked with a count of 0")
+            total = count * size
+            if total > limits.max_packed_bytes:
+                raise RemoteProtocolError(f"onNextPacked of {total} bytes exceeds the limit")
+            end = pos + total
+            if end > len(buf):
+                raise NeedData(end)
+            return OnNextPacked(subscriber, count, bytes(buf[pos:end])), end
+        if kind == MessageType.REQUEST:
+            subscriber, pos = pull_varint(buf, pos)
+            demand, pos = pull_long(buf, pos)
+            return Request(subscriber, demand), pos
+        if kind in (MessageType.CLIENT_HELLO, MessageType.SERVER_HELLO):
+            version, pos = pull_varint(buf, pos)
+            extensions, pos = pull_id_list(buf, pos, limits.max_extensions)
+            cls = ClientHello if kind == MessageType.CLIENT_HELLO else ServerHello
+            return cls(version, extensions), pos
+        if kind == MessageType.GOODBYE:
+            reason, pos = pull_string(buf, pos, limits.max_string_bytes)
+            return Goodbye(reason), pos
+        if kind == MessageType.SUBSCRIBE:
+            try:
+                publisher, pos = pull_string(buf, pos, limits.max_string_bytes)
+                bad = None
+            except InvalidUtf8 as exc:
+                publisher, pos, bad = "", exc.end, str(exc)
+            subscriber, pos = pull_varint(buf, pos)
+            demand, pos = pull_long(buf, pos)
+            if bad is not None:
+                raise _Consumed(SubscriptionProtocolError(subscriber, bad), pos)
+            return Subscribe(publisher, subscriber, demand), pos
+        if kind == MessageType.CANCEL:
+            subscriber, pos = pull_varint(buf, pos)
+            return Cancel(subscriber), pos
+        if kind == MessageType.SUBSCRIBED:
+            subscriber, pos = pull_varint(buf, pos)
+            size, pos = pull_varint(buf, pos)
+            return Subscribed(subscriber, size), pos
+        if kind == MessageType.ON_COMPLETE:
+            subscriber, pos = pull_varint(buf, pos)
+            return OnComplete(subscriber), pos
+        if kind == MessageType.ON_ERROR:
+            subscriber, pos = pull_varint(buf, pos)
+            error, pos = pull_string(buf, pos, limits.max_string_bytes)
+            return OnError(subscriber, error), pos
+        raise RemoteProtocolError(f"unknown message type {kind}")
+
+
+class _Consumed(Exception):
+    def __init__(self, error: SubscriptionProtocolError, end: int) -> None:
+        super().__init__(error)
+        self.error = error
+        self.end = end

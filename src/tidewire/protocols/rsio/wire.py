@@ -1,0 +1,136 @@
+"""Protobuf's wire primitives as RS.io uses them, with no field tags and no frame length.
+
+* varint: unsigned LEB128, at most 10 bytes, values 0..2**64-1 (``Id``, ``varint``).
+* ``Long``: a varint restricted to 0..2**63-1.
+* ``String``: varint byte length, then that many bytes of UTF-8.
+* ``bytes``: varint length, then the bytes.
+* ``List[Id]``: varint count, then the ids.
+
+``pull_*`` read from ``buf`` at ``pos`` and return ``(value, new_pos)``; they raise
+:class:`NeedData` when ``buf`` ends first (the caller waits for more and retries), and
+:class:`RemoteProtocolError` when the bytes can never be valid. ``push_*`` append to a bytearray.
+"""
+
+from __future__ import annotations
+
+from ...model import RemoteProtocolError
+
+__all__ = [
+    "MAX_LONG",
+    "MAX_VARINT",
+    "NeedData",
+    "pull_bytes",
+    "pull_id_list",
+    "pull_long",
+    "pull_string",
+    "pull_varint",
+    "push_bytes",
+    "push_id_list",
+    "push_string",
+    "push_varint",
+    "varint_size",
+]
+
+MAX_VARINT = 2**64 - 1
+MAX_LONG = 2**63 - 1
+
+
+class NeedData(Exception):
+    """The buffer ends before the value does; ``needed`` is a lower bound of the bytes wanted
+    from ``buf``'s start (0 when unknown)."""
+
+    def __init__(self, needed: int = 0) -> None:
+        super().__init__(needed)
+        self.needed = needed
+
+
+def pull_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """An unsigned varint of at most 10 bytes (values up to 2**64-1)."""
+    result = 0
+    shift = 0
+    end = len(buf)
+    for i in range(10):
+        if pos + i >= end:
+            raise NeedData(pos + i + 1)
+        byte = buf[pos + i]
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if i == 9 and byte > 1:
+                raise RemoteProtocolError("varint exceeds 64 bits")
+            return result, pos + i + 1
+        shift += 7
+    raise RemoteProtocolError("varint longer than 10 bytes")
+
+
+def pull_long(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    value, pos = pull_varint(buf, pos)
+    if value > MAX_LONG:
+        raise RemoteProtocolError(f"Long {value} exceeds 2**63-1")
+    return value, pos
+
+
+def pull_bytes(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> tuple[bytes, int]:
+    size, pos = pull_varint(buf, pos)
+    if size > limit:
+        raise RemoteProtocolError(f"a {size}-byte field exceeds the limit of {limit} bytes")
+    end = pos + size
+    if end > len(buf):
+        raise NeedData(end)
+    return bytes(buf[pos:end]), end
+
+
+def pull_string(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> tuple[str, int]:
+    raw, pos = pull_bytes(buf, pos, limit)
+    try:
+        return raw.decode("utf-8"), pos
+    except UnicodeDecodeError as exc:
+        raise InvalidUtf8(str(exc), pos) from None
+
+
+class InvalidUtf8(RemoteProtocolError):
+    """A String field that is not UTF-8; ``end`` is where its frame field ended."""
+
+    def __init__(self, reason: str, end: int) -> None:
+        super().__init__(f"String is not valid UTF-8: {reason}")
+        self.end = end
+
+
+def pull_id_list(
+    buf: bytes | bytearray | memoryview, pos: int, limit: int
+) -> tuple[tuple[int, ...], int]:
+    count, pos = pull_varint(buf, pos)
+    if count > limit:
+        raise RemoteProtocolError(f"a list of {count} ids exceeds the limit of {limit}")
+    ids = []
+    for _ in range(count):
+        value, pos = pull_varint(buf, pos)
+        ids.append(value)
+    return tuple(ids), pos
+
+
+def varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def push_varint(out: bytearray, value: int) -> None:
+    if not 0 <= value <= MAX_VARINT:
+        raise ValueError(f"varint {value} is outside 0..2**64-1")
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def push_bytes(out: bytearray, data: bytes | bytearray | memoryview) -> None:
+    push_varint(out, len(data) if not isinstance(data, memoryview) else data.nbytes)
+    out += data
+
+
+def push_string(out: bytearray, text: str) -> None:
+    push_bytes(out, text.encode("utf-8"))
+
+
+def push_id_list(out: bytearray, ids: tuple[int, ...]) -> None:
+    push_varint(out, len(ids))
+    for value in ids:
+        push_varint(out, value)
