@@ -1,7 +1,15 @@
-"""RS.io over a byte stream (seed 000): the sans-IO codec (this release) and, next, the
-connection state machine. No asyncio here: bytes in, messages out, bytes to send."""
+"""RS.io over a byte stream (seed 000): the sans-IO codec and connection state machine.
+No asyncio here: bytes in, events out, bytes to send."""
 
 from .codec import Decoder, Limits, SubscriptionProtocolError, encode
+from .connection import (
+    Connection,
+    ConnectionClosed,
+    Event,
+    HandshakeCompleted,
+    Role,
+    SubscriptionErrored,
+)
 from .messages import (
     PROTOCOL_VERSION,
     Cancel,
@@ -23,8 +31,12 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Cancel",
     "ClientHello",
+    "Connection",
+    "ConnectionClosed",
     "Decoder",
+    "Event",
     "Goodbye",
+    "HandshakeCompleted",
     "Limits",
     "Message",
     "MessageType",
@@ -33,9 +45,11 @@ __all__ = [
     "OnNext",
     "OnNextPacked",
     "Request",
+    "Role",
     "ServerHello",
     "Subscribe",
     "Subscribed",
+    "SubscriptionErrored",
     "SubscriptionProtocolError",
     "encode",
 ]

@@ -1,0 +1,382 @@
+"""The RS.io connection state machine (sans-IO, in the manner of h11 and aioquic).
+
+Bytes in (:meth:`Connection.receive_data`), events out (:meth:`Connection.next_event`), bytes to
+send out (:meth:`Connection.data_to_send`); messages to send go through :meth:`Connection.send`,
+which checks them against the state first (a :class:`LocalProtocolError` means a bug on this
+side). No clock is needed: RS.io has no timers.
+
+What it enforces:
+
+* **Handshake** (loose): each side sends its hello first and may go on sending at once; the first
+  message received must be the peer's hello, with version 0, else goodbye + close. Extensions
+  in use are those both hellos list.
+* **Subscriptions in both directions**, keyed by the subscriber's id (the same number may name
+  one subscription each way). As subscriber: ``subscribe`` → ``subscribed`` → ``onNext``… →
+  ``onComplete``/``onError``; after our ``cancel`` late elements are dropped quietly (Reactive
+  Streams 2.8). As publisher: never more elements than requested (3.9: demand saturates at
+  2**63-1, which means unbounded), ``request(0)`` answered with ``onError`` (3.9).
+* **Id reuse**: an id is free again after ``cancel`` was sent or ``onComplete``/``onError``
+  received (subscriber side), or after ``cancel`` was received or ``onComplete``/``onError``
+  sent (publisher side). A ``subscribe`` for an id still open is a breach.
+* **Goodbye**: sending it closes every subscription and waits for the peer's goodbye; receiving
+  one is answered with a goodbye, and the connection is then closed.
+
+A connection-level breach by the peer queues ``goodbye(reason)``, emits
+:class:`ConnectionClosed` and ignores everything after; a breach scoped to one subscription
+queues ``onError`` for it and emits :class:`SubscriptionErrored`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ...model import LocalProtocolError, RemoteProtocolError
+from .codec import Decoder, Limits, SubscriptionProtocolError, encode
+from .messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    ClientHello,
+    Goodbye,
+    Message,
+    OnComplete,
+    OnError,
+    OnNext,
+    OnNextPacked,
+    Request,
+    ServerHello,
+    Subscribe,
+    Subscribed,
+)
+from .wire import MAX_LONG
+
+__all__ = [
+    "Connection",
+    "ConnectionClosed",
+    "Event",
+    "HandshakeCompleted",
+    "Role",
+    "SubscriptionErrored",
+]
+
+UNBOUNDED = MAX_LONG
+
+
+class Role(enum.Enum):
+    CLIENT = "client"  # opened the connection; sends clientHello
+    SERVER = "server"  # accepted it; sends serverHello
+
+
+class State(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"  # our goodbye sent, waiting for the peer's
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeCompleted:
+    """The peer's hello arrived; ``extensions`` are those both sides listed."""
+
+    version: int
+    extensions: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionErrored:
+    """We answered a peer's breach for one subscription with ``onError`` (it is now closed)."""
+
+    subscriber: int
+    reason: str
+    outbound: bool  # True: one of our subscriptions; False: one the peer made to us
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    """No more messages either way. ``by_peer``: the peer said goodbye (or closed the
+    transport); else we did (after our goodbye's acknowledgement, or after a breach)."""
+
+    reason: str
+    by_peer: bool
+    error: bool = False  # a protocol breach, not an orderly goodbye
+
+
+Event = Message | HandshakeCompleted | SubscriptionErrored | ConnectionClosed
+
+
+class _SubState(enum.Enum):
+    REQUESTED = "requested"  # subscribe sent/received, subscribed not yet
+    ACTIVE = "active"
+    CANCELLED = "cancelled"  # subscriber side: cancel sent, late elements are dropped
+
+
+@dataclass(slots=True)
+class _Sub:
+    state: _SubState
+    demand: int  # outstanding: granted by the subscriber, not yet delivered
+    element_size: int = 0
+
+
+@dataclass(slots=True)
+class _Table:
+    """The subscriptions of one direction."""
+
+    subs: dict[int, _Sub] = field(default_factory=dict)
+
+    def open(self, subscriber: int) -> _Sub | None:
+        sub = self.subs.get(subscriber)
+        return sub if sub is not None and sub.state is not _SubState.CANCELLED else None
+
+
+def _add_demand(current: int, n: int) -> int:
+    return min(UNBOUNDED, current + n)
+
+
+class Connection:
+    """One RS.io connection, from one side. Create, then send the hello with
+    :meth:`initiate` (either role may do so at once: the handshake is loose)."""
+
+    def __init__(
+        self, role: Role, *, extensions: Iterable[int] = (), limits: Limits | None = None
+    ) -> None:
+        self.role = role
+        self.extensions = frozenset(extensions)
+        self.state = State.OPEN
+        self.peer_extensions: frozenset[int] | None = None
+        self._out = bytearray()
+        self._events: deque[Event] = deque()
+        self._mine = _Table()  # subscriptions we made (we are the subscriber)
+        self._theirs = _Table()  # subscriptions the peer made to us (we publish)
+        self._decoder = Decoder(limits, self._element_size_in)
+        self._hello_sent = False
+
+    # ------------------------------------------------------------------ handshake
+
+    def initiate(self) -> None:
+        """Queue our hello (call once, first)."""
+        if self._hello_sent:
+            raise LocalProtocolError("hello already sent")
+        self._hello_sent = True
+        hello_type = ClientHello if self.role is Role.CLIENT else ServerHello
+        self._out += encode(hello_type(PROTOCOL_VERSION, tuple(sorted(self.extensions))))
+
+    @property
+    def negotiated(self) -> frozenset[int]:
+        """Extensions both sides listed (empty until the peer's hello arrives)."""
+        if self.peer_extensions is None:
+            return frozenset()
+        return self.extensions & self.peer_extensions
+
+    # ------------------------------------------------------------------ output
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the peer, in order; empty when there is nothing."""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    @property
+    def pending_output(self) -> int:
+        return len(self._out)
+
+    def send(self, message: Message) -> None:
+        """Check ``message`` against the state, then queue it. Raises
+        :class:`LocalProtocolError` for a message the protocol forbids now."""
+        if not self._hello_sent:
+            raise LocalProtocolError("send the hello first (initiate())")
+        if self.state is not State.OPEN:
+            raise LocalProtocolError(
+                f"cannot send {type(message).__name__}: connection {self.state.value}"
+            )
+        size = 0
+        match message:
+            case ClientHello() | ServerHello():
+                raise LocalProtocolError("the hello is sent by initiate()")
+            case Goodbye():
+                self.state = State.CLOSING
+                self._mine.subs.clear()
+                self._theirs.subs.clear()
+            # --- as subscriber
+            case Subscribe(_, subscriber, initial):
+                if self._mine.open(subscriber) is not None:
+                    raise LocalProtocolError(f"subscriber id {subscriber} is still open")
+                self._mine.subs[subscriber] = _Sub(_SubState.REQUESTED, initial)
+            case Request(subscriber, n):
+                sub = self._mine.open(subscriber)
+                if sub is None:
+                    raise LocalProtocolError(f"request for subscriber {subscriber}, not open")
+                if n < 1:
+                    raise LocalProtocolError("request(n) needs n >= 1 (Reactive Streams 3.9)")
+                sub.demand = _add_demand(sub.demand, n)
+            case Cancel(subscriber):
+                sub = self._mine.open(subscriber)
+                if sub is None:
+                    raise LocalProtocolError(f"cancel for subscriber {subscriber}, not open")
+                sub.state = _SubState.CANCELLED
+            # --- as publisher
+            case Subscribed(subscriber, element_size):
+                sub = self._theirs.subs.get(subscriber)
+                if sub is None or sub.state is not _SubState.REQUESTED:
+                    raise LocalProtocolError(f"subscribed for {subscriber}: no subscribe pending")
+                sub.state = _SubState.ACTIVE
+                sub.element_size = element_size
+            case OnNext(subscriber) | OnNextPacked(subscriber):
+                sub = self._active_theirs(subscriber, type(message).__name__)
+                count = message.count if isinstance(message, OnNextPacked) else 1
+                if count > sub.demand:
+                    raise LocalProtocolError(
+                        f"{count} element(s) for subscriber {subscriber} exceed its demand of "
+                        f"{sub.demand} (Reactive Streams 1.1)"
+                    )
+                if sub.demand < UNBOUNDED:
+                    sub.demand -= count
+                size = sub.element_size
+            case OnComplete(subscriber) | OnError(subscriber):
+                sub = self._theirs.subs.get(subscriber)
+                if sub is None:
+                    raise LocalProtocolError(f"{type(message).__name__} for {subscriber}: not open")
+                del self._theirs.subs[subscriber]
+        encode(message, size, self._out)
+
+    def _active_theirs(self, subscriber: int, what: str) -> _Sub:
+        sub = self._theirs.subs.get(subscriber)
+        if sub is None or sub.state is not _SubState.ACTIVE:
+            raise LocalProtocolError(f"{what} for subscriber {subscriber}: not subscribed")
+        return sub
+
+    def demand(self, subscriber: int) -> int:
+        """Outstanding demand of a subscription the peer made to us (0 if none)."""
+        sub = self._theirs.subs.get(subscriber)
+        return sub.demand if sub is not None else 0
+
+    # ------------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the peer; ``b""`` means the transport closed."""
+        if self.state is State.CLOSED:
+            return
+        if not data:
+            self._close("transport closed", by_peer=True, error=self.state is State.OPEN)
+            return
+        self._decoder.feed(data)
+        while not self.closed:
+            try:
+                message = self._decoder.next_message()
+            except SubscriptionProtocolError as exc:
+                self._refuse_theirs(exc.subscriber, str(exc))
+                continue
+            except RemoteProtocolError as exc:
+                self._breach(str(exc))
+                return
+            if message is None:
+                return
+            try:
+                self._receive(message)
+            except RemoteProtocolError as exc:
+                self._breach(str(exc))
+                return
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    def next_event(self) -> Event | None:
+        """The next event, or ``None`` when there is none (feed more data)."""
+        return self._events.popleft() if self._events else None
+
+    def _element_size_in(self, subscriber: int) -> int:
+        sub = self._mine.subs.get(subscriber)
+        return sub.element_size if sub is not None else 0
+
+    def _receive(self, message: Message) -> None:
+        if self.peer_extensions is None:
+            expected = ServerHello if self.role is Role.CLIENT else ClientHello
+            if not isinstance(message, expected):
+                raise RemoteProtocolError(f"expected {expected.__name__} first, got "
+                                          f"{type(message).__name__}")  # fmt: skip
+            if message.version != PROTOCOL_VERSION:
+                raise RemoteProtocolError(
+                    f"unsupported protocol version {message.version} (this side speaks 0)"
+                )
+            self.peer_extensions = frozenset(message.extensions)
+            self._events.append(HandshakeCompleted(message.version, self.negotiated))
+            return
+        match message:
+            case ClientHello() | ServerHello():
+                raise RemoteProtocolError("a second hello")
+            case Goodbye(reason):
+                if self.state is State.OPEN:
+                    self._out += encode(Goodbye("goodbye acknowledged"))
+                self._close(reason, by_peer=self.state is State.OPEN)
+                return
+        if self.state is State.CLOSING:
+            return  # our goodbye closed every subscription: drop what crosses it
+        match message:
+            # --- the peer subscribes to us
+            case Subscribe(_, subscriber, initial):
+                if subscriber in self._theirs.subs:
+                    raise RemoteProtocolError(f"subscribe reuses open subscriber id {subscriber}")
+                self._theirs.subs[subscriber] = _Sub(_SubState.REQUESTED, initial)
+            case Request(subscriber, n):
+                sub = self._theirs.subs.get(subscriber)
+                if sub is None:
+                    return  # closed already: a late request is a no-op (Reactive Streams 3.6)
+                if n == 0:
+                    self._refuse_theirs(subscriber, "request(0): demand must be >= 1 (RS 3.9)")
+                    return
+                sub.demand = _add_demand(sub.demand, n)
+            case Cancel(subscriber):
+                if self._theirs.subs.pop(subscriber, None) is None:
+                    return  # closed already (3.7)
+            # --- the peer publishes to us
+            case Subscribed(subscriber, element_size):
+                sub = self._mine.subs.get(subscriber)
+                if sub is None or sub.state is _SubState.ACTIVE:
+                    raise RemoteProtocolError(f"subscribed for {subscriber}: none pending")
+                if sub.state is _SubState.CANCELLED:
+                    sub.element_size = element_size
+                    return
+                sub.state = _SubState.ACTIVE
+                sub.element_size = element_size
+            case OnNext(subscriber) | OnNextPacked(subscriber):
+                sub = self._mine.subs.get(subscriber)
+                if sub is None or sub.state is _SubState.REQUESTED:
+                    raise RemoteProtocolError(f"elements for subscriber {subscriber}, which is "
+                                              "not subscribed")  # fmt: skip
+                if sub.state is _SubState.CANCELLED:
+                    return  # in flight when we cancelled (Reactive Streams 2.8)
+                count = message.count if isinstance(message, OnNextPacked) else 1
+                if count > sub.demand:
+                    raise RemoteProtocolError(
+                        f"{count} element(s) for subscriber {subscriber} exceed the demand of "
+                        f"{sub.demand}"
+                    )
+                if sub.demand < UNBOUNDED:
+                    sub.demand -= count
+            case OnComplete(subscriber) | OnError(subscriber):
+                sub = self._mine.subs.pop(subscriber, None)
+                if sub is None:
+                    raise RemoteProtocolError(
+                        f"{type(message).__name__} for subscriber {subscriber}, which is not open"
+                    )
+                if sub.state is _SubState.CANCELLED:
+                    return
+        self._events.append(message)
+
+    def _refuse_theirs(self, subscriber: int, reason: str) -> None:
+        """A breach scoped to one subscription the peer made: onError, and it is closed."""
+        self._theirs.subs.pop(subscriber, None)
+        self._out += encode(OnError(subscriber, reason))
+        self._events.append(SubscriptionErrored(subscriber, reason, outbound=False))
+
+    def _breach(self, reason: str) -> None:
+        if self.state is State.OPEN:
+            self._out += encode(Goodbye(f"protocol error: {reason}"))
+        self._close(reason, by_peer=False, error=True)
+
+    def _close(self, reason: str, *, by_peer: bool, error: bool = False) -> None:
+        self.state = State.CLOSED
+        self._mine.subs.clear()
+        self._theirs.subs.clear()
+        self._events.append(ConnectionClosed(reason, by_peer, error))
