@@ -1,0 +1,111 @@
+"""Publisher names (the grammar in docs/protocols/rsio.md) and the envelope element format."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tidewire.model import MAX_ID, Batch
+from tidewire.protocols.rsio.publisher import (
+    PublisherName,
+    PublisherNameError,
+    decode_envelope,
+    encode_envelopes,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("orders", PublisherName("orders")),
+        ("orders?from=latest", PublisherName("orders", "latest")),
+        ("orders?from=0", PublisherName("orders", 0)),
+        ("orders?from=5&until=9", PublisherName("orders", 5, 9)),
+        ("orders?key=a%20b%00", PublisherName("orders", key=b"a b\x00")),
+        ("orders?format=value", PublisherName("orders", format="value")),
+        ("ticks?size=16", PublisherName("ticks", format="value", size=16)),
+        ("ticks?size=16&format=value", PublisherName("ticks", format="value", size=16)),
+        ("a%3Fb%26c", PublisherName("a?b&c")),
+        ("caf%C3%A9", PublisherName("café")),
+    ],
+)
+def test_parse(text: str, expected: PublisherName) -> None:
+    assert PublisherName.parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "empty"),
+        ("or ders", "whitespace"),
+        ("%ff", "bad stream"),
+        ("orders?nope=1", "unknown parameter"),
+        ("orders?from", "bad or repeated"),
+        ("orders?from=1&from=2", "bad or repeated"),
+        ("orders?from=-1", "not an id"),
+        (f"orders?from={MAX_ID + 1}", "not an id"),
+        ("orders?from=soon", "not an id"),
+        ("orders?size=0", "size must be >= 1"),
+        ("orders?size=4&format=envelope", "needs format=value"),
+        ("orders?format=json", "envelope or value"),
+    ],
+)
+def test_refused(text: str, why: str) -> None:
+    with pytest.raises(PublisherNameError, match=why):
+        PublisherName.parse(text)
+
+
+names = st.builds(
+    PublisherName,
+    stream=st.text(
+        st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=20
+    ).filter(lambda s: not any(c.isspace() for c in s)),
+    start=st.one_of(st.just("earliest"), st.just("latest"), st.integers(0, MAX_ID)),
+    until=st.none() | st.integers(0, MAX_ID),
+    key=st.none() | st.binary(max_size=8),
+    format=st.sampled_from(["envelope", "value"]),
+)
+
+
+@given(names)
+def test_round_trip(name: PublisherName) -> None:
+    assert PublisherName.parse(str(name)) == name
+
+
+def test_envelope_golden_bytes() -> None:
+    batch = Batch.build("s", [b"v1", b""], keys=[None, b"k"], ids=[5, 300],
+                        timestamps=[-1, 1700000000000])  # fmt: skip
+    assert [e.hex(" ") for e in encode_envelopes(batch)] == [
+        "05 01 00 76 31",  # id 5, timestamp -1 (zigzag 1), no key, value "v1"
+        "ac 02 80 a0 ab fe f9 62 02 6b",  # id 300, ts 1700000000000, key "k" (1 + 1), empty value
+    ]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=20),
+            st.none() | st.binary(max_size=5),
+            st.integers(-(2**63), 2**63 - 1),
+        ),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_envelope_round_trip(events: list[tuple[bytes, bytes | None, int]]) -> None:
+    batch = Batch.build(
+        "s",
+        [v for v, _, _ in events],
+        ids=list(range(1, len(events) + 1)),
+        keys=[k for _, k, _ in events],
+        timestamps=[t for _, _, t in events],
+    )
+    decoded = [decode_envelope(e) for e in encode_envelopes(batch)]
+    assert decoded == [(i + 1, t, k, v) for i, (v, k, t) in enumerate(events)]
+
+
+@pytest.mark.parametrize("element", [b"", b"\x05", b"\x05\x01", b"\x05\x01\x09ab", b"\xff" * 11])
+def test_malformed_envelopes(element: bytes) -> None:
+    with pytest.raises(ValueError, match="envelope"):
+        decode_envelope(element)
