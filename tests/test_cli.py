@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import tidewire
 from tidewire.cli import main
 from tidewire.log import Log
 from tidewire.model import Batch
@@ -36,6 +37,17 @@ def fill(data_dir: Path) -> None:
     asyncio.run(go())
 
 
+async def first_values(url: str, stream: str, n: int) -> list[bytes]:
+    """The first ``n`` values of ``stream``, read over RS.io from the running server."""
+    values: list[bytes] = []
+    async with asyncio.timeout(30), await tidewire.connect(url) as hub:
+        async for batch in hub.subscribe(stream):
+            values += [e.value for e in batch]
+            if len(values) >= n:
+                break
+    return values[:n]
+
+
 @contextmanager
 def server(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
@@ -43,7 +55,7 @@ def server(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", **(env or {})},
     )
     try:
         yield proc
@@ -97,6 +109,8 @@ def test_serve_prints_endpoints_and_exits_cleanly(tmp_path: Path, sig: signal.Si
         lines = read_until(proc, "ready")
         url = endpoint(lines, "/streams")
         assert url.startswith("http://127.0.0.1:")
+        rsio = next(w for line in lines for w in line.split() if w.startswith("rsio://"))
+        assert asyncio.run(first_values(rsio, "orders", 2)) == [b"hello", b"\x00\xff"]
         with urllib.request.urlopen(url, timeout=10) as response:
             streams = json.load(response)
         assert [(s["name"], s["events"], s["latest_id"]) for s in streams] == [
@@ -125,7 +139,7 @@ def test_serve_refuses_a_second_server_on_the_same_directory(tmp_path: Path) -> 
         read_until(first, "ready")
         second = subprocess.run(
             [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(tmp_path),
-             "--http-port", "0"],
+             "--http-port", "0", "--rsio-port", "0"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert second.returncode == 1
@@ -142,7 +156,7 @@ def test_serve_refuses_a_corrupt_log_naming_file_and_offset(tmp_path: Path) -> N
     segment.write_bytes(bytes(data))
     result = subprocess.run(
         [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(tmp_path),
-         "--http-port", "0"],
+         "--http-port", "0", "--rsio-port", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1

@@ -69,18 +69,25 @@ def _settings_help() -> str:
 @click.option("--data-dir", help="directory of the embedded log")
 @click.option("--host", help="address every listener binds to (default 127.0.0.1)")
 @click.option("--http-port", type=int, help="HTTP port (default 7480; 0 = any free port)")
+@click.option("--rsio-port", type=int, help="RS.io TCP port (default 7400; 0 = any free port)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting")
 def serve(
     config_path: str | None,
     data_dir: str | None,
     host: str | None,
     http_port: int | None,
+    rsio_port: int | None,
     sets: tuple[str, ...],
 ) -> None:
     """Run the hub: config file < TIDEWIRE_* variables < flags."""
     from .server import run_server
 
-    overrides: dict[str, Any] = {"data_dir": data_dir, "host": host, "http.port": http_port}
+    overrides: dict[str, Any] = {
+        "data_dir": data_dir,
+        "host": host,
+        "http.port": http_port,
+        "rsio.port": rsio_port,
+    }
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep:

@@ -32,6 +32,7 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "host": (str, "127.0.0.1", "address every listener binds to"),
     "log_level": (str, "info", "debug, info, warning or error"),
     "http.port": (int, 7480, "HTTP listener (admin endpoints; 0 = any free port)"),
+    "rsio.port": (int, 7400, "RS.io over TCP listener (0 = any free port)"),
     "log.segment_bytes": (int, 128 * 1024 * 1024, "roll a segment past this size"),
     "log.index_interval_bytes": (int, 4096, "bytes of records between sparse-index entries"),
     "log.retention_bytes": (int, -1, "keep at least this many bytes per stream (-1 = no limit)"),
@@ -65,6 +66,10 @@ class ServerConfig:
     @property
     def http_port(self) -> int:
         return int(self.values["http.port"])
+
+    @property
+    def rsio_port(self) -> int:
+        return int(self.values["rsio.port"])
 
     @property
     def log_level(self) -> str:
@@ -147,6 +152,7 @@ def load_config(
 
 _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric settings
     "http.port": (0, 65535),
+    "rsio.port": (0, 65535),
     "log.max_record_bytes": (4096, 2**32 - 4096),
     "log.max_pending_bytes": (1, 2**62),
     "log.recent_bytes": (0, 2**62),

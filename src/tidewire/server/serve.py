@@ -19,6 +19,7 @@ from .. import __version__
 from ..config import ServerConfig
 from ..hub import Hub
 from .app import build_app
+from .rsio import RsioServer, start_rsio_server
 
 __all__ = ["Endpoint", "run_server", "serve"]
 
@@ -54,6 +55,7 @@ async def serve(
         config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s
     )
     runner: web.AppRunner | None = None
+    rsio: RsioServer | None = None
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -63,7 +65,9 @@ async def serve(
         site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
         await site.start()
         port = _bound_port(runner)
+        rsio = await start_rsio_server(hub, config.host, config.rsio_port)
         endpoints = [
+            Endpoint("rsio", f"rsio://{config.host}:{rsio.port}", "RS.io over TCP"),
             Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
             Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
         ]
@@ -83,6 +87,8 @@ async def serve(
         # The handlers stay until the log is closed: a second signal during the flush is
         # ignored (stop is already set) instead of killing the process mid-flush.
         try:
+            if rsio is not None:
+                await rsio.close()
             if runner is not None:
                 await runner.cleanup()
             await hub.close()

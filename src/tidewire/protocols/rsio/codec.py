@@ -92,14 +92,14 @@ def encode(message: Message, element_size: int = 0, out: bytearray | None = None
     out = bytearray() if out is None else out
     match message:
         case OnNext(subscriber, element):
+            if element_size and len(element) != element_size:  # check before writing anything
+                raise LocalProtocolError(
+                    f"a {len(element)}-byte element in a {element_size}-byte fixed-size "
+                    "subscription"
+                )
             push_varint(out, MessageType.ON_NEXT)
             push_varint(out, subscriber)
             if element_size:
-                if len(element) != element_size:
-                    raise LocalProtocolError(
-                        f"a {len(element)}-byte element in a {element_size}-byte fixed-size "
-                        "subscription"
-                    )
                 out += element
             else:
                 push_bytes(out, element)

@@ -1,7 +1,8 @@
 """The RS.io connection state machine (sans-IO, in the manner of h11 and aioquic).
 
-Bytes in (:meth:`Connection.receive_data`), events out (:meth:`Connection.next_event`), bytes to
-send out (:meth:`Connection.data_to_send`); messages to send go through :meth:`Connection.send`,
+Bytes in (:meth:`Connection.receive_data`), events out (:meth:`Connection.next_event`, which
+decodes and applies one message at a time, as h11 does), bytes to send out
+(:meth:`Connection.data_to_send`); messages to send go through :meth:`Connection.send`,
 which checks them against the state first (a :class:`LocalProtocolError` means a bug on this
 side). No clock is needed: RS.io has no timers.
 
@@ -150,6 +151,7 @@ class Connection:
         self._theirs = _Table()  # subscriptions the peer made to us (we publish)
         self._decoder = Decoder(limits, self._element_size_in)
         self._hello_sent = False
+        self._eof = False
 
     # ------------------------------------------------------------------ handshake
 
@@ -253,14 +255,24 @@ class Connection:
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes) -> None:
-        """Feed bytes from the peer; ``b""`` means the transport closed."""
+        """Feed bytes from the peer; ``b""`` means the transport closed. Nothing is decoded
+        until :meth:`next_event` asks: each message is applied only after the application has
+        handled the events before it (so a ``request(0)`` right behind its ``subscribe`` meets
+        the subscription the application has just answered)."""
         if self.state is State.CLOSED:
             return
         if not data:
-            self._close("transport closed", by_peer=True, error=self.state is State.OPEN)
+            self._eof = True
             return
         self._decoder.feed(data)
-        while not self.closed:
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    def next_event(self) -> Event | None:
+        """The next event, or ``None`` when there is none until more data arrives."""
+        while not self._events and not self.closed:
             try:
                 message = self._decoder.next_message()
             except SubscriptionProtocolError as exc:
@@ -268,21 +280,15 @@ class Connection:
                 continue
             except RemoteProtocolError as exc:
                 self._breach(str(exc))
-                return
+                break
             if message is None:
-                return
+                if self._eof:
+                    self._close("transport closed", by_peer=True, error=self.state is State.OPEN)
+                break
             try:
                 self._receive(message)
             except RemoteProtocolError as exc:
                 self._breach(str(exc))
-                return
-
-    @property
-    def closed(self) -> bool:
-        return self.state is State.CLOSED
-
-    def next_event(self) -> Event | None:
-        """The next event, or ``None`` when there is none (feed more data)."""
         return self._events.popleft() if self._events else None
 
     def _element_size_in(self, subscriber: int) -> int:

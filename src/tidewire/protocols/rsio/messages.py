@@ -51,6 +51,13 @@ def _check_varint(name: str, value: int) -> None:
         raise LocalProtocolError(f"{name} {value} is outside 0..2**64-1")
 
 
+def _check_text(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"{name} cannot be encoded as UTF-8: {exc}") from None
+
+
 def _check_long(name: str, value: int) -> None:
     if not 0 <= value <= MAX_LONG:
         raise LocalProtocolError(f"{name} {value} is outside 0..2**63-1 (a Long)")
@@ -88,6 +95,9 @@ class Goodbye:
 
     reason: str = ""
 
+    def __post_init__(self) -> None:
+        _check_text("goodbye reason", self.reason)
+
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
@@ -98,6 +108,7 @@ class Subscribe:
     initial_demand: int = 0
 
     def __post_init__(self) -> None:
+        _check_text("publisher", self.publisher)
         _check_varint("subscriber id", self.subscriber)
         _check_long("initialDemand", self.initial_demand)
 
@@ -159,8 +170,8 @@ class OnNextPacked:
 
     def __post_init__(self) -> None:
         _check_varint("subscriber id", self.subscriber)
-        if self.count < 1:
-            raise LocalProtocolError("onNextPacked carries at least one element")
+        if self.count < 1 or not self.elements:
+            raise LocalProtocolError("onNextPacked carries at least one non-empty element")
         if len(self.elements) % self.count:
             raise LocalProtocolError("onNextPacked elements are not count equal-sized parts")
 
@@ -192,6 +203,7 @@ class OnError:
 
     def __post_init__(self) -> None:
         _check_varint("subscriber id", self.subscriber)
+        _check_text("error", self.error)
 
 
 Message = (

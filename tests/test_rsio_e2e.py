@@ -1,0 +1,199 @@
+"""RS.io over real sockets on 127.0.0.1: the hub's listener and the asyncio client, under the
+default loop and uvloop; bad input from raw sockets never disturbs other connections."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+import tidewire
+from tidewire.client.rsio import RsioError
+from tidewire.hub import Hub
+from tidewire.model import Batch
+from tidewire.protocols.rsio import (
+    ClientHello,
+    Decoder,
+    Goodbye,
+    OnError,
+    Request,
+    ServerHello,
+    Subscribe,
+    Subscribed,
+    encode,
+)
+from tidewire.server.rsio import RsioServer, start_rsio_server
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, None]], None]:
+    def runner(coro: Coroutine[Any, Any, None]) -> None:
+        async def bounded() -> None:
+            async with asyncio.timeout(60):
+                await coro
+
+        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
+            r.run(bounded())
+
+    return runner
+
+
+@asynccontextmanager
+async def hub_server(path: Path) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
+    hub = Hub.open(str(path))
+    server = await start_rsio_server(hub, "127.0.0.1", 0)
+    try:
+        yield hub, server, f"rsio://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+        await hub.close()
+
+
+async def take(
+    url: str, stream: str, n: int, **kwargs: Any
+) -> list[tuple[int, bytes | None, bytes]]:
+    got: list[tuple[int, bytes | None, bytes]] = []
+    async with await tidewire.connect(url) as client:
+        async for batch in client.subscribe(stream, **kwargs):
+            got += [(e.id, e.key, e.value) for e in batch]
+            if len(got) >= n:
+                break
+    return got
+
+
+def test_history_then_live_in_order_exactly_once(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def main() -> None:
+        async with hub_server(tmp_path) as (hub, _, url):
+            await hub.append(Batch.build("s", [b"h%d" % i for i in range(1000)]), assign_ids=True)
+            reader = asyncio.create_task(take(url, "s", 50_000, prefetch=1000))
+            for chunk in range(49):
+                values = [b"v%d" % (chunk * 1000 + i) for i in range(1000)]
+                await hub.append(Batch.build("s", values, keys=[b"k", *[None] * 999]),
+                                 assign_ids=True)  # fmt: skip
+            got = await reader
+            assert [i for i, _, _ in got] == list(range(1, 50_001))
+            assert got[999][2] == b"h999"
+            assert got[1000] == (1001, b"k", b"v0")
+            assert got[-1][2] == b"v48999"
+
+    run(main())
+
+
+def test_from_until_and_key(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def main() -> None:
+        async with hub_server(tmp_path) as (hub, _, url):
+            keys = [b"a" if i % 3 == 0 else None for i in range(30)]
+            await hub.append(Batch.build("s", [bytes([i]) for i in range(30)], keys=keys),
+                             assign_ids=True)  # fmt: skip
+            async with await tidewire.connect(url) as client:
+                bounded = [e.id async for b in client.subscribe("s", from_id=5, until_id=9)
+                           for e in b]  # fmt: skip
+                assert bounded == [5, 6, 7, 8, 9]
+            keyed = await take(url, "s", 10, key=b"a")
+            assert [i for i, _, _ in keyed] == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]
+            latest = asyncio.create_task(take(url, "s", 1, from_id="latest"))
+            await asyncio.sleep(0.05)  # let the subscription reach the hub before the append
+            await hub.append(Batch.build("s", [b"new"]), assign_ids=True)
+            assert await latest == [(31, None, b"new")]
+
+    run(main())
+
+
+async def raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("rsio://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def read_messages(reader: asyncio.StreamReader, n: int) -> list[object]:
+    decoder = Decoder()
+    out: list[object] = []
+    while len(out) < n:
+        data = await reader.read(65536)
+        if not data:
+            break
+        decoder.feed(data)
+        while (message := decoder.next_message()) is not None:
+            out.append(message)
+    return out
+
+
+def test_bad_input_gets_goodbye_and_others_carry_on(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def main() -> None:
+        async with hub_server(tmp_path) as (hub, _, url):
+            await hub.append(Batch.build("s", [b"x"] * 5), assign_ids=True)
+            good = asyncio.create_task(take(url, "s", 10))
+            reader, writer = await raw(url)
+            writer.write(bytes(encode(ClientHello())) + b"\x0b\x00")  # type 11: unknown
+            messages = await read_messages(reader, 2)
+            assert isinstance(messages[0], ServerHello)
+            assert isinstance(messages[1], Goodbye)
+            assert "unknown message type 11" in messages[1].reason
+            assert await reader.read() == b""  # closed by the server
+            writer.close()
+            await hub.append(Batch.build("s", [b"y"] * 5), assign_ids=True)
+            assert len(await good) == 10
+
+    run(main())
+
+
+def test_subscription_level_errors(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def main() -> None:
+        async with hub_server(tmp_path) as (hub, _, url):
+            await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
+            reader, writer = await raw(url)
+            frames = bytearray(encode(ClientHello()))
+            encode(Subscribe("s?nope=1", 1), out=frames)
+            encode(Subscribe("s", 2), out=frames)
+            encode(Request(2, 0), out=frames)
+            encode(Subscribe("s", 3), out=frames)
+            writer.write(bytes(frames))
+            messages = await read_messages(reader, 5)
+            assert isinstance(messages[0], ServerHello)
+            assert messages[1] == OnError(1, "unknown parameter 'nope' in 's?nope=1'")
+            assert messages[2] == Subscribed(2, 0)
+            assert isinstance(messages[3], OnError)
+            assert messages[3].subscriber == 2
+            assert messages[4] == Subscribed(3, 0)
+            writer.write(bytes(encode(Request(3, 1))))
+            (element,) = await read_messages(reader, 1)
+            assert getattr(element, "subscriber", None) == 3
+            writer.close()
+
+    run(main())
+
+
+def test_server_shutdown_says_goodbye(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def main() -> None:
+        hub = Hub.open(str(tmp_path))
+        server = await start_rsio_server(hub, "127.0.0.1", 0)
+        url = f"rsio://127.0.0.1:{server.port}"
+        async with await tidewire.connect(url) as client:
+            stream = client.subscribe("s")
+            waiting: Awaitable[Batch] = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0.05)
+            await server.close()
+            with pytest.raises(RsioError, match=r"server shutting down|closed|lost"):
+                await waiting
+        await hub.close()
+
+    run(main())
