@@ -117,6 +117,10 @@ class _Sub:
     state: _SubState
     demand: int  # outstanding: granted by the subscriber, not yet delivered
     element_size: int = 0
+    # Subscriber side, an id reused right after cancel: until ``subscribed`` arrives, what
+    # comes for the id belongs to the cancelled subscription (decoded with its element size).
+    draining: bool = False
+    old_element_size: int = 0
 
 
 @dataclass(slots=True)
@@ -196,14 +200,20 @@ class Connection:
             case ClientHello() | ServerHello():
                 raise LocalProtocolError("the hello is sent by initiate()")
             case Goodbye():
+                # Every subscription ends here; the tables stay until the peer's goodbye so
+                # that what crosses ours is still delimited right (fixed-size elements).
                 self.state = State.CLOSING
-                self._mine.subs.clear()
-                self._theirs.subs.clear()
             # --- as subscriber
             case Subscribe(_, subscriber, initial):
                 if self._mine.open(subscriber) is not None:
                     raise LocalProtocolError(f"subscriber id {subscriber} is still open")
-                self._mine.subs[subscriber] = _Sub(_SubState.REQUESTED, initial)
+                old = self._mine.subs.get(subscriber)
+                self._mine.subs[subscriber] = _Sub(
+                    _SubState.REQUESTED,
+                    initial,
+                    draining=old is not None,
+                    old_element_size=old.element_size if old is not None else 0,
+                )
             case Request(subscriber, n):
                 sub = self._mine.open(subscriber)
                 if sub is None:
@@ -226,6 +236,7 @@ class Connection:
             case OnNext(subscriber) | OnNextPacked(subscriber):
                 sub = self._active_theirs(subscriber, type(message).__name__)
                 count = message.count if isinstance(message, OnNextPacked) else 1
+                frame = encode(message, sub.element_size)  # refuses a wrong size, changes nothing
                 if count > sub.demand:
                     raise LocalProtocolError(
                         f"{count} element(s) for subscriber {subscriber} exceed its demand of "
@@ -233,7 +244,8 @@ class Connection:
                     )
                 if sub.demand < UNBOUNDED:
                     sub.demand -= count
-                size = sub.element_size
+                self._out += frame
+                return
             case OnComplete(subscriber) | OnError(subscriber):
                 sub = self._theirs.subs.get(subscriber)
                 if sub is None:
@@ -250,7 +262,7 @@ class Connection:
     def demand(self, subscriber: int) -> int:
         """Outstanding demand of a subscription the peer made to us (0 if none)."""
         sub = self._theirs.subs.get(subscriber)
-        return sub.demand if sub is not None else 0
+        return sub.demand if sub is not None and self.state is State.OPEN else 0
 
     # ------------------------------------------------------------------ input
 
@@ -276,7 +288,12 @@ class Connection:
             try:
                 message = self._decoder.next_message()
             except SubscriptionProtocolError as exc:
-                self._refuse_theirs(exc.subscriber, str(exc))
+                if self.peer_extensions is None:  # not even a hello first: the connection
+                    expected = ServerHello if self.role is Role.CLIENT else ClientHello
+                    self._breach(f"expected {expected.__name__} first, got Subscribe ({exc})")
+                    break
+                if self.state is State.OPEN:
+                    self._refuse_theirs(exc.subscriber, str(exc))
                 continue
             except RemoteProtocolError as exc:
                 self._breach(str(exc))
@@ -293,7 +310,9 @@ class Connection:
 
     def _element_size_in(self, subscriber: int) -> int:
         sub = self._mine.subs.get(subscriber)
-        return sub.element_size if sub is not None else 0
+        if sub is None:
+            return 0
+        return sub.old_element_size if sub.draining else sub.element_size
 
     def _receive(self, message: Message) -> None:
         if self.peer_extensions is None:
@@ -340,6 +359,7 @@ class Connection:
                 sub = self._mine.subs.get(subscriber)
                 if sub is None or sub.state is _SubState.ACTIVE:
                     raise RemoteProtocolError(f"subscribed for {subscriber}: none pending")
+                sub.draining = False
                 if sub.state is _SubState.CANCELLED:
                     sub.element_size = element_size
                     return
@@ -347,6 +367,8 @@ class Connection:
                 sub.element_size = element_size
             case OnNext(subscriber) | OnNextPacked(subscriber):
                 sub = self._mine.subs.get(subscriber)
+                if sub is not None and sub.draining:
+                    return  # the cancelled subscription's, still in flight (RS 2.8)
                 if sub is None or sub.state is _SubState.REQUESTED:
                     raise RemoteProtocolError(f"elements for subscriber {subscriber}, which is "
                                               "not subscribed")  # fmt: skip
@@ -361,6 +383,9 @@ class Connection:
                 if sub.demand < UNBOUNDED:
                     sub.demand -= count
             case OnComplete(subscriber) | OnError(subscriber):
+                current = self._mine.subs.get(subscriber)
+                if current is not None and current.draining:
+                    return  # ends the cancelled subscription, not the new one
                 sub = self._mine.subs.pop(subscriber, None)
                 if sub is None:
                     raise RemoteProtocolError(
