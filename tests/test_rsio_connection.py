@@ -746,6 +746,7 @@ def test_late_subscribed_and_elements_after_cancel_before_subscribed() -> None:
 
 
 def test_reuse_right_after_cancel_with_elements_in_flight() -> None:
+    """The old subscription was answered: what arrives before the new ``subscribed`` is its."""
     client, server = pair()
     subscribe(client, server, 1, demand=5)
     server.send(OnNext(1, b"old"))  # in flight
@@ -755,6 +756,57 @@ def test_reuse_right_after_cancel_with_elements_in_flight() -> None:
     events = drain(client)
     assert not any(isinstance(e, ConnectionClosed) for e in events)
     assert OnNext(1, b"old") not in events
+    shuttle(client, server)
+    assert drain(server) == [Cancel(1), Subscribe("p", 1, 5)]
+    server.send(Subscribed(1, 2))
+    server.send(OnNext(1, b"nw"))
+    shuttle(server, client)
+    assert drain(client) == [Subscribed(1, 2), OnNext(1, b"nw")]
+
+
+def test_reuse_right_after_cancel_with_old_fixed_size_elements_and_end_in_flight() -> None:
+    client, server = pair()
+    subscribe(client, server, 1, demand=5, size=3)
+    server.send(OnNext(1, b"\x09\x01\x00"))  # looks like onComplete(1) if mis-delimited
+    server.send(OnNextPacked(1, 2, b"abcdef"))
+    server.send(OnComplete(1))
+    client.send(Cancel(1))
+    client.send(Subscribe("p", 1, 1))
+    shuttle(server, client)
+    assert drain(client) == []
+    shuttle(client, server)
+    assert drain(server) == [Subscribe("p", 1, 1)]  # the cancel of an ended one is a no-op
+    server.send(Subscribed(1))
+    server.send(OnNext(1, b"variable"))
+    shuttle(server, client)
+    assert drain(client) == [Subscribed(1), OnNext(1, b"variable")]
+
+
+def test_reuse_right_after_cancel_before_subscribed_arrived() -> None:
+    client, server = pair()
+    client.send(Subscribe("p", 1, 5))
+    shuttle(client, server)
+    drain(server)
+    server.send(Subscribed(1, 4))
+    server.send(OnNext(1, b"old!"))
+    client.send(Cancel(1))
+    with pytest.raises(LocalProtocolError, match="cancelled before its subscribed arrived"):
+        client.send(Subscribe("p", 1, 5))
+    assert client.free_subscriber_id() == 2
+    shuttle(server, client)  # the old subscribed(1, 4) and onNext arrive: dropped quietly
+    assert drain(client) == []
+    assert client.can_subscribe(1)  # confirmed now: the id is free again
+    client.send(Subscribe("p", 1, 5))
+    shuttle(client, server)
+    events = drain(client)
+    shuttle(client, server)
+    drain(server)
+    server.send(Subscribed(1, 0))
+    server.send(OnNext(1, b"new"))
+    shuttle(server, client)
+    events += drain(client)
+    assert not any(isinstance(e, ConnectionClosed) for e in events)
+    assert [e for e in events if isinstance(e, OnNext)] == [OnNext(1, b"new")]
 
 
 # --------------------------------------------------------------------------- 6. goodbye
@@ -994,7 +1046,15 @@ class PairMachine(RuleBasedStateMachine):
     # ----------------------------------------------------------- helpers
 
     def free_ids(self) -> list[int]:
-        return [i for i in range(4) if i not in self.m.client or self.m.client[i].state == "closed"]
+        """Ids the client may subscribe with: never used, ended, or cancelled after its
+        ``subscribed`` arrived (what is still in flight for the old one is then told apart:
+        everything before the new ``subscribed``)."""
+        return [
+            i
+            for i in range(4)
+            if i not in self.m.client
+            or self.m.client[i].state in ("closed", "cancelled-after-subscribed")
+        ]
 
     def open_ids(self) -> list[int]:
         return [i for i, s in self.m.client.items() if s.state in ("requested", "active")]
@@ -1070,8 +1130,9 @@ class PairMachine(RuleBasedStateMachine):
     def client_cancels(self, data: st.DataObject) -> None:
         sid = data.draw(st.sampled_from(self.open_ids()), label="cancel id")
         self.client.send(Cancel(sid))
-        self.m.client[sid].state = "cancelled"
-        self.m.client[sid].flush = 0
+        sub = self.m.client[sid]
+        sub.state = "cancelled-after-subscribed" if sub.state == "active" else "cancelled"
+        sub.flush = 0
 
     @precondition(lambda self: bool(self.free_ids() or self.open_ids()))
     @rule(data=st.data(), burst=st.integers(1, 3))
@@ -1186,15 +1247,18 @@ class PairMachine(RuleBasedStateMachine):
         self.deliver(self.client, self.server, cuts)
         self.on_server_events()
         for sub in self.m.client.values():
-            if sub.state == "cancelled" and sub.flush == 0:
+            if sub.state.startswith("cancelled") and sub.flush == 0:
                 sub.flush = 1  # the server has seen the cancel
 
     def server_to_client(self, cuts: list[int]) -> None:
         self.deliver(self.server, self.client, cuts)
         self.on_client_events()
         for sub in self.m.client.values():
-            if sub.state == "cancelled" and sub.flush == 1:
-                sub.state = "closed"  # nothing of the old subscription can still arrive
+            # Nothing of the old subscription can still arrive. An id cancelled before its
+            # subscribed arrived stays taken (the connection's decision: which subscribed would
+            # answer which is unknowable), so only the confirmed ones are freed here.
+            if sub.state == "cancelled-after-subscribed" and sub.flush == 1:
+                sub.state = "closed"
 
     # ----------------------------------------------------------- invariants
 

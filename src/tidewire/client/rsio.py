@@ -103,9 +103,11 @@ class RsioClient:
                     self._closed = reason
 
     def _free_id(self) -> int:
-        subscriber = 1
+        subscriber = self.conn.free_subscriber_id()
         while subscriber in self._inboxes:
             subscriber += 1
+            while not self.conn.can_subscribe(subscriber):
+                subscriber += 1
         return subscriber
 
     async def subscribe(

@@ -121,6 +121,7 @@ class _Sub:
     # comes for the id belongs to the cancelled subscription (decoded with its element size).
     draining: bool = False
     old_element_size: int = 0
+    confirmed: bool = False  # ``subscribed`` arrived (subscriber side)
 
 
 @dataclass(slots=True)
@@ -205,8 +206,11 @@ class Connection:
                 self.state = State.CLOSING
             # --- as subscriber
             case Subscribe(_, subscriber, initial):
-                if self._mine.open(subscriber) is not None:
-                    raise LocalProtocolError(f"subscriber id {subscriber} is still open")
+                if not self.can_subscribe(subscriber):
+                    raise LocalProtocolError(
+                        f"subscriber id {subscriber} is still open, or was cancelled before its "
+                        "subscribed arrived (then which subscribed answers which is unknowable)"
+                    )
                 old = self._mine.subs.get(subscriber)
                 self._mine.subs[subscriber] = _Sub(
                     _SubState.REQUESTED,
@@ -258,6 +262,20 @@ class Connection:
         if sub is None or sub.state is not _SubState.ACTIVE:
             raise LocalProtocolError(f"{what} for subscriber {subscriber}: not subscribed")
         return sub
+
+    def can_subscribe(self, subscriber: int) -> bool:
+        """Whether ``subscribe`` may use this id now: it is free, or its subscription was
+        cancelled after its ``subscribed`` arrived (**decision**: an id cancelled before that
+        stays taken until the ``subscribed`` arrives)."""
+        sub = self._mine.subs.get(subscriber)
+        return sub is None or (sub.state is _SubState.CANCELLED and sub.confirmed)
+
+    def free_subscriber_id(self) -> int:
+        """The lowest id :meth:`can_subscribe` accepts."""
+        subscriber = 1
+        while not self.can_subscribe(subscriber):
+            subscriber += 1
+        return subscriber
 
     def demand(self, subscriber: int) -> int:
         """Outstanding demand of a subscription the peer made to us (0 if none)."""
@@ -360,6 +378,7 @@ class Connection:
                 if sub is None or sub.state is _SubState.ACTIVE:
                     raise RemoteProtocolError(f"subscribed for {subscriber}: none pending")
                 sub.draining = False
+                sub.confirmed = True
                 if sub.state is _SubState.CANCELLED:
                     sub.element_size = element_size
                     return
