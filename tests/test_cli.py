@@ -237,3 +237,36 @@ def test_offline_tools_do_not_touch_a_torn_tail(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert len(result.output.splitlines()) == 5
     assert segment.read_bytes() == before
+
+
+def test_tail_follows_a_running_hub_over_rsio(tmp_path: Path) -> None:
+    fill(tmp_path)
+    with server("--data-dir", str(tmp_path), "--http-port", "0") as proc:
+        lines = read_until(proc, "ready")
+        rsio = next(w for line in lines for w in line.split() if w.startswith("rsio://"))
+        result = subprocess.run(
+            [sys.executable, "-m", "tidewire.cli", "tail", "zeta", "--url", rsio,
+             "--from", "3", "--limit", "3"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["3\t7\t-\tz", "4\t7\t-\tz", "5\t7\t-\tz"]
+        result = subprocess.run(
+            [sys.executable, "-m", "tidewire.cli", "tail", "orders", "--url", rsio,
+             "--limit", "1", "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert json.loads(result.stdout) == {
+            "id": 1,
+            "timestamp": 1000,
+            "key": "aw==",
+            "value": "aGVsbG8=",
+        }
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_tail_reports_an_unreachable_hub(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["tail", "s", "--url", "rsio://127.0.0.1:1"])
+    assert result.exit_code == 1
+    assert "Error:" in result.output

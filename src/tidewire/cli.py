@@ -1,5 +1,6 @@
 """The ``tidewire`` command: ``serve`` runs the hub; ``streams`` and ``dump`` read a data
-directory offline (read-only: no lock taken, nothing repaired, safe while a server runs).
+directory offline (read-only: no lock taken, nothing repaired, safe while a server runs);
+``tail`` follows a stream of a running hub over RS.io.
 
 click is the library for the command line.
 """
@@ -18,7 +19,7 @@ import click
 from . import __version__
 from .config import SETTINGS, ConfigError, env_name, load_config
 from .log import Log
-from .model import LogError, TidewireError, UnknownStream
+from .model import Event, LogError, TidewireError, UnknownStream
 
 __all__ = ["main"]
 
@@ -158,22 +159,61 @@ def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_
                 break
             for batch in batches:
                 for event in batch:
-                    if as_json:
-                        click.echo(json.dumps({
-                            "id": event.id,
-                            "timestamp": event.timestamp,
-                            "key": None if event.key is None else _b64(event.key),
-                            "value": _b64(event.value),
-                        }))  # fmt: skip
-                    else:
-                        click.echo(f"{event.id}\t{event.timestamp}\t{_text(event.key)}\t"
-                                   f"{_text(event.value)}")  # fmt: skip
+                    _print_event(event, as_json)
                 remaining -= len(batch)
                 next_id = batch.last_id + 1
     except TidewireError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         log.close_sync()
+
+
+@main.command()
+@click.argument("stream")
+@click.option("--url", default="rsio://127.0.0.1:7400", show_default=True, envvar="TIDEWIRE_URL",
+              help="the hub's RS.io endpoint ($TIDEWIRE_URL)")  # fmt: skip
+@click.option("--from", "from_id", default="earliest", show_default=True,
+              help="an id, earliest or latest")  # fmt: skip
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="stop after N events")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines; key and value in base64")
+def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) -> None:
+    """Follow STREAM over RS.io: history from --from, then live (Ctrl-C stops)."""
+    import asyncio
+
+    from .client.rsio import RsioError, connect
+
+    start: int | str = int(from_id) if from_id.isdigit() else from_id
+    if start not in ("earliest", "latest") and not isinstance(start, int):
+        raise click.BadParameter("an id, earliest or latest", param_hint="--from")
+
+    async def follow() -> None:
+        remaining = sys.maxsize if limit is None else limit
+        async with await connect(url) as hub:
+            async for batch in hub.subscribe(stream, from_id=start):
+                for event in batch:
+                    _print_event(event, as_json)
+                    remaining -= 1
+                    if not remaining:
+                        return
+
+    try:
+        asyncio.run(follow())
+    except KeyboardInterrupt:
+        pass
+    except (RsioError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _print_event(event: Event, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({
+            "id": event.id,
+            "timestamp": event.timestamp,
+            "key": None if event.key is None else _b64(event.key),
+            "value": _b64(event.value),
+        }))  # fmt: skip
+    else:
+        click.echo(f"{event.id}\t{event.timestamp}\t{_text(event.key)}\t{_text(event.value)}")
 
 
 if __name__ == "__main__":  # pragma: no cover
