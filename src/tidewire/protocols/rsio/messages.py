@@ -64,9 +64,7 @@ def _check_long(name: str, value: int) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class ClientHello:
-    """``clientHello(version: varint, extensions: List[Id])``: the opener's hello."""
-
+class _Hello:
     version: int = PROTOCOL_VERSION
     extensions: tuple[int, ...] = ()
 
@@ -77,16 +75,13 @@ class ClientHello:
 
 
 @dataclass(frozen=True, slots=True)
-class ServerHello:
+class ClientHello(_Hello):
+    """``clientHello(version: varint, extensions: List[Id])``: the opener's hello."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHello(_Hello):
     """``serverHello(version: varint, extensions: List[Id])``: the accepter's hello."""
-
-    version: int = PROTOCOL_VERSION
-    extensions: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        _check_varint("version", self.version)
-        for ext in self.extensions:
-            _check_varint("extension id", ext)
 
 
 @dataclass(frozen=True, slots=True)
