@@ -197,3 +197,24 @@ def test_server_shutdown_says_goodbye(
         await hub.close()
 
     run(main())
+
+
+def test_subscriptions_per_connection_are_bounded(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    async def main() -> None:
+        async with hub_server(tmp_path) as (_, server, url):
+            assert server.connections == set()
+            reader, writer = await raw(url)
+            frames = bytearray(encode(ClientHello()))
+            for subscriber in range(1, 1026):
+                encode(Subscribe("s", subscriber), out=frames)
+            writer.write(bytes(frames))
+            messages = await read_messages(reader, 1026)
+            assert all(isinstance(m, Subscribed) for m in messages[1:1025])
+            assert messages[1025] == OnError(
+                1025, "too many subscriptions on this connection (the limit is 1024)"
+            )
+            writer.close()
+
+    run(main())

@@ -39,11 +39,18 @@ log = logging.getLogger("tidewire.rsio")
 
 WRITE_HIGH_WATER = 1024 * 1024
 MAX_DELIVERY_BYTES = 256 * 1024
+MAX_SUBSCRIPTIONS = 1024  # per connection: each costs a task and a hub subscription
 
 
 class RsioServerProtocol(asyncio.Protocol):
-    def __init__(self, hub: Hub, registry: set[RsioServerProtocol] | None = None) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        registry: set[RsioServerProtocol] | None = None,
+        max_subscriptions: int = MAX_SUBSCRIPTIONS,
+    ) -> None:
         self.hub = hub
+        self.max_subscriptions = max_subscriptions
         self.registry = registry if registry is not None else set()
         self.conn = Connection(Role.SERVER)
         self.transport: asyncio.Transport | None = None
@@ -120,6 +127,11 @@ class RsioServerProtocol(asyncio.Protocol):
                     pass  # hellos, and messages for subscriptions we do not make
 
     def _subscribe(self, publisher: str, subscriber: int, initial: int) -> None:
+        if len(self.pumps) >= self.max_subscriptions:
+            limit = self.max_subscriptions
+            reason = f"too many subscriptions on this connection (the limit is {limit})"
+            self.conn.send(OnError(subscriber, reason))
+            return
         try:
             name = PublisherName.parse(publisher)
             sub = self.hub.subscribe(name.stream, name.start, until_id=name.until, key=name.key,
