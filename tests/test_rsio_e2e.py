@@ -95,7 +95,7 @@ def test_from_until_and_key(
     tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
 ) -> None:
     async def main() -> None:
-        async with hub_server(tmp_path) as (hub, _, url):
+        async with hub_server(tmp_path) as (hub, server, url):
             keys = [b"a" if i % 3 == 0 else None for i in range(30)]
             await hub.append(Batch.build("s", [bytes([i]) for i in range(30)], keys=keys),
                              assign_ids=True)  # fmt: skip
@@ -106,11 +106,17 @@ def test_from_until_and_key(
             keyed = await take(url, "s", 10, key=b"a")
             assert [i for i, _, _ in keyed] == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]
             latest = asyncio.create_task(take(url, "s", 1, from_id="latest"))
-            await asyncio.sleep(0.05)  # let the subscription reach the hub before the append
+            await until_subscribed(server)  # the hub must know it before the append
             await hub.append(Batch.build("s", [b"new"]), assign_ids=True)
             assert await latest == [(31, None, b"new")]
 
     run(main())
+
+
+async def until_subscribed(server: RsioServer, n: int = 1) -> None:
+    """Wait (bounded by the test's timeout) until the server pumps ``n`` subscriptions."""
+    while sum(len(c.pumps) for c in server.connections) < n:  # noqa: ASYNC110 - no event to await
+        await asyncio.sleep(0.001)
 
 
 async def raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -190,7 +196,7 @@ def test_server_shutdown_says_goodbye(
         async with await tidewire.connect(url) as client:
             stream = client.subscribe("s")
             waiting: Awaitable[Batch] = asyncio.ensure_future(anext(stream))
-            await asyncio.sleep(0.05)
+            await until_subscribed(server)
             await server.close()
             with pytest.raises(RsioError, match=r"server shutting down|closed|lost"):
                 await waiting
