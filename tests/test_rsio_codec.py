@@ -22,11 +22,14 @@ from tidewire.model import LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.rsio import (
     Cancel,
     ClientHello,
+    Committed,
     Decoder,
     Goodbye,
     Limits,
     Message,
     MessageType,
+    Offer,
+    OfferEnded,
     OnComplete,
     OnError,
     OnNext,
@@ -119,10 +122,66 @@ GOLDEN: list[tuple[str, Message, dict[int, int], bytes]] = [
 GOLDEN_IDS = [case[0] for case in GOLDEN]
 
 
+# Extension 1 (publishing, docs/protocols/rsio.md): decoded only once negotiated.
+EXT_GOLDEN: list[tuple[str, Message, bytes]] = [
+    # offer(3, "orders"): 40 03 06 "orders"
+    ("offer", Offer(3, "orders"), _h("40 03 06 6f 72 64 65 72 73")),
+    ("offer-value-format", Offer(1, "t?format=value"),
+     _h("40 01 0e 74 3f 66 6f 72 6d 61 74 3d 76 61 6c 75 65")),
+    # committed(3, 1000 = e8 07, 1, 1000)
+    ("committed", Committed(3, 1000, 1, 1000), _h("41 03 e8 07 01 e8 07")),
+    ("committed-max", Committed(1, 1, MAX_LONG, MAX_LONG),
+     _h("41 01 01 ff ff ff ff ff ff ff ff 7f ff ff ff ff ff ff ff ff 7f")),
+    ("offerEnded-ok", OfferEnded(3, ""), _h("42 03 00")),
+    ("offerEnded-error", OfferEnded(2, "no"), _h("42 02 02 6e 6f")),
+]
+
+
 def test_golden_vectors_cover_every_message_type() -> None:
-    covered = {frame[0] for _, _, _, frame in GOLDEN}
+    covered = {frame[0] for _, _, _, frame in GOLDEN} | {f[0] for _, _, f in EXT_GOLDEN}
     assert covered == {int(kind) for kind in MessageType}
-    assert len(MessageType) == 11
+    assert len(MessageType) == 14
+
+
+@pytest.mark.parametrize(("name", "message", "frame"), EXT_GOLDEN, ids=[c[0] for c in EXT_GOLDEN])
+def test_extension_golden_vectors(name: str, message: Message, frame: bytes) -> None:
+    assert bytes(encode(message)) == frame
+    for chunk in (len(frame), 1):
+        decoder = Decoder(publishing=True)
+        got: list[Message] = []
+        for start in range(0, len(frame), chunk):
+            decoder.feed(frame[start : start + chunk])
+            got += _drain(decoder)
+        assert got == [message]
+        assert decoder.buffered == 0
+    decoder = Decoder(publishing=True)
+    decoder.feed(frame + TAIL_FRAME)
+    assert _drain(decoder) == [message, TAIL_MESSAGE]
+
+
+@pytest.mark.parametrize("frame", [f for _, _, f in EXT_GOLDEN], ids=[c[0] for c in EXT_GOLDEN])
+def test_extension_types_are_unknown_until_negotiated(frame: bytes) -> None:
+    decoder = Decoder()
+    decoder.feed(frame)
+    with pytest.raises(RemoteProtocolError, match="unknown message type"):
+        decoder.next_message()
+
+
+def test_committed_that_cannot_hold_is_a_breach() -> None:
+    for frame in (_h("41 01 00 01 01"), _h("41 01 03 05 06"), _h("41 01 01 06 05")):
+        decoder = Decoder(publishing=True)
+        decoder.feed(frame)
+        with pytest.raises(RemoteProtocolError):
+            decoder.next_message()
+
+
+def test_offer_with_invalid_utf8_is_refused_on_its_own() -> None:
+    decoder = Decoder(publishing=True)
+    decoder.feed(_h("40 05 02 c3 28") + _h("05 07"))
+    with pytest.raises(SubscriptionProtocolError) as info:
+        decoder.next_message()
+    assert info.value.subscriber == 5
+    assert decoder.next_message() == Cancel(7)
 
 
 def _encode_with(message: Message, sizes: Mapping[int, int]) -> bytes:
@@ -280,6 +339,14 @@ def _message(draw: st.DrawFn, kind: MessageType, fixed: Mapping[int, int]) -> Me
         return OnNextPacked(subscriber, count, draw(st.binary(min_size=total, max_size=total)))
     if kind is MessageType.ON_COMPLETE:
         return OnComplete(draw(ids))
+    if kind is MessageType.OFFER:
+        return Offer(draw(ids), draw(texts))
+    if kind is MessageType.COMMITTED:
+        first = draw(st.integers(1, MAX_LONG))
+        last = draw(st.integers(first, MAX_LONG))
+        return Committed(draw(ids), draw(st.integers(1, min(last - first + 1, 10**6))), first, last)
+    if kind is MessageType.OFFER_ENDED:
+        return OfferEnded(draw(ids), draw(texts))
     assert kind is MessageType.ON_ERROR
     return OnError(draw(ids), draw(texts))
 
@@ -312,7 +379,7 @@ def _split(data: bytes, cuts: Sequence[int]) -> list[bytes]:
 def _check_stream(fixed: dict[int, int], messages: list[Message], cut_data: st.DataObject) -> None:
     data = _encode_stream(fixed, messages)
     cuts = cut_data.draw(st.lists(st.integers(0, len(data)), max_size=12), label="cuts")
-    decoder = Decoder(element_size=_sizes(fixed))
+    decoder = Decoder(element_size=_sizes(fixed), publishing=True)
     got: list[Message] = []
     for chunk in _split(data, cuts):
         decoder.feed(chunk)
@@ -346,7 +413,7 @@ def test_round_trip_mixed_streams(
 def test_round_trip_byte_by_byte(stream: tuple[dict[int, int], list[Message]]) -> None:
     fixed, messages = stream
     data = _encode_stream(fixed, messages)
-    decoder = Decoder(element_size=_sizes(fixed))
+    decoder = Decoder(element_size=_sizes(fixed), publishing=True)
     got: list[Message] = []
     for i in range(len(data)):
         decoder.feed(data[i : i + 1])

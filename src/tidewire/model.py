@@ -339,6 +339,42 @@ class Batch:
         )
 
     @classmethod
+    def fixed(
+        cls,
+        stream: str,
+        data: bytes | bytearray | memoryview,
+        size: int,
+        *,
+        key: bytes | None = None,
+        timestamp: int | None = None,
+    ) -> Batch:
+        """A batch of ``len(data) // size`` values of ``size`` bytes each, packed back to back in
+        ``data`` (ids 1..n, every event stamped ``timestamp`` (default now) and keyed ``key``).
+        No per-event Python: this is how packed elements become a batch."""
+        validate_stream_name(stream)
+        n, rest = divmod(len(data), size) if size > 0 else (0, 1)
+        if n == 0 or rest:
+            raise InvalidBatch(f"{len(data)} bytes are not a whole number of {size}-byte values")
+        key_flags = key_offsets = keys = None
+        if key is not None:
+            key_flags = memoryview(b"\x01" * n)
+            step = len(key)
+            key_offsets = _frozen(
+                array("I", range(0, n * step + 1, step)) if step else array("I", [0]) * (n + 1)
+            )
+            keys = memoryview(key * n)
+        return cls(
+            stream,
+            _u64(range(1, n + 1)),
+            _frozen(array("q", [now_ms() if timestamp is None else timestamp]) * n),
+            _frozen(array("I", range(0, n * size + 1, size))),
+            memoryview(bytes(data)),
+            key_flags,
+            key_offsets,
+            keys,
+        )
+
+    @classmethod
     def from_events(cls, events: Sequence[Event]) -> Batch:
         """A batch of events that all belong to one stream."""
         if not events:

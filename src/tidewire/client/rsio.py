@@ -4,22 +4,34 @@ One reader task feeds the sans-IO :class:`~tidewire.protocols.rsio.Connection`; 
 subscription keeps a small queue of received elements, bounded by its prefetch: the client asks
 for ``prefetch`` elements, and for more only as the application consumes them, so a slow
 consumer slows the hub down instead of filling memory.
+
+Publishing uses tidewire's extension 1: :meth:`RsioClient.publisher` offers a publisher, the hub
+subscribes to it and requests elements as it commits them; each ``committed`` resolves the
+futures of the batches it covers. Queued elements are bounded in bytes (``max_queue_bytes``):
+:meth:`Publisher.submit` waits for room.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ..model import Batch, LogClosedError, TidewireError
 from ..protocols.rsio import (
+    EXT_PUBLISH,
     Cancel,
+    Committed,
     Connection,
     ConnectionClosed,
     Goodbye,
+    HandshakeCompleted,
+    Offer,
+    OfferEnded,
     OnComplete,
     OnError,
     OnNext,
@@ -27,32 +39,82 @@ from ..protocols.rsio import (
     Request,
     Role,
     Subscribe,
+    Subscribed,
 )
-from ..protocols.rsio.publisher import PublisherName, decode_envelope
+from ..protocols.rsio.codec import OnNextRun
+from ..protocols.rsio.publisher import (
+    OfferName,
+    PublisherName,
+    encode_envelopes,
+    envelopes_to_batch,
+)
 
-__all__ = ["RsioClient", "RsioError", "connect"]
+__all__ = ["Publisher", "Receipt", "RsioClient", "RsioError", "Values", "connect"]
 
 
 class RsioError(TidewireError):
-    """The hub ended a subscription with onError, or the connection closed."""
+    """The hub ended a subscription or an offer with an error, or the connection closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a publish made durable: ``count`` events stored as ids ``first_id``..``last_id``."""
+
+    count: int
+    first_id: int
+    last_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Values:
+    """Value-only elements (``format=value`` or fixed-size ``size=N``).
+
+    With ``size > 0`` the values are packed back to back in ``data`` (``len(self) * size``
+    bytes, no per-value objects); else ``items`` holds them.
+    """
+
+    stream: str
+    size: int
+    data: bytes = b""
+    items: tuple[bytes, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.data) // self.size if self.size else len(self.items)
+
+    def __getitem__(self, i: int) -> bytes:
+        if not self.size:
+            return self.items[i]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        return self.data[i * self.size : (i + 1) * self.size]
+
+    def __iter__(self) -> Generator[bytes, None, None]:
+        for i in range(len(self)):
+            yield self[i]
 
 
 @dataclass(slots=True)
 class _Inbox:
     name: PublisherName
     elements: list[bytes] = field(default_factory=list)
+    count: int = 0  # elements received, not yet handed out (a packed run counts each)
     done: str | None = None  # "complete", or the error
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class RsioClient:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.reader = reader
         self.writer = writer
-        self.conn = Connection(Role.CLIENT)
+        self.conn = Connection(Role.CLIENT, extensions=(EXT_PUBLISH,), runs=True)
         self.conn.initiate()
         self._inboxes: dict[int, _Inbox] = {}
+        self._outlets: dict[int, Publisher] = {}
         self._closed: str | None = None
+        self._handshake = asyncio.Event()
         self._task = asyncio.create_task(self._read_loop())
         self._flush()
 
@@ -74,31 +136,59 @@ class RsioClient:
             self._closed = f"connection lost: {exc}"
         finally:
             self._closed = self._closed or "connection closed"
+            self._handshake.set()
             for inbox in self._inboxes.values():
                 inbox.done = inbox.done or self._closed
                 inbox.wake.set()
+            for outlet in list(self._outlets.values()):
+                outlet._end(self._closed)
 
     def _dispatch(self) -> None:
         while (event := self.conn.next_event()) is not None:
             match event:
+                case OnNextRun(subscriber, elements):
+                    inbox = self._inboxes.get(subscriber)
+                    if inbox is not None:
+                        inbox.elements += elements
+                        inbox.count += len(elements)
+                        inbox.wake.set()
                 case OnNext(subscriber, element):
                     inbox = self._inboxes.get(subscriber)
                     if inbox is not None:
                         inbox.elements.append(element)
+                        inbox.count += 1
                         inbox.wake.set()
                 case OnNextPacked(subscriber, count, elements):
                     inbox = self._inboxes.get(subscriber)
                     if inbox is not None:
-                        size = len(elements) // count
-                        inbox.elements.extend(
-                            elements[i * size : (i + 1) * size] for i in range(count)
-                        )
+                        inbox.elements.append(elements)
+                        inbox.count += count
                         inbox.wake.set()
                 case OnComplete(subscriber) | OnError(subscriber):
                     inbox = self._inboxes.get(subscriber)
                     if inbox is not None:
                         inbox.done = "complete" if isinstance(event, OnComplete) else event.error
                         inbox.wake.set()
+                case Subscribe(_, subscriber):  # the hub takes up an offer
+                    outlet = self._outlets.get(subscriber)
+                    if outlet is None or outlet.subscribed:
+                        self.conn.send(OnError(subscriber, "no such publisher"))
+                    else:
+                        outlet._on_subscribed()
+                case Request(subscriber) | Cancel(subscriber):
+                    outlet = self._outlets.get(subscriber)
+                    if outlet is not None:
+                        outlet.wake.set()
+                case Committed(offer, count, first_id, last_id):
+                    outlet = self._outlets.get(offer)
+                    if outlet is not None:
+                        outlet._on_committed(count, first_id, last_id)
+                case OfferEnded(offer, error):
+                    outlet = self._outlets.pop(offer, None)
+                    if outlet is not None:
+                        outlet._end(error)
+                case HandshakeCompleted():
+                    self._handshake.set()
                 case ConnectionClosed(reason):
                     self._closed = reason
 
@@ -110,21 +200,13 @@ class RsioClient:
                 subscriber += 1
         return subscriber
 
-    async def subscribe(
-        self,
-        stream: str,
-        *,
-        from_id: int | str = "earliest",
-        until_id: int | None = None,
-        key: bytes | None = None,
-        prefetch: int = 4096,
-    ) -> AsyncIterator[Batch]:
-        """Batches of ``stream`` from ``from_id`` (an id, "earliest" or "latest"), then live."""
+    # ------------------------------------------------------------------ subscribing
+
+    async def _elements(
+        self, name: PublisherName, prefetch: int
+    ) -> AsyncIterator[tuple[list[bytes], int]]:
         if self._closed:
             raise LogClosedError(self._closed)
-        if not isinstance(from_id, int) and from_id not in ("earliest", "latest"):
-            raise ValueError(f"from_id must be an id, 'earliest' or 'latest', not {from_id!r}")
-        name = PublisherName(stream, from_id, until_id, key)  # type: ignore[arg-type]
         subscriber = self._free_id()
         inbox = self._inboxes[subscriber] = _Inbox(name)
         self.conn.send(Subscribe(str(name), subscriber, prefetch))
@@ -139,16 +221,93 @@ class RsioClient:
                     inbox.wake.clear()
                     await inbox.wake.wait()
                     continue
-                elements, inbox.elements = inbox.elements, []
+                elements, count = inbox.elements, inbox.count
+                inbox.elements, inbox.count = [], 0
                 if inbox.done is None and not self.conn.closed:
-                    self.conn.send(Request(subscriber, len(elements)))  # refill the prefetch
+                    self.conn.send(Request(subscriber, count))  # refill the prefetch
                     self._flush()
-                yield _to_batch(stream, elements)
+                yield elements, count
         finally:
             if inbox.done is None and not self.conn.closed:
                 self.conn.send(Cancel(subscriber))
                 self._flush()
             del self._inboxes[subscriber]
+
+    async def subscribe(
+        self,
+        stream: str,
+        *,
+        from_id: int | str = "earliest",
+        until_id: int | None = None,
+        key: bytes | None = None,
+        prefetch: int = 4096,
+    ) -> AsyncIterator[Batch]:
+        """Batches of ``stream`` from ``from_id`` (an id, "earliest" or "latest"), then live
+        (or up to ``until_id``), with ids, keys and timestamps (the envelope format)."""
+        name = PublisherName(stream, _start(from_id), until_id, key)
+        async for elements, _ in self._elements(name, prefetch):
+            yield _to_batch(stream, elements)
+
+    async def subscribe_values(
+        self,
+        stream: str,
+        *,
+        size: int = 0,
+        from_id: int | str = "earliest",
+        until_id: int | None = None,
+        key: bytes | None = None,
+        prefetch: int = 65536,
+    ) -> AsyncIterator[Values]:
+        """Values only (``format=value``); with ``size=N`` in fixed-size mode, packed
+        ``onNextPacked`` runs handed over as one buffer per delivery."""
+        name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
+        async for elements, _ in self._elements(name, prefetch):
+            if size:
+                yield Values(stream, size, elements[0] if len(elements) == 1 else
+                             b"".join(elements))  # fmt: skip
+            else:
+                yield Values(stream, 0, items=tuple(elements))
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publisher(
+        self,
+        stream: str,
+        *,
+        format: Literal["envelope", "value"] = "envelope",
+        size: int = 0,
+        max_queue_bytes: int = 8 * 1024 * 1024,
+    ) -> Publisher:
+        """Offer a publisher for ``stream`` (publishing extension). ``format="value"`` sends
+        values only (ids and timestamps assigned by the hub); with ``size=N`` every value is
+        N bytes and they travel packed."""
+        if size and format != "value":
+            raise ValueError("size=N needs format='value'")
+        await self._handshake.wait()
+        if self._closed:
+            raise LogClosedError(self._closed)
+        if not self.conn.publishing:
+            raise RsioError("the hub does not offer the publishing extension (1)")
+        offer = self.conn.free_offer_id()
+        while offer in self._outlets:
+            offer += 1
+        name = OfferName(stream, format)
+        outlet = self._outlets[offer] = Publisher(self, offer, name, size, max_queue_bytes)
+        self.conn.send(Offer(offer, str(name)))
+        self._flush()
+        return outlet
+
+    async def publish(
+        self,
+        stream: str,
+        events: Batch | Sequence[bytes],
+        *,
+        assign_ids: bool = True,
+    ) -> Receipt:
+        """Publish ``events`` (a batch, or values) to ``stream`` and return once they are
+        durable. With ``assign_ids=False`` a batch keeps its own ids (above the latest)."""
+        async with await self.publisher(stream) as pub:
+            return await pub.send(events, assign_ids=assign_ids)
 
     async def close(self) -> None:
         if not self.conn.closed:
@@ -169,21 +328,235 @@ class RsioClient:
         await self.close()
 
 
+@dataclass(slots=True)
+class _Pending:
+    start: int  # the batch's elements are [start, end) of the offer
+    end: int
+    future: asyncio.Future[Receipt]
+    own_ids: tuple[int, int] | None  # (first, last) when the batch keeps its own ids
+    first_id: int = 0
+
+
+class Publisher:
+    """An open offer. :meth:`submit` queues a batch and returns a future that resolves, with its
+    :class:`Receipt`, once the hub has committed it; :meth:`send` waits for that.
+    :meth:`close` completes the offer and waits for the hub to end it."""
+
+    def __init__(
+        self, client: RsioClient, offer: int, name: OfferName, size: int, max_queue_bytes: int
+    ) -> None:
+        self.client = client
+        self.offer = offer
+        self.name = name
+        self.size = size
+        self.max_queue_bytes = max_queue_bytes
+        self.subscribed = False
+        self.wake = asyncio.Event()
+        self._queue: deque[bytes] = deque()  # elements (or packed runs) not yet sent
+        self._queue_counts: deque[int] = deque()
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._submitted = 0
+        self._committed = 0
+        self._pending: deque[_Pending] = deque()
+        self._closing = False
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pump = asyncio.create_task(self._pump_loop())
+
+    # called by the client's dispatcher
+    def _on_subscribed(self) -> None:
+        self.subscribed = True
+        self.client.conn.send(Subscribed(self.offer, self.size))
+        self.wake.set()
+
+    def _on_committed(self, count: int, first_id: int, last_id: int) -> None:
+        """Elements [c0, c1) are durable as ids first_id..last_id: contiguous when the hub
+        assigned them; a batch with its own ids knows them already."""
+        c0, c1 = self._committed, self._committed + count
+        self._committed = c1
+        contiguous = last_id - first_id + 1 == count
+        while self._pending and self._pending[0].start < c1:
+            head = self._pending[0]
+            if not head.first_id:
+                head.first_id = (head.own_ids[0] if head.own_ids is not None
+                                 else first_id + max(0, head.start - c0))  # fmt: skip
+            if head.end > c1:
+                break
+            self._pending.popleft()
+            if head.own_ids is not None:
+                last = head.own_ids[1]
+            else:
+                last = first_id + (head.end - 1 - c0) if contiguous else last_id
+            if not head.future.done():
+                head.future.set_result(Receipt(head.end - head.start, head.first_id, last))
+
+    def _end(self, error: str) -> None:
+        self.wake.set()
+        self._room.set()
+        self._pump.cancel()
+        exc = RsioError(f"offer for {self.name.stream!r} ended: {error}") if error else None
+        while self._pending:
+            pending = self._pending.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(
+                    exc or RsioError("offer ended before this batch was committed"))
+        if not self.ended.done():
+            if exc is None:
+                self.ended.set_result(None)
+            else:
+                self.ended.set_exception(exc)
+
+    # the application's side
+    async def submit(self, events: Batch | Sequence[bytes], *, assign_ids: bool = True
+                     ) -> asyncio.Future[Receipt]:  # fmt: skip
+        """Queue ``events`` (waiting for room) and return the future of their receipt."""
+        if self._closing or self.ended.done():
+            raise RsioError("this publisher is closed")
+        parts, count, nbytes = self._encode(events, assign_ids)
+        own_ids = None
+        if isinstance(events, Batch) and not assign_ids and self.name.format == "envelope":
+            own_ids = (events.first_id, events.last_id)
+        while self._queued_bytes and self._queued_bytes + nbytes > self.max_queue_bytes:
+            self._room.clear()
+            await self._room.wait()
+            if self.ended.done():
+                raise RsioError("the offer ended")
+        self._queue.extend(parts)
+        self._queue_counts.extend((self.size and len(p) // self.size) or 1 for p in parts)
+        self._queued_bytes += nbytes
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(self._submitted, self._submitted + count, future, own_ids))
+        self._submitted += count
+        self.wake.set()
+        return future
+
+    async def send(self, events: Batch | Sequence[bytes], *, assign_ids: bool = True) -> Receipt:
+        """Publish ``events`` and return once they are durable."""
+        return await (await self.submit(events, assign_ids=assign_ids))
+
+    def _encode(self, events: Batch | Sequence[bytes], assign_ids: bool
+                ) -> tuple[list[bytes], int, int]:  # fmt: skip
+        if self.name.format == "value":
+            if isinstance(events, Batch):
+                values = [events.value(i) for i in range(len(events))]
+            else:
+                values = list(events)
+            if not values:
+                raise ValueError("nothing to publish")
+            if self.size:
+                if any(len(v) != self.size for v in values):
+                    raise ValueError(f"every value must be {self.size} bytes")
+                data = b"".join(values)
+                step = self.size * max(1, 256 * 1024 // self.size)  # runs of at most ~256 KiB
+                return [data[i : i + step] for i in range(0, len(data), step)], len(values), \
+                    len(data)  # fmt: skip
+            return values, len(values), sum(map(len, values))
+        batch = events if isinstance(events, Batch) else Batch.build(self.name.stream, events)
+        elements = encode_envelopes(batch, with_ids=not assign_ids)
+        if not assign_ids:
+            batch.validate()
+        return elements, len(elements), sum(map(len, elements))
+
+    async def _pump_loop(self) -> None:
+        conn = self.client.conn
+        while True:
+            if not self._queue or not conn.demand(self.offer):
+                if self._closing and not self._queue and self.subscribed:
+                    if conn.peer_subscribed(self.offer):  # else the hub cancelled: it ends it
+                        conn.send(OnComplete(self.offer))
+                        self.client._flush()
+                    return
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            demand = conn.demand(self.offer)
+            sent = 0
+            while self._queue and demand and sent < 256 * 1024:
+                count = self._queue_counts[0]
+                part = self._queue[0]
+                if count > demand:  # split a packed run at the demand
+                    cut = demand * self.size
+                    self._queue[0], part = part[cut:], part[:cut]
+                    self._queue_counts[0] -= demand
+                    count = demand
+                else:
+                    self._queue.popleft()
+                    self._queue_counts.popleft()
+                if self.size:
+                    conn.send(OnNextPacked(self.offer, count, part))
+                else:
+                    conn.send(OnNext(self.offer, part))
+                demand -= count
+                sent += len(part)
+                self._queued_bytes -= len(part)
+            self._room.set()
+            self.client._flush()
+            await self.client.writer.drain()
+
+    async def close(self) -> None:
+        """Complete the offer once every queued element is sent; wait for the hub to end it
+        (raises :class:`RsioError` if the offer failed)."""
+        self._closing = True
+        self.wake.set()
+        await asyncio.shield(self.ended)
+
+    async def __aenter__(self) -> Publisher:
+        return self
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            await self.close()
+            return
+        # Leaving on an error: complete the offer in the background; its end is not awaited
+        # (and its error, if any, is the one already being raised).
+        self.ended.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if not self.ended.done():
+            self._closing = True
+            self.wake.set()
+
+
+def _start(from_id: int | str) -> Any:
+    if not isinstance(from_id, int) and from_id not in ("earliest", "latest"):
+        raise ValueError(f"from_id must be an id, 'earliest' or 'latest', not {from_id!r}")
+    return from_id
+
+
 def _to_batch(stream: str, elements: list[bytes]) -> Batch:
-    events = [decode_envelope(e) for e in elements]
-    return Batch.build(
-        stream,
-        [v for _, _, _, v in events],
-        ids=[i for i, _, _, _ in events],
-        keys=[k for _, _, k, _ in events],
-        timestamps=[t for _, t, _, _ in events],
-    )
+    try:
+        return envelopes_to_batch(stream, elements)
+    except (ValueError, TidewireError) as exc:
+        raise RsioError(f"the hub sent a malformed envelope on {stream!r}: {exc}") from None
 
 
-async def connect(url: str) -> RsioClient:
-    """Open an RS.io connection to ``rsio://host:port``."""
-    parts = urlsplit(url)
-    if parts.scheme != "rsio" or not parts.hostname:
-        raise ValueError(f"not an rsio:// URL: {url!r}")
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 7400)
-    return RsioClient(reader, writer)
+class _Connect:
+    """``connect(url)``: awaitable (gives the client) and an async context manager."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "rsio" or not parts.hostname:
+            raise ValueError(f"not an rsio:// URL: {url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 7400
+        self.client: RsioClient | None = None
+
+    async def _open(self) -> RsioClient:
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        return RsioClient(reader, writer)
+
+    def __await__(self) -> Generator[Any, None, RsioClient]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> RsioClient:
+        self.client = await self._open()
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+def connect(url: str) -> _Connect:
+    """Open an RS.io connection to ``rsio://host:port``: ``async with connect(url) as hub``
+    (or ``hub = await connect(url)``, then ``await hub.close()``)."""
+    return _Connect(url)

@@ -6,21 +6,36 @@ subscription the peer makes is pumped by one task that waits for the hub subscri
 delivery (which honours the peer's demand) and encodes it. Output is flow-controlled: while the
 transport's write buffer is above its high-water mark, pumps wait, so a slow reader holds a
 bounded buffer and a position in the log, never a backlog in memory.
+
+Publishing (extension 1): for each ``offer`` the hub subscribes to the client's publisher with
+subscriber id = the offer id and a window of ``OFFER_WINDOW`` elements. What arrives is
+gathered per offer; one committer task per offer appends everything gathered so far as one
+batch (so the log's group commit sees big batches), then sends ``committed`` and requests as
+many elements as it has just stored: the disk drives the backpressure. Bytes received and not
+yet committed are bounded per connection (``MAX_INLET_BYTES``): above it the adapter stops
+reading the socket, and TCP pushes back on the client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
+from dataclasses import dataclass, field
 from typing import cast
 
 from ..hub import Hub, Subscription
 from ..model import Batch, TidewireError
 from ..protocols.rsio import (
+    EXT_PUBLISH,
     Cancel,
+    Committed,
     Connection,
     ConnectionClosed,
     Goodbye,
+    Offer,
+    OfferEnded,
+    OfferRefused,
     OnComplete,
     OnError,
     OnNext,
@@ -31,7 +46,14 @@ from ..protocols.rsio import (
     Subscribed,
     SubscriptionErrored,
 )
-from ..protocols.rsio.publisher import PublisherName, PublisherNameError, encode_envelopes
+from ..protocols.rsio.codec import OnNextRun
+from ..protocols.rsio.publisher import (
+    OfferName,
+    PublisherName,
+    PublisherNameError,
+    decode_envelopes,
+    encode_envelopes,
+)
 
 __all__ = ["RsioServer", "RsioServerProtocol", "start_rsio_server"]
 
@@ -40,6 +62,25 @@ log = logging.getLogger("tidewire.rsio")
 WRITE_HIGH_WATER = 1024 * 1024
 MAX_DELIVERY_BYTES = 256 * 1024
 MAX_SUBSCRIPTIONS = 1024  # per connection: each costs a task and a hub subscription
+MAX_OFFERS = 256  # per connection: each costs a task
+OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
+MAX_INLET_BYTES = 8 * 1024 * 1024  # per connection: received for offers, not yet committed
+
+
+@dataclass(slots=True, eq=False)
+class _Inlet:
+    """One offer being received: elements gathered for the next commit."""
+
+    offer: int
+    name: OfferName
+    element_size: int = 0  # from the client's subscribed
+    parts: list[bytes] = field(default_factory=list)  # elements, or packed runs of them
+    count: int = 0  # elements in parts
+    nbytes: int = 0
+    ended: str | None = None  # None: open; "": onComplete; else the publisher's onError
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    explicit_ids: bool | None = None  # decided by the offer's first envelope batch
 
 
 class RsioServerProtocol(asyncio.Protocol):
@@ -52,10 +93,13 @@ class RsioServerProtocol(asyncio.Protocol):
         self.hub = hub
         self.max_subscriptions = max_subscriptions
         self.registry = registry if registry is not None else set()
-        self.conn = Connection(Role.SERVER)
+        self.conn = Connection(Role.SERVER, extensions=(EXT_PUBLISH,), runs=True)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.pumps: dict[int, tuple[Subscription, asyncio.Task[None]]] = {}
+        self.inlets: dict[int, _Inlet] = {}
+        self.inlet_bytes = 0
+        self._reading_paused = False
         self._writable = asyncio.Event()
         self._writable.set()
 
@@ -116,6 +160,31 @@ class RsioServerProtocol(asyncio.Protocol):
                 case SubscriptionErrored(subscriber, reason):
                     log.info("rsio %s: subscription %d refused: %s", self.peer, subscriber, reason)
                     self._stop(subscriber)
+                case OnNextRun(subscriber, elements):
+                    inlet = self.inlets.get(subscriber)
+                    if inlet is not None:
+                        self._gather_run(inlet, elements)
+                case OnNext(subscriber, element):
+                    inlet = self.inlets.get(subscriber)
+                    if inlet is not None:
+                        self._gather(inlet, element, 1)
+                case OnNextPacked(subscriber, count, elements):
+                    inlet = self.inlets.get(subscriber)
+                    if inlet is not None:
+                        self._gather(inlet, elements, count)
+                case Offer(offer, publisher):
+                    self._offer(offer, publisher)
+                case Subscribed(subscriber, size):
+                    inlet = self.inlets.get(subscriber)
+                    if inlet is not None:
+                        inlet.element_size = size
+                case OnComplete(subscriber) | OnError(subscriber):
+                    inlet = self.inlets.get(subscriber)
+                    if inlet is not None:
+                        inlet.ended = "" if isinstance(event, OnComplete) else event.error
+                        inlet.wake.set()
+                case OfferRefused(offer, reason):
+                    log.info("rsio %s: offer %d refused: %s", self.peer, offer, reason)
                 case ConnectionClosed(reason, _, error):
                     if error:
                         log.warning("rsio %s: closing: %s", self.peer, reason)
@@ -154,6 +223,122 @@ class RsioServerProtocol(asyncio.Protocol):
     def _cancel_all(self) -> None:
         for subscriber in list(self.pumps):
             self._stop(subscriber)
+        for inlet in list(self.inlets.values()):
+            if inlet.task is not None:
+                inlet.task.cancel()  # an append in flight still completes (the log shields it)
+        self.inlets.clear()
+        self.inlet_bytes = 0
+
+    # ------------------------------------------------------------------ publishing (ext. 1)
+
+    def _offer(self, offer: int, publisher: str) -> None:
+        try:
+            name = OfferName.parse(publisher)
+        except PublisherNameError as exc:
+            self._refuse(offer, str(exc))
+            return
+        if len(self.inlets) >= MAX_OFFERS:
+            self._refuse(offer, f"too many offers on this connection (the limit is {MAX_OFFERS})")
+            return
+        if not self.conn.can_subscribe(offer):  # a cancelled subscription's id, unconfirmed
+            self._refuse(offer, f"offer id {offer} is still in use")
+            return
+        self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW))
+        inlet = self.inlets[offer] = _Inlet(offer, name)
+        inlet.task = asyncio.create_task(self._commit_loop(inlet))
+
+    def _refuse(self, offer: int, reason: str) -> None:
+        log.info("rsio %s: offer %d refused: %s", self.peer, offer, reason)
+        self.conn.send(OfferEnded(offer, reason))
+
+    def _gather(self, inlet: _Inlet, data: bytes, count: int) -> None:
+        inlet.parts.append(data)
+        inlet.count += count
+        inlet.nbytes += len(data)
+        self.inlet_bytes += len(data)
+        inlet.wake.set()
+        if self.inlet_bytes > MAX_INLET_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def _gather_run(self, inlet: _Inlet, elements: list[bytes]) -> None:
+        nbytes = sum(map(len, elements))
+        inlet.parts += elements
+        inlet.count += len(elements)
+        inlet.nbytes += nbytes
+        self.inlet_bytes += nbytes
+        inlet.wake.set()
+        if self.inlet_bytes > MAX_INLET_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def _release(self, nbytes: int) -> None:
+        self.inlet_bytes -= nbytes
+        if self._reading_paused and self.inlet_bytes <= MAX_INLET_BYTES // 2:
+            self._reading_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def _batch(self, inlet: _Inlet, parts: list[bytes]) -> tuple[Batch, bool]:
+        name, size = inlet.name, inlet.element_size
+        if name.format == "value":
+            if size:
+                return Batch.fixed(name.stream, b"".join(parts), size, key=name.key), False
+            keys = None if name.key is None else [name.key] * len(parts)
+            return Batch.build(name.stream, parts, keys=keys), False
+        if size:  # fixed-size envelopes: split the packed runs
+            parts = [p[i : i + size] for p in parts for i in range(0, len(p), size)]
+        return decode_envelopes(name.stream, parts)
+
+    async def _commit_loop(self, inlet: _Inlet) -> None:
+        offer = inlet.offer
+        try:
+            while True:
+                if not inlet.parts:
+                    if inlet.ended is not None:
+                        break
+                    inlet.wake.clear()
+                    await inlet.wake.wait()
+                    continue
+                parts, count, nbytes = inlet.parts, inlet.count, inlet.nbytes
+                inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+                try:
+                    batch, explicit = self._batch(inlet, parts)
+                    if inlet.explicit_ids is None:
+                        inlet.explicit_ids = explicit
+                    elif explicit != inlet.explicit_ids:
+                        raise ValueError("an offer's envelopes either all carry ids or none does")
+                    stored = await self.hub.append(batch, assign_ids=not explicit)
+                finally:
+                    self._release(nbytes)
+                if self.conn.closed:
+                    return
+                self.conn.send(Committed(offer, count, stored.first_id, stored.last_id))
+                if inlet.ended is None and self.conn.is_subscribed(offer):
+                    self.conn.send(Request(offer, count))
+                self._flush()
+            if not self.conn.closed:
+                if inlet.ended:
+                    log.info("rsio %s: offer %d: the publisher failed: %s", self.peer, offer,
+                             inlet.ended)  # fmt: skip
+                self.conn.send(OfferEnded(offer, ""))
+                self._flush()
+        except asyncio.CancelledError:
+            raise
+        except (TidewireError, ValueError) as exc:
+            log.warning("rsio %s: offer %d into %r failed: %s", self.peer, offer,
+                        inlet.name.stream, exc)  # fmt: skip
+            if not self.conn.closed:
+                if self.conn.is_subscribed(offer):
+                    self.conn.send(Cancel(offer))
+                self.conn.send(OfferEnded(offer, str(exc)))
+                self._flush()
+        finally:
+            if self.inlets.get(offer) is inlet:
+                del self.inlets[offer]
+                self._release(inlet.nbytes)
 
     def _flush(self) -> None:
         data = self.conn.data_to_send()
@@ -187,20 +372,18 @@ class RsioServerProtocol(asyncio.Protocol):
 
     def _send_batch(self, subscriber: int, batch: Batch, name: PublisherName) -> None:
         if name.size:
-            n = len(batch)
-            if batch.values.nbytes != n * name.size or any(
-                batch.value_offsets[i + 1] - batch.value_offsets[i] != name.size for i in range(n)
-            ):
+            n, size = len(batch), name.size
+            base = batch.value_offsets[0]
+            expected = array("I", range(base, base + n * size + 1, size))
+            if batch.value_offsets.tobytes() != expected.tobytes():  # all N bytes, no loop
                 raise TidewireError(
-                    f"stream {batch.stream!r} holds a value that is not {name.size} bytes"
+                    f"stream {batch.stream!r} holds a value that is not {size} bytes"
                 )
             self.conn.send(OnNextPacked(subscriber, n, bytes(batch.values)))
         elif name.format == "value":
-            for i in range(len(batch)):
-                self.conn.send(OnNext(subscriber, batch.value(i)))
+            self.conn.send_elements(subscriber, [batch.value(i) for i in range(len(batch))])
         else:
-            for element in encode_envelopes(batch):
-                self.conn.send(OnNext(subscriber, element))
+            self.conn.send_elements(subscriber, encode_envelopes(batch))
 
 
 class RsioServer:

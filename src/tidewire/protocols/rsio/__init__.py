@@ -1,22 +1,27 @@
 """RS.io over a byte stream (seed 000): the sans-IO codec and connection state machine.
 No asyncio here: bytes in, events out, bytes to send."""
 
-from .codec import Decoder, Limits, SubscriptionProtocolError, encode
+from .codec import Decoder, Limits, OfferProtocolError, SubscriptionProtocolError, encode
 from .connection import (
     Connection,
     ConnectionClosed,
     Event,
     HandshakeCompleted,
+    OfferRefused,
     Role,
     SubscriptionErrored,
 )
 from .messages import (
+    EXT_PUBLISH,
     PROTOCOL_VERSION,
     Cancel,
     ClientHello,
+    Committed,
     Goodbye,
     Message,
     MessageType,
+    Offer,
+    OfferEnded,
     OnComplete,
     OnError,
     OnNext,
@@ -28,9 +33,11 @@ from .messages import (
 )
 
 __all__ = [
+    "EXT_PUBLISH",
     "PROTOCOL_VERSION",
     "Cancel",
     "ClientHello",
+    "Committed",
     "Connection",
     "ConnectionClosed",
     "Decoder",
@@ -40,6 +47,10 @@ __all__ = [
     "Limits",
     "Message",
     "MessageType",
+    "Offer",
+    "OfferEnded",
+    "OfferProtocolError",
+    "OfferRefused",
     "OnComplete",
     "OnError",
     "OnNext",

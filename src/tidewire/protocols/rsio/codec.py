@@ -16,6 +16,10 @@ docs/protocols/rsio.md)::
     8  onNextPacked  subscriber Id | count varint | count x elementSize bytes (fixed-size only)
     9  onComplete    subscriber Id
     10 onError       subscriber Id | error String
+    extension 1 (publishing), decoded only once both hellos list it:
+    64 offer         offer Id | publisher String
+    65 committed     offer Id | count Long | firstId Long | lastId Long
+    66 offerEnded    offer Id | error String
 
 Frames carry no length, so the decoder must know each subscription's element size to find where
 an ``onNext`` ends: it asks ``element_size(subscriber)`` (the connection knows it from the
@@ -32,9 +36,12 @@ from ...model import LocalProtocolError, RemoteProtocolError
 from .messages import (
     Cancel,
     ClientHello,
+    Committed,
     Goodbye,
     Message,
     MessageType,
+    Offer,
+    OfferEnded,
     OnComplete,
     OnError,
     OnNext,
@@ -58,7 +65,14 @@ from .wire import (
     push_varint,
 )
 
-__all__ = ["Decoder", "Limits", "SubscriptionProtocolError", "encode"]
+__all__ = [
+    "Decoder",
+    "Limits",
+    "OfferProtocolError",
+    "OnNextRun",
+    "SubscriptionProtocolError",
+    "encode",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +92,20 @@ class SubscriptionProtocolError(RemoteProtocolError):
     def __init__(self, subscriber: int, reason: str) -> None:
         super().__init__(reason)
         self.subscriber = subscriber
+
+
+@dataclass(frozen=True, slots=True)
+class OnNextRun:
+    """Consecutive variable-size ``onNext`` frames for one subscriber, decoded in one go (a
+    decoder made with ``runs=True``): the hot path of a subscription costs one object per run,
+    not one per element. Not a wire message of its own."""
+
+    subscriber: int
+    elements: list[bytes]
+
+
+class OfferProtocolError(SubscriptionProtocolError):
+    """A well-delimited ``offer`` that is refused on its own (answered with ``offerEnded``)."""
 
 
 # --------------------------------------------------------------------------- encoding
@@ -145,6 +173,20 @@ def encode(message: Message, element_size: int = 0, out: bytearray | None = None
             push_varint(out, MessageType.ON_ERROR)
             push_varint(out, subscriber)
             push_string(out, error)
+        case Offer(offer, publisher):
+            push_varint(out, MessageType.OFFER)
+            push_varint(out, offer)
+            push_string(out, publisher)
+        case Committed(offer, count, first_id, last_id):
+            push_varint(out, MessageType.COMMITTED)
+            push_varint(out, offer)
+            push_varint(out, count)
+            push_varint(out, first_id)
+            push_varint(out, last_id)
+        case OfferEnded(offer, error):
+            push_varint(out, MessageType.OFFER_ENDED)
+            push_varint(out, offer)
+            push_string(out, error)
         case _:  # pragma: no cover - the union is exhaustive
             raise LocalProtocolError(f"not an RS.io message: {message!r}")
     return out
@@ -164,7 +206,12 @@ class Decoder:
     """
 
     def __init__(
-        self, limits: Limits | None = None, element_size: Callable[[int], int] | None = None
+        self,
+        limits: Limits | None = None,
+        element_size: Callable[[int], int] | None = None,
+        *,
+        publishing: bool = False,
+        runs: bool = False,
     ) -> None:
         self.limits = limits or Limits()
         self.element_size = element_size or (lambda subscriber: 0)
@@ -172,6 +219,8 @@ class Decoder:
         self._pos = 0
         self._need = 0  # do not retry the current frame before the buffer is this long
         self._dead: RemoteProtocolError | None = None
+        self.publishing = publishing  # extension 1 negotiated: decode types 64-66
+        self.runs = runs  # coalesce consecutive variable-size onNext frames into an OnNextRun
 
     @property
     def buffered(self) -> int:
@@ -183,7 +232,7 @@ class Decoder:
             raise self._dead
         self._buf += data
 
-    def next_message(self) -> Message | None:
+    def next_message(self) -> Message | OnNextRun | None:
         if self._dead is not None:
             raise self._dead
         if len(self._buf) < self._need or self._pos >= len(self._buf):
@@ -210,11 +259,13 @@ class Decoder:
             self._need = max(0, self._need - self._pos)
             self._pos = 0
 
-    def _parse(self, buf: Buffer, pos: int) -> tuple[Message, int]:
+    def _parse(self, buf: Buffer, pos: int) -> tuple[Message | OnNextRun, int]:
         limits = self.limits
+        start = pos
         kind, pos = pull_varint(buf, pos)
         if kind == MessageType.ON_NEXT:
             subscriber, pos = pull_varint(buf, pos)
+            head_end = pos
             size = self.element_size(subscriber)
             if size:
                 if size > limits.max_element_bytes:
@@ -224,6 +275,8 @@ class Decoder:
                     raise NeedData(end)
                 return OnNext(subscriber, bytes(buf[pos:end])), end
             element, pos = pull_bytes(buf, pos, limits.max_element_bytes)
+            if self.runs:
+                return self._run(buf, pos, subscriber, bytes(buf[start:head_end]), element)
             return OnNext(subscriber, element), pos
         if kind == MessageType.ON_NEXT_PACKED:
             subscriber, pos = pull_varint(buf, pos)
@@ -279,7 +332,60 @@ class Decoder:
             subscriber, pos = pull_varint(buf, pos)
             error, pos = pull_string(buf, pos, limits.max_string_bytes)
             return OnError(subscriber, error), pos
+        if self.publishing and MessageType.OFFER <= kind <= MessageType.OFFER_ENDED:
+            return self._parse_publishing(kind, buf, pos)
         raise RemoteProtocolError(f"unknown message type {kind}")
+
+    def _run(
+        self, buf: Buffer, pos: int, subscriber: int, prefix: bytes, first: bytes
+    ) -> tuple[OnNextRun, int]:
+        """``first`` and the complete onNext frames after it that start with the same bytes
+        (type and subscriber) as its own frame, ``prefix``."""
+        elements = [first]
+        append = elements.append
+        hlen = len(prefix)
+        limit = self.limits.max_element_bytes
+        end_buf = len(buf)
+        while buf[pos : pos + hlen] == prefix:
+            p = pos + hlen
+            if p >= end_buf:
+                break
+            size = buf[p]
+            if size < 0x80:
+                p += 1
+            else:
+                try:
+                    size, p = pull_varint(buf, p)
+                except NeedData:
+                    break
+                if size > limit:
+                    break  # let the next call report it as one frame
+            end = p + size
+            if end > end_buf:
+                break
+            append(bytes(buf[p:end]))
+            pos = end
+        return OnNextRun(subscriber, elements), pos
+
+    def _parse_publishing(self, kind: int, buf: Buffer, pos: int) -> tuple[Message, int]:
+        offer, pos = pull_varint(buf, pos)
+        if kind == MessageType.COMMITTED:
+            count, pos = pull_long(buf, pos)
+            first_id, pos = pull_long(buf, pos)
+            last_id, pos = pull_long(buf, pos)
+            try:
+                return Committed(offer, count, first_id, last_id), pos
+            except LocalProtocolError as exc:
+                raise RemoteProtocolError(str(exc)) from None
+        try:
+            text, pos = pull_string(buf, pos, self.limits.max_string_bytes)
+        except InvalidUtf8 as exc:
+            if kind != MessageType.OFFER:
+                raise
+            raise _Consumed(OfferProtocolError(offer, str(exc)), exc.end) from None
+        if kind == MessageType.OFFER:
+            return Offer(offer, text), pos
+        return OfferEnded(offer, text), pos
 
 
 class _Consumed(Exception):

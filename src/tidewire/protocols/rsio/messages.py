@@ -1,4 +1,5 @@
-"""The eleven RS.io messages (seed 000 and the decisions in shared/seeds/README.md).
+"""The eleven RS.io messages (seed 000 and the decisions in shared/seeds/README.md), and the
+three of tidewire's publishing extension (extension id 1, message types 64-66).
 
 One frozen dataclass per message, complete and checked at construction: a message that cannot
 exist on the wire cannot be built. ``MessageType`` gives each its wire code.
@@ -13,12 +14,16 @@ from ...model import LocalProtocolError
 from .wire import MAX_LONG, MAX_VARINT
 
 __all__ = [
+    "EXT_PUBLISH",
     "PROTOCOL_VERSION",
     "Cancel",
     "ClientHello",
+    "Committed",
     "Goodbye",
     "Message",
     "MessageType",
+    "Offer",
+    "OfferEnded",
     "OnComplete",
     "OnError",
     "OnNext",
@@ -30,6 +35,10 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 0
+
+EXT_PUBLISH = 1
+"""tidewire's publishing extension: a client offers a publisher and the hub subscribes to it
+(``offer``, ``committed``, ``offerEnded``; see docs/protocols/rsio.md)."""
 
 
 class MessageType(enum.IntEnum):
@@ -44,6 +53,10 @@ class MessageType(enum.IntEnum):
     ON_NEXT_PACKED = 8
     ON_COMPLETE = 9
     ON_ERROR = 10
+    # extension 1 (publishing)
+    OFFER = 64
+    COMMITTED = 65
+    OFFER_ENDED = 66
 
 
 def _check_varint(name: str, value: int) -> None:
@@ -201,6 +214,57 @@ class OnError:
         _check_text("error", self.error)
 
 
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """``offer(offer: Id, publisher: String)`` (extension 1, client to hub): "subscribe to my
+    publisher ``publisher`` and store what it publishes". The hub subscribes with subscriber
+    id ``offer``, or answers ``offerEnded`` with the reason it will not."""
+
+    offer: int
+    publisher: str
+
+    def __post_init__(self) -> None:
+        _check_varint("offer id", self.offer)
+        _check_text("publisher", self.publisher)
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """``committed(offer: Id, count: Long, firstId: Long, lastId: Long)`` (extension 1, hub to
+    client): the next ``count`` elements of the offer are durable, stored as ids
+    ``firstId``..``lastId``."""
+
+    offer: int
+    count: int
+    first_id: int
+    last_id: int
+
+    def __post_init__(self) -> None:
+        _check_varint("offer id", self.offer)
+        for name, value in (("count", self.count), ("firstId", self.first_id),
+                            ("lastId", self.last_id)):  # fmt: skip
+            _check_long(name, value)
+        if self.count < 1 or not 1 <= self.first_id <= self.last_id:
+            raise LocalProtocolError("committed needs count >= 1 and 1 <= firstId <= lastId")
+        if self.last_id - self.first_id + 1 < self.count:
+            raise LocalProtocolError(f"{self.count} ids cannot fit {self.first_id}..{self.last_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class OfferEnded:
+    """``offerEnded(offer: Id, error: String)`` (extension 1, hub to client): the offer is over
+    and its id free. ``error`` is empty when every element was committed (after the client's
+    ``onComplete``); else it says why, and elements not covered by a ``committed`` were not
+    stored."""
+
+    offer: int
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        _check_varint("offer id", self.offer)
+        _check_text("error", self.error)
+
+
 Message = (
     ClientHello
     | ServerHello
@@ -213,4 +277,7 @@ Message = (
     | OnNextPacked
     | OnComplete
     | OnError
+    | Offer
+    | Committed
+    | OfferEnded
 )

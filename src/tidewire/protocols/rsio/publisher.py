@@ -23,14 +23,31 @@ Element formats:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from array import array
+from dataclasses import dataclass, replace
 from typing import Literal
 from urllib.parse import quote, unquote, unquote_to_bytes
 
-from ...model import MAX_ID, Batch, InvalidStreamName, RemoteProtocolError, validate_stream_name
-from .wire import NeedData, pull_varint, push_varint
+from ...model import (
+    MAX_ID,
+    Batch,
+    InvalidStreamName,
+    RemoteProtocolError,
+    TidewireError,
+    _check_ids,
+    now_ms,
+    validate_stream_name,
+)
+from .wire import NeedData, pull_varint
 
-__all__ = ["PublisherName", "decode_envelope", "encode_envelopes"]
+__all__ = [
+    "OfferName",
+    "PublisherName",
+    "decode_envelope",
+    "decode_envelopes",
+    "encode_envelopes",
+    "envelopes_to_batch",
+]
 
 Format = Literal["envelope", "value"]
 
@@ -105,6 +122,59 @@ class PublisherName:
         return name + ("?" + "&".join(params) if params else "")
 
 
+@dataclass(frozen=True, slots=True)
+class OfferName:
+    """The publisher a client offers with ``offer`` (publishing extension)::
+
+        offer-name = stream [ "?" param *( "&" param ) ]
+        param      = "format=" ( "envelope" | "value" )   ; default envelope
+                   | "key=" percent-encoded bytes          ; format=value only: every event's key
+
+    With ``envelope`` each element is ``id | timestamp | key | value`` as in subscriptions,
+    where id 0 lets the hub assign the next id and timestamp 0 means "the hub's clock"; every
+    element of one offer either carries its id or lets the hub assign it. With ``value`` each
+    element is a value; ids are assigned, the hub stamps the time.
+    """
+
+    stream: str
+    format: Format = "envelope"
+    key: bytes | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> OfferName:
+        raw_stream, _, query = text.partition("?")
+        try:
+            stream = validate_stream_name(unquote(raw_stream, errors="strict"))
+        except (InvalidStreamName, UnicodeDecodeError) as exc:
+            raise PublisherNameError(f"bad stream in offer {text!r}: {exc}") from None
+        fmt: Format = "envelope"
+        key = None
+        seen: set[str] = set()
+        for param in query.split("&") if query else ():
+            name, eq, value = param.partition("=")
+            if not eq or name in seen:
+                raise PublisherNameError(f"bad or repeated parameter {param!r} in {text!r}")
+            seen.add(name)
+            if name == "format" and value in ("envelope", "value"):
+                fmt = value  # type: ignore[assignment]
+            elif name == "key":
+                key = unquote_to_bytes(value)
+            else:
+                raise PublisherNameError(f"bad parameter {param!r} in offer {text!r}")
+        if key is not None and fmt != "value":
+            raise PublisherNameError(f"key= needs format=value in offer {text!r}")
+        return cls(stream, fmt, key)
+
+    def __str__(self) -> str:
+        params = []
+        if self.format != "envelope":
+            params.append(f"format={self.format}")
+        if self.key is not None:
+            params.append("key=" + quote(self.key, safe=""))
+        name = quote(self.stream, safe="")
+        return name + ("?" + "&".join(params) if params else "")
+
+
 def _id(value: str, text: str) -> int:
     if not value.isdigit() or not 0 <= int(value) <= MAX_ID:
         raise PublisherNameError(f"{value!r} is not an id (0..2**63-1) in {text!r}")
@@ -122,22 +192,156 @@ def _unzigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
-def encode_envelopes(batch: Batch) -> list[bytes]:
-    """One envelope element per event of ``batch`` (see the module docstring)."""
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
+def encode_envelopes(batch: Batch, *, with_ids: bool = True) -> list[bytes]:
+    """One envelope element per event of ``batch`` (see the module docstring); with
+    ``with_ids=False`` every id is 0 (publishing: the hub assigns them)."""
+    values = batch.values.tobytes()
+    offsets = batch.value_offsets
+    base = offsets[0]
+    ids = batch.ids.tolist()
+    stamps = batch.timestamps.tolist()
+    varint = _varint
+    last_ts = None
+    ts_bytes = b""
     out = []
-    for i in range(len(batch)):
-        element = bytearray()
-        push_varint(element, batch.ids[i])
-        push_varint(element, _zigzag(batch.timestamps[i]))
-        key = batch.key(i)
-        if key is None:
-            element.append(0)
+    has_keys = batch.has_keys
+    for i, event_id in enumerate(ids):
+        ts = stamps[i]
+        if ts != last_ts:  # stamps repeat within a batch: encode each once
+            last_ts, ts_bytes = ts, varint((ts << 1) ^ (ts >> 63))
+        if has_keys:
+            key = batch.key(i)
+            key_bytes = b"\x00" if key is None else varint(len(key) + 1) + key
         else:
-            push_varint(element, len(key) + 1)
-            element += key
-        element += batch.value(i)
-        out.append(bytes(element))
+            key_bytes = b"\x00"
+        value = values[offsets[i] - base : offsets[i + 1] - base]
+        id_bytes = varint(event_id) if with_ids else b"\x00"
+        out.append(b"".join((id_bytes, ts_bytes, key_bytes, value)))
     return out
+
+
+def _pull(element: bytes, pos: int) -> tuple[int, int]:
+    """A varint inside an envelope (``ValueError`` if it is cut short or too long)."""
+    result = shift = 0
+    for i in range(pos, min(pos + 10, len(element))):
+        byte = element[i]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if result >> 64:
+                break
+            return result, i + 1
+        shift += 7
+    raise ValueError("bad envelope: a varint is cut short or too long")
+
+
+def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
+    """The batch of the envelope ``elements`` (as a subscriber receives them), decoded in one
+    tight loop into the batch's column buffers. ``ValueError`` if one is malformed; ids must
+    increase (:class:`InvalidBatch`) unless every id is 0 (publishing: assign them)."""
+    ids = array("Q")
+    stamps = array("q")
+    value_offsets = array("I", [0])
+    values: list[bytes] = []
+    key_flags = bytearray()
+    key_offsets = array("I", [0])
+    keys: list[bytes] = []
+    any_key = False
+    vtotal = ktotal = 0
+    prev_ts_raw = b""
+    ts = 0
+    pull = _pull
+    try:
+        for element in elements:
+            b = element[0]
+            if b < 0x80:
+                event_id, pos = b, 1
+            else:
+                event_id, pos = pull(element, 0)
+            ts_len = len(prev_ts_raw)
+            if ts_len and element[pos : pos + ts_len] == prev_ts_raw:  # same stamp as before
+                pos += ts_len
+            else:
+                raw, end = pull(element, pos)
+                prev_ts_raw = element[pos:end]
+                ts = (raw >> 1) ^ -(raw & 1)
+                pos = end
+            b = element[pos]
+            if b == 0:
+                pos += 1
+                key_flags.append(0)
+            else:
+                key_len, pos = pull(element, pos) if b >= 0x80 else (b, pos + 1)
+                key_len -= 1
+                if pos + key_len > len(element):
+                    raise ValueError("bad envelope: the key runs past the element")
+                keys.append(element[pos : pos + key_len])
+                ktotal += key_len
+                pos += key_len
+                key_flags.append(1)
+                any_key = True
+            key_offsets.append(ktotal)
+            value = element[pos:] if pos else element
+            values.append(value)
+            vtotal += len(value)
+            value_offsets.append(vtotal)
+            ids.append(event_id)
+            stamps.append(ts)
+    except IndexError:
+        raise ValueError("bad envelope: cut short") from None
+    except OverflowError:
+        raise ValueError("bad envelope: an id or timestamp is out of range") from None
+    if not ids:
+        raise ValueError("no envelopes")
+    id_view = memoryview(ids).cast("B").cast("Q")
+    if ids[0]:
+        _check_ids(id_view)
+    return Batch(
+        validate_stream_name(stream),
+        id_view,
+        memoryview(stamps).cast("B").cast("q"),
+        memoryview(value_offsets).cast("B").cast("I"),
+        memoryview(b"".join(values)),
+        memoryview(bytes(key_flags)) if any_key else None,
+        memoryview(key_offsets).cast("B").cast("I") if any_key else None,
+        memoryview(b"".join(keys)) if any_key else None,
+    )
+
+
+def decode_envelopes(stream: str, elements: list[bytes]) -> tuple[Batch, bool]:
+    """A batch of the published envelopes ``elements`` and whether they carry their own ids
+    (else the log assigns them). Timestamp 0 is the hub's clock. ``ValueError`` if one is
+    malformed or the ids are partly given."""
+    try:
+        batch = envelopes_to_batch(stream, elements)
+    except TidewireError as exc:
+        raise ValueError(str(exc)) from None
+    ids = batch.ids
+    explicit = ids[0] != 0
+    if not explicit and any(ids.tobytes()):
+        raise ValueError("an offer's envelopes either all carry ids or all leave them to the hub")
+    stamps = batch.timestamps
+    if 0 in stamps.tolist():
+        now = now_ms()
+        fixed = array("q", (t or now for t in stamps.tolist()))
+        batch = replace(batch, timestamps=memoryview(fixed).cast("B").cast("q"))
+    if not explicit:
+        assigned = array("Q", range(1, len(ids) + 1))
+        batch = replace(batch, ids=memoryview(assigned).cast("B").cast("Q"))
+    return batch, explicit
 
 
 def decode_envelope(element: bytes) -> tuple[int, int, bytes | None, bytes]:

@@ -46,6 +46,8 @@ class NeedData(Exception):
 
 def pull_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """An unsigned varint of at most 10 bytes (values up to 2**64-1)."""
+    if pos < len(buf) and buf[pos] < 0x80:  # one byte: most ids, lengths and types
+        return buf[pos], pos + 1
     result = 0
     shift = 0
     end = len(buf)
