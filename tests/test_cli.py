@@ -266,6 +266,40 @@ def test_tail_follows_a_running_hub_over_rsio(tmp_path: Path) -> None:
         assert proc.wait(timeout=30) == 0
 
 
+def test_publish_lines_and_files_then_tail_them(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(b"\x00\x01 two\nlines")
+    with server("--data-dir", str(data), "--http-port", "0") as proc:
+        lines = read_until(proc, "ready")
+        rsio = next(w for line in lines for w in line.split() if w.startswith("rsio://"))
+        cli = [sys.executable, "-m", "tidewire.cli"]
+        result = subprocess.run(
+            [*cli, "publish", "notes", "--url", rsio, "--key", "k", "--batch", "2"],
+            input=b"one\ntwo\nthree", capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        # one line per durable batch of at most 2 events, then a summary on stderr
+        assert result.stdout.decode().splitlines() == ["durable\t2\t1\t2", "durable\t1\t3\t3"]
+        assert b"published 3 events to notes (ids 1..3)" in result.stderr
+        result = subprocess.run(
+            [*cli, "publish", "notes", str(blob), "--url", rsio, "--json"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == {"durable": 1, "first_id": 4, "last_id": 4}
+        values = asyncio.run(first_values(rsio, "notes", 4))
+        assert values == [b"one", b"two", b"three", blob.read_bytes()]
+        result = subprocess.run(
+            [*cli, "publish", "bad name", "--url", rsio], input=b"x\n",
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 1
+        assert b"stream name 'bad name' holds whitespace" in result.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
 def test_tail_reports_an_unreachable_hub(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tail", "s", "--url", "rsio://127.0.0.1:1"])
     assert result.exit_code == 1

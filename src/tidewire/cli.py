@@ -8,18 +8,21 @@ click is the library for the command line.
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import logging
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import click
 
 from . import __version__
 from .config import SETTINGS, ConfigError, env_name, load_config
 from .log import Log
-from .model import Event, LogError, TidewireError, UnknownStream
+from .model import Batch, Event, LogError, TidewireError, UnknownStream
 
 __all__ = ["main"]
 
@@ -188,8 +191,10 @@ def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) 
 
     async def follow() -> None:
         remaining = sys.maxsize if limit is None else limit
-        async with await connect(url) as hub:
-            async for batch in hub.subscribe(stream, from_id=start):
+        async with connect(url) as hub, contextlib.aclosing(
+            hub.subscribe(stream, from_id=start)
+        ) as batches:
+            async for batch in batches:
                 for event in batch:
                     _print_event(event, as_json)
                     remaining -= 1
@@ -201,6 +206,81 @@ def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) 
     except KeyboardInterrupt:
         pass
     except (RsioError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.argument("stream")
+@click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("--url", default="rsio://127.0.0.1:7400", show_default=True, envvar="TIDEWIRE_URL",
+              help="the hub's RS.io endpoint ($TIDEWIRE_URL)")  # fmt: skip
+@click.option("--key", default=None, help="the key of every event (UTF-8)")
+@click.option("--batch", "batch_size", type=click.IntRange(min=1), default=1000,
+              show_default=True, help="at most N events per batch")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="report commits as JSON lines")
+def publish(
+    stream: str, files: tuple[str, ...], url: str, key: str | None, batch_size: int, as_json: bool
+) -> None:
+    """Publish to STREAM over RS.io: each line of stdin is an event (the newline dropped), or
+    each FILE is one event ("-" is all of stdin). Prints each commit as the hub makes it
+    durable, then a summary; exits non-zero if the hub refuses or fails the publish."""
+    import asyncio
+
+    from .client.rsio import Receipt, RsioError, connect
+
+    key_bytes = None if key is None else key.encode()
+    total = [0, 0, 0]  # events, first id, last id
+
+    def report(receipt: Receipt) -> None:
+        total[0] += receipt.count
+        total[1] = total[1] or receipt.first_id
+        total[2] = receipt.last_id
+        if as_json:
+            click.echo(json.dumps({"durable": receipt.count, "first_id": receipt.first_id,
+                                   "last_id": receipt.last_id}))  # fmt: skip
+        else:
+            click.echo(f"durable\t{receipt.count}\t{receipt.first_id}\t{receipt.last_id}")
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        async with connect(url) as hub, await hub.publisher(stream) as pub:
+            pending: list[asyncio.Future[Receipt]] = []
+
+            async def submit(values: list[bytes]) -> None:
+                for i in range(0, len(values), batch_size):
+                    chunk = values[i : i + batch_size]
+                    keys = None if key_bytes is None else [key_bytes] * len(chunk)
+                    pending.append(await pub.submit(Batch.build(stream, chunk, keys=keys)))
+                while pending and pending[0].done():
+                    report(pending.pop(0).result())
+
+            if files:
+                for name in files:
+                    read = sys.stdin.buffer.read if name == "-" else Path(name).read_bytes
+                    data = await loop.run_in_executor(None, read)
+                    await submit([data])
+            else:
+                rest = b""
+                stdin = cast(io.BufferedReader, sys.stdin.buffer)
+                while chunk := await loop.run_in_executor(None, stdin.read1, 1 << 16):
+                    *lines, rest = (rest + chunk).split(b"\n")
+                    if lines:
+                        await submit(lines)
+                if rest:
+                    await submit([rest])
+            for future in pending:
+                report(await future)
+        if total[0]:
+            click.echo(f"published {total[0]} events to {stream} (ids {total[1]}..{total[2]})",
+                       err=True)  # fmt: skip
+        else:
+            click.echo("nothing to publish", err=True)
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (RsioError, OSError, ValueError, TidewireError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -204,7 +204,7 @@ class RsioClient:
 
     async def _elements(
         self, name: PublisherName, prefetch: int
-    ) -> AsyncIterator[tuple[list[bytes], int]]:
+    ) -> AsyncGenerator[tuple[list[bytes], int], None]:
         if self._closed:
             raise LogClosedError(self._closed)
         subscriber = self._free_id()
@@ -223,12 +223,12 @@ class RsioClient:
                     continue
                 elements, count = inbox.elements, inbox.count
                 inbox.elements, inbox.count = [], 0
-                if inbox.done is None and not self.conn.closed:
+                if inbox.done is None and self.conn.is_subscribed(subscriber):
                     self.conn.send(Request(subscriber, count))  # refill the prefetch
                     self._flush()
                 yield elements, count
         finally:
-            if inbox.done is None and not self.conn.closed:
+            if inbox.done is None and self.conn.is_subscribed(subscriber):
                 self.conn.send(Cancel(subscriber))
                 self._flush()
             del self._inboxes[subscriber]
@@ -241,7 +241,7 @@ class RsioClient:
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 4096,
-    ) -> AsyncIterator[Batch]:
+    ) -> AsyncGenerator[Batch, None]:
         """Batches of ``stream`` from ``from_id`` (an id, "earliest" or "latest"), then live
         (or up to ``until_id``), with ids, keys and timestamps (the envelope format)."""
         name = PublisherName(stream, _start(from_id), until_id, key)
@@ -257,7 +257,7 @@ class RsioClient:
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 65536,
-    ) -> AsyncIterator[Values]:
+    ) -> AsyncGenerator[Values, None]:
         """Values only (``format=value``); with ``size=N`` in fixed-size mode, packed
         ``onNextPacked`` runs handed over as one buffer per delivery."""
         name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
