@@ -14,6 +14,7 @@ import uvloop
 
 import tidewire
 from tidewire.client.rsio import RsioError
+from tidewire.config import load_config
 from tidewire.hub import Hub
 from tidewire.model import Batch
 from tidewire.protocols.rsio import (
@@ -28,6 +29,7 @@ from tidewire.protocols.rsio import (
     encode,
 )
 from tidewire.server.rsio import RsioServer, start_rsio_server
+from tidewire.server.serve import rsio_settings
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -222,5 +224,40 @@ def test_subscriptions_per_connection_are_bounded(
                 1025, "too many subscriptions on this connection (the limit is 1024)"
             )
             writer.close()
+
+    run(main())
+
+
+def test_configured_limits_reach_the_listener(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """``rsio.*`` settings (docs/configuration.md) bound what one connection may send."""
+    config = load_config(
+        None, {"rsio.max_string_bytes": "16", "rsio.max_subscriptions": "2"}, environ={}
+    )
+
+    async def main() -> None:
+        hub = Hub.open(str(tmp_path))
+        server = await start_rsio_server(hub, "127.0.0.1", 0, rsio_settings(config))
+        url = f"rsio://127.0.0.1:{server.port}"
+        try:
+            reader, writer = await raw(url)
+            frames = bytearray(encode(ClientHello()))
+            for subscriber in (1, 2, 3):
+                encode(Subscribe("s", subscriber), out=frames)
+            encode(Subscribe("s?from=earliest&x", 4), out=frames)  # 18 bytes > 16
+            writer.write(bytes(frames))
+            messages = await read_messages(reader, 5)
+            assert messages[1:3] == [Subscribed(1, 0), Subscribed(2, 0)]
+            assert messages[3] == OnError(
+                3, "too many subscriptions on this connection (the limit is 2)"
+            )
+            assert isinstance(messages[4], Goodbye)
+            assert "exceeds the limit of 16 bytes" in messages[4].reason
+            assert await reader.read() == b""
+            writer.close()
+        finally:
+            await server.close()
+            await hub.close()
 
     run(main())

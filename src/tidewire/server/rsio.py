@@ -33,6 +33,7 @@ from ..protocols.rsio import (
     Connection,
     ConnectionClosed,
     Goodbye,
+    Limits,
     Offer,
     OfferEnded,
     OfferRefused,
@@ -55,7 +56,7 @@ from ..protocols.rsio.publisher import (
     encode_envelopes,
 )
 
-__all__ = ["RsioServer", "RsioServerProtocol", "start_rsio_server"]
+__all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
 
 log = logging.getLogger("tidewire.rsio")
 
@@ -65,6 +66,16 @@ MAX_SUBSCRIPTIONS = 1024  # per connection: each costs a task and a hub subscrip
 MAX_OFFERS = 256  # per connection: each costs a task
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
 MAX_INLET_BYTES = 8 * 1024 * 1024  # per connection: received for offers, not yet committed
+
+
+@dataclass(frozen=True, slots=True)
+class RsioSettings:
+    """The listener's bounds (settings ``rsio.*``, docs/configuration.md)."""
+
+    limits: Limits = field(default_factory=Limits)
+    max_subscriptions: int = MAX_SUBSCRIPTIONS
+    max_offers: int = MAX_OFFERS
+    max_inlet_bytes: int = MAX_INLET_BYTES
 
 
 @dataclass(slots=True, eq=False)
@@ -88,12 +99,15 @@ class RsioServerProtocol(asyncio.Protocol):
         self,
         hub: Hub,
         registry: set[RsioServerProtocol] | None = None,
-        max_subscriptions: int = MAX_SUBSCRIPTIONS,
+        settings: RsioSettings | None = None,
     ) -> None:
         self.hub = hub
-        self.max_subscriptions = max_subscriptions
+        self.settings = settings = settings or RsioSettings()
+        self.max_subscriptions = settings.max_subscriptions
         self.registry = registry if registry is not None else set()
-        self.conn = Connection(Role.SERVER, extensions=(EXT_PUBLISH,), runs=True)
+        self.conn = Connection(
+            Role.SERVER, extensions=(EXT_PUBLISH,), limits=settings.limits, runs=True
+        )
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.pumps: dict[int, tuple[Subscription, asyncio.Task[None]]] = {}
@@ -237,8 +251,9 @@ class RsioServerProtocol(asyncio.Protocol):
         except PublisherNameError as exc:
             self._refuse(offer, str(exc))
             return
-        if len(self.inlets) >= MAX_OFFERS:
-            self._refuse(offer, f"too many offers on this connection (the limit is {MAX_OFFERS})")
+        if len(self.inlets) >= self.settings.max_offers:
+            limit = self.settings.max_offers
+            self._refuse(offer, f"too many offers on this connection (the limit is {limit})")
             return
         if not self.conn.can_subscribe(offer):  # a cancelled subscription's id, unconfirmed
             self._refuse(offer, f"offer id {offer} is still in use")
@@ -257,7 +272,7 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.nbytes += len(data)
         self.inlet_bytes += len(data)
         inlet.wake.set()
-        if self.inlet_bytes > MAX_INLET_BYTES and not self._reading_paused:
+        if self.inlet_bytes > self.settings.max_inlet_bytes and not self._reading_paused:
             self._reading_paused = True
             if self.transport is not None:
                 self.transport.pause_reading()
@@ -269,14 +284,14 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.nbytes += nbytes
         self.inlet_bytes += nbytes
         inlet.wake.set()
-        if self.inlet_bytes > MAX_INLET_BYTES and not self._reading_paused:
+        if self.inlet_bytes > self.settings.max_inlet_bytes and not self._reading_paused:
             self._reading_paused = True
             if self.transport is not None:
                 self.transport.pause_reading()
 
     def _release(self, nbytes: int) -> None:
         self.inlet_bytes -= nbytes
-        if self._reading_paused and self.inlet_bytes <= MAX_INLET_BYTES // 2:
+        if self._reading_paused and self.inlet_bytes <= self.settings.max_inlet_bytes // 2:
             self._reading_paused = False
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
@@ -389,13 +404,14 @@ class RsioServerProtocol(asyncio.Protocol):
 class RsioServer:
     """The listener and its live connections (so that shutdown can say goodbye to each)."""
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, settings: RsioSettings | None = None) -> None:
         self.hub = hub
+        self.settings = settings or RsioSettings()
         self.connections: set[RsioServerProtocol] = set()
         self.server: asyncio.Server | None = None
 
     def _protocol(self) -> RsioServerProtocol:
-        protocol = RsioServerProtocol(self.hub, self.connections)
+        protocol = RsioServerProtocol(self.hub, self.connections, self.settings)
         return protocol
 
     @property
@@ -413,9 +429,11 @@ class RsioServer:
             await self.server.wait_closed()
 
 
-async def start_rsio_server(hub: Hub, host: str, port: int) -> RsioServer:
+async def start_rsio_server(
+    hub: Hub, host: str, port: int, settings: RsioSettings | None = None
+) -> RsioServer:
     """Listen for RS.io over TCP on ``host:port`` (0 = any free port)."""
-    rsio = RsioServer(hub)
+    rsio = RsioServer(hub, settings)
     loop = asyncio.get_running_loop()
     rsio.server = await loop.create_server(rsio._protocol, host, port)
     return rsio

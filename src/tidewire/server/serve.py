@@ -18,8 +18,9 @@ from aiohttp import web
 from .. import __version__
 from ..config import ServerConfig
 from ..hub import Hub
+from ..protocols.rsio import Limits
 from .app import build_app
-from .rsio import RsioServer, start_rsio_server
+from .rsio import RsioServer, RsioSettings, start_rsio_server
 
 __all__ = ["Endpoint", "run_server", "serve"]
 
@@ -65,7 +66,7 @@ async def serve(
         site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
         await site.start()
         port = _bound_port(runner)
-        rsio = await start_rsio_server(hub, config.host, config.rsio_port)
+        rsio = await start_rsio_server(hub, config.host, config.rsio_port, rsio_settings(config))
         endpoints = [
             Endpoint("rsio", f"rsio://{config.host}:{rsio.port}", "RS.io over TCP"),
             Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
@@ -122,3 +123,19 @@ def run_server(config: ServerConfig) -> None:
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(serve(config))
+
+
+def rsio_settings(config: ServerConfig) -> RsioSettings:
+    """The listener's bounds from the ``rsio.*`` settings."""
+    v = config.values
+    element = int(v["rsio.max_element_bytes"])
+    return RsioSettings(
+        Limits(
+            max_string_bytes=int(v["rsio.max_string_bytes"]),
+            max_element_bytes=element,
+            max_packed_bytes=element,
+        ),
+        max_subscriptions=int(v["rsio.max_subscriptions"]),
+        max_offers=int(v["rsio.max_offers"]),
+        max_inlet_bytes=int(v["rsio.max_inlet_bytes"]),
+    )
