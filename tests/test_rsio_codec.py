@@ -34,6 +34,7 @@ from tidewire.protocols.rsio import (
     OnError,
     OnNext,
     OnNextPacked,
+    OnNextRun,
     Request,
     ServerHello,
     Subscribe,
@@ -148,7 +149,7 @@ def test_extension_golden_vectors(name: str, message: Message, frame: bytes) -> 
     assert bytes(encode(message)) == frame
     for chunk in (len(frame), 1):
         decoder = Decoder(publishing=True)
-        got: list[Message] = []
+        got: list[Message | OnNextRun] = []
         for start in range(0, len(frame), chunk):
             decoder.feed(frame[start : start + chunk])
             got += _drain(decoder)
@@ -205,8 +206,8 @@ def test_encode_appends_to_a_given_buffer() -> None:
 # --------------------------------------------------------------------------- three-way decoding
 
 
-def _drain(decoder: Decoder) -> list[Message]:
-    messages: list[Message] = []
+def _drain(decoder: Decoder) -> list[Message | OnNextRun]:
+    messages: list[Message | OnNextRun] = []
     while (message := decoder.next_message()) is not None:
         messages.append(message)
     return messages
@@ -275,7 +276,7 @@ def test_golden_frames_back_to_back() -> None:
 
     for chunk_size in (len(stream), 1, 7):
         decoder = Decoder(element_size=element_size)
-        got: list[Message] = []
+        got: list[Message | OnNextRun] = []
         for start in range(0, len(stream), chunk_size):
             decoder.feed(stream[start : start + chunk_size])
             while True:
@@ -380,7 +381,7 @@ def _check_stream(fixed: dict[int, int], messages: list[Message], cut_data: st.D
     data = _encode_stream(fixed, messages)
     cuts = cut_data.draw(st.lists(st.integers(0, len(data)), max_size=12), label="cuts")
     decoder = Decoder(element_size=_sizes(fixed), publishing=True)
-    got: list[Message] = []
+    got: list[Message | OnNextRun] = []
     for chunk in _split(data, cuts):
         decoder.feed(chunk)
         got += _drain(decoder)
@@ -414,7 +415,7 @@ def test_round_trip_byte_by_byte(stream: tuple[dict[int, int], list[Message]]) -
     fixed, messages = stream
     data = _encode_stream(fixed, messages)
     decoder = Decoder(element_size=_sizes(fixed), publishing=True)
-    got: list[Message] = []
+    got: list[Message | OnNextRun] = []
     for i in range(len(data)):
         decoder.feed(data[i : i + 1])
         got += _drain(decoder)
@@ -744,7 +745,7 @@ def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
     original = Decoder._parse
 
-    def counting(self: Decoder, buf: bytearray, pos: int) -> tuple[Message, int]:
+    def counting(self: Decoder, buf: bytearray, pos: int) -> tuple[Message | OnNextRun, int]:
         calls[0] += 1
         return original(self, buf, pos)
 
@@ -781,7 +782,7 @@ def test_big_frame_in_1_kib_chunks_is_parsed_a_bounded_number_of_times(
     frame = header + b"\xab" * FOUR_MIB
     assert _encode_with(expected, sizes) == frame
     decoder = Decoder(element_size=_sizes(sizes))
-    got: list[Message] = []
+    got: list[Message | OnNextRun] = []
     chunks = 0
     for start in range(0, len(frame), KIB):
         decoder.feed(frame[start : start + KIB])
@@ -809,3 +810,45 @@ def test_max_size_string_byte_by_byte_is_parsed_a_bounded_number_of_times(
     assert decoder.next_message() == Goodbye(reason)
     # one attempt per header byte at most, then one wait for the body and the final parse
     assert calls[0] < 20
+
+
+# --------------------------------------------------------------------------- element runs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams(), cut_data=st.data())
+def test_runs_carry_the_same_elements_as_single_frames(
+    stream: tuple[dict[int, int], list[Message]], cut_data: st.DataObject
+) -> None:
+    """A decoder made with ``runs=True`` coalesces consecutive variable-size onNext frames of
+    one subscriber into an OnNextRun; expanded, the runs give back exactly the messages, in
+    order, however the bytes are cut."""
+    fixed, messages = stream
+    extra = cut_data.draw(st.lists(st.binary(max_size=300), max_size=20), label="run")
+    subscriber = cut_data.draw(st.sampled_from([1, 200]).filter(lambda s: s not in fixed))
+    messages = messages + [OnNext(subscriber, e) for e in extra]
+    data = _encode_stream(fixed, messages)
+    cuts = cut_data.draw(st.lists(st.integers(0, len(data)), max_size=12), label="cuts")
+    decoder = Decoder(element_size=_sizes(fixed), publishing=True, runs=True)
+    got: list[object] = []
+    for chunk in _split(data, cuts):
+        decoder.feed(chunk)
+        while (message := decoder.next_message()) is not None:
+            if isinstance(message, OnNextRun):
+                got += [OnNext(message.subscriber, e) for e in message.elements]
+            else:
+                got.append(message)
+    assert got == messages
+    assert decoder.buffered == 0
+
+
+def test_a_run_stops_at_another_subscriber_and_at_a_cut_frame() -> None:
+    decoder = Decoder(runs=True)
+    frames = [OnNext(1, b"a"), OnNext(1, b"b" * 200), OnNext(2, b"c"), OnNext(2, b"d")]
+    data = b"".join(bytes(encode(m)) for m in frames)
+    decoder.feed(data[:-1])
+    assert decoder.next_message() == OnNextRun(1, [b"a", b"b" * 200])
+    assert decoder.next_message() == OnNextRun(2, [b"c"])
+    assert decoder.next_message() is None
+    decoder.feed(data[-1:])
+    assert decoder.next_message() == OnNextRun(2, [b"d"])

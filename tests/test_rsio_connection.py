@@ -38,6 +38,7 @@ from tidewire.protocols.rsio import (
     OnError,
     OnNext,
     OnNextPacked,
+    OnNextRun,
     Request,
     Role,
     ServerHello,
@@ -80,6 +81,7 @@ def decode(data: bytes, element_size: int = 0) -> list[Message]:
     decoder.feed(data)
     messages: list[Message] = []
     while (message := decoder.next_message()) is not None:
+        assert not isinstance(message, OnNextRun)  # runs only when asked for
         messages.append(message)
     assert decoder.buffered == 0
     return messages

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidewire.model import MAX_ID, Batch
@@ -12,6 +12,7 @@ from tidewire.protocols.rsio.publisher import (
     PublisherNameError,
     decode_envelope,
     encode_envelopes,
+    envelopes_to_batch,
 )
 
 
@@ -109,3 +110,46 @@ def test_envelope_round_trip(events: list[tuple[bytes, bytes | None, int]]) -> N
 def test_malformed_envelopes(element: bytes) -> None:
     with pytest.raises(ValueError, match="envelope"):
         decode_envelope(element)
+
+
+@st.composite
+def envelope_batches(draw: st.DrawFn) -> Batch:
+    """Batches that exercise the bulk decoder's fast path and every way out of it: runs of
+    consecutive ids across the low byte's carry (127->128, 255->256, 16383->16384), id jumps,
+    repeated and changing timestamps, keys on some events."""
+    n = draw(st.integers(1, 160))
+    start = draw(st.sampled_from([1, 100, 120, 250, 16_300, 2**35 - 5, 2**63 - 50_000]))
+    ids = [start]
+    for _ in range(n - 1):
+        ids.append(ids[-1] + draw(st.sampled_from([1, 1, 1, 1, 2, 130])))
+    stamp = st.sampled_from([0, -1, 1_700_000_000_000, -(2**63), 2**63 - 1])
+    same_stamp = draw(st.booleans())
+    first = draw(stamp)
+    return Batch.build(
+        "s",
+        [draw(st.binary(max_size=3)) for _ in range(n)],
+        ids=ids,
+        keys=[draw(st.none() | st.none() | st.binary(max_size=3)) for _ in range(n)],
+        timestamps=first if same_stamp else [draw(stamp) for _ in range(n)],
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(envelope_batches())
+def test_bulk_envelope_decoding_matches_one_by_one(batch: Batch) -> None:
+    elements = encode_envelopes(batch)
+    bulk = envelopes_to_batch("s", elements)
+    assert bulk == batch
+    assert [decode_envelope(e) for e in elements] == [
+        (e.id, e.timestamp, e.key, e.value) for e in batch
+    ]
+
+
+@pytest.mark.parametrize(
+    "elements",
+    [[b""], [b"\x05"], [b"\x05\x01"], [b"\x05\x01\x09ab"], [b"\xff" * 11], [b"\x05\x02\x00", b""],
+     [b"\x05\x02\x00", b"\x06\x02"], []],
+)  # fmt: skip
+def test_bulk_decoding_refuses_malformed_envelopes(elements: list[bytes]) -> None:
+    with pytest.raises(ValueError, match="envelope"):
+        envelopes_to_batch("s", elements)

@@ -1,7 +1,14 @@
 """RS.io over a byte stream (seed 000): the sans-IO codec and connection state machine.
 No asyncio here: bytes in, events out, bytes to send."""
 
-from .codec import Decoder, Limits, OfferProtocolError, SubscriptionProtocolError, encode
+from .codec import (
+    Decoder,
+    Limits,
+    OfferProtocolError,
+    OnNextRun,
+    SubscriptionProtocolError,
+    encode,
+)
 from .connection import (
     Connection,
     ConnectionClosed,
@@ -55,6 +62,7 @@ __all__ = [
     "OnError",
     "OnNext",
     "OnNextPacked",
+    "OnNextRun",
     "Request",
     "Role",
     "ServerHello",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import Literal
 from urllib.parse import quote, unquote, unquote_to_bytes
 
@@ -251,73 +252,85 @@ def _pull(element: bytes, pos: int) -> tuple[int, int]:
 def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
     """The batch of the envelope ``elements`` (as a subscriber receives them), decoded in one
     tight loop into the batch's column buffers. ``ValueError`` if one is malformed; ids must
-    increase (:class:`InvalidBatch`) unless every id is 0 (publishing: assign them)."""
-    ids = array("Q")
-    stamps = array("q")
-    value_offsets = array("I", [0])
+    increase (:class:`InvalidBatch`) unless every id is 0 (publishing: assign them).
+
+    Fast path: an envelope whose header is exactly the one expected after the previous
+    envelope (next id, same timestamp, no key) is recognised with one ``startswith``; the
+    expected header is kept up to date by bumping its first byte (a carry out of the id's low
+    seven bits falls back to the full parse)."""
+    ids: list[int] = []
+    stamps: list[int] = []
     values: list[bytes] = []
-    key_flags = bytearray()
-    key_offsets = array("I", [0])
-    keys: list[bytes] = []
-    any_key = False
-    vtotal = ktotal = 0
-    prev_ts_raw = b""
-    ts = 0
+    keyed: list[tuple[int, bytes]] = []  # (index, key) of the events that have a key
+    expected = bytearray()  # the header expected next; empty: parse the next one in full
+    hlen = 0
+    event_id = ts = 0
     pull = _pull
+    varint = _varint
     try:
         for element in elements:
-            b = element[0]
-            if b < 0x80:
-                event_id, pos = b, 1
+            if hlen and element.startswith(expected):
+                event_id += 1
+                values.append(element[hlen:])
+                b = expected[0]
+                if b & 0x7F == 0x7F:  # the next id carries out of its low byte
+                    hlen = 0
+                else:
+                    expected[0] = b + 1
             else:
-                event_id, pos = pull(element, 0)
-            ts_len = len(prev_ts_raw)
-            if ts_len and element[pos : pos + ts_len] == prev_ts_raw:  # same stamp as before
-                pos += ts_len
-            else:
-                raw, end = pull(element, pos)
-                prev_ts_raw = element[pos:end]
+                b = element[0]
+                event_id, pos = (b, 1) if b < 0x80 else pull(element, 0)
+                ts_start = pos
+                raw, pos = pull(element, pos)
                 ts = (raw >> 1) ^ -(raw & 1)
-                pos = end
-            b = element[pos]
-            if b == 0:
-                pos += 1
-                key_flags.append(0)
-            else:
-                key_len, pos = pull(element, pos) if b >= 0x80 else (b, pos + 1)
-                key_len -= 1
-                if pos + key_len > len(element):
-                    raise ValueError("bad envelope: the key runs past the element")
-                keys.append(element[pos : pos + key_len])
-                ktotal += key_len
-                pos += key_len
-                key_flags.append(1)
-                any_key = True
-            key_offsets.append(ktotal)
-            value = element[pos:] if pos else element
-            values.append(value)
-            vtotal += len(value)
-            value_offsets.append(vtotal)
+                ts_raw = element[ts_start:pos]
+                b = element[pos]
+                if b == 0:
+                    pos += 1
+                else:
+                    key_len, pos = pull(element, pos) if b >= 0x80 else (b, pos + 1)
+                    key_len -= 1
+                    if pos + key_len > len(element):
+                        raise ValueError("bad envelope: the key runs past the element")
+                    keyed.append((len(values), element[pos : pos + key_len]))
+                    pos += key_len
+                values.append(element[pos:])
+                expected = bytearray(varint(event_id + 1) + ts_raw + b"\x00")
+                hlen = len(expected)
             ids.append(event_id)
             stamps.append(ts)
     except IndexError:
         raise ValueError("bad envelope: cut short") from None
-    except OverflowError:
-        raise ValueError("bad envelope: an id or timestamp is out of range") from None
     if not ids:
         raise ValueError("no envelopes")
-    id_view = memoryview(ids).cast("B").cast("Q")
+    try:
+        id_array = array("Q", ids)
+        stamp_array = array("q", stamps)
+    except OverflowError:
+        raise ValueError("bad envelope: an id or timestamp is out of range") from None
+    id_view = memoryview(id_array).cast("B").cast("Q")
     if ids[0]:
         _check_ids(id_view)
+    offsets = array("I", accumulate(map(len, values), initial=0))
+    key_flags = key_offsets = key_view = None
+    if keyed:
+        flags = bytearray(len(ids))
+        key_lengths = [0] * len(ids)
+        for i, key in keyed:
+            flags[i] = 1
+            key_lengths[i] = len(key)
+        key_flags = memoryview(bytes(flags))
+        key_offsets = memoryview(array("I", accumulate(key_lengths, initial=0))).cast("B").cast("I")
+        key_view = memoryview(b"".join(key for _, key in keyed))
     return Batch(
         validate_stream_name(stream),
         id_view,
-        memoryview(stamps).cast("B").cast("q"),
-        memoryview(value_offsets).cast("B").cast("I"),
+        memoryview(stamp_array).cast("B").cast("q"),
+        memoryview(offsets).cast("B").cast("I"),
         memoryview(b"".join(values)),
-        memoryview(bytes(key_flags)) if any_key else None,
-        memoryview(key_offsets).cast("B").cast("I") if any_key else None,
-        memoryview(b"".join(keys)) if any_key else None,
+        key_flags,
+        key_offsets,
+        key_view,
     )
 
 
