@@ -450,6 +450,41 @@ def test_more_elements_than_demand_is_a_breach() -> None:
     assert_breach(client, mentions="exceed the demand")
 
 
+def test_runs_deliver_what_demand_allows_then_breach() -> None:
+    """With ``runs=True`` consecutive onNext frames come as one OnNextRun; a run longer than
+    the demand delivers the elements within it, then the connection is breached, exactly as
+    one frame at a time would."""
+    client = Connection(Role.CLIENT, runs=True)
+    client.initiate()
+    client.send(Subscribe("p", 1, 2))
+    client.data_to_send()
+    client.receive_data(raw(ServerHello(), Subscribed(1, 0), OnNext(1, b"a"), OnNext(1, b"b")))
+    assert drain(client) == [HandshakeCompleted(0, frozenset()), Subscribed(1, 0),
+                             OnNextRun(1, [b"a", b"b"])]  # fmt: skip
+    client.send(Request(1, 2))
+    client.receive_data(raw(OnNext(1, b"c"), OnNext(1, b"d"), OnNext(1, b"e")))
+    events = drain(client)
+    assert events[0] == OnNextRun(1, [b"c", b"d"])
+    assert isinstance(events[1], ConnectionClosed)
+    assert events[1].error
+    assert b"exceed the demand" in client.data_to_send()
+
+
+def test_send_elements_frames_like_single_sends() -> None:
+    client, server = pair()
+    subscribe(client, server, 300, 3)
+    elements = [b"x", b"", b"y" * 200]
+    server.send_elements(300, elements)
+    single = b"".join(raw(OnNext(300, e)) for e in elements)
+    assert server.data_to_send() == single
+    assert server.demand(300) == 0
+    with pytest.raises(LocalProtocolError, match="exceed its demand"):
+        server.send_elements(300, [b"z"])
+    subscribe(client, server, 7, 5, size=2)
+    with pytest.raises(LocalProtocolError, match="variable-size"):
+        server.send_elements(7, [b"zz"])
+
+
 def test_packed_count_beyond_demand_is_a_breach() -> None:
     client = client_subscribed(element_size=2, demand=2)
     client.receive_data(bytes.fromhex("08 01 03 61 61 62 62 63 63"))  # count 3 > demand 2
