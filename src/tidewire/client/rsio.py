@@ -472,24 +472,29 @@ class Publisher:
                 continue
             demand = conn.demand(self.offer)
             sent = 0
-            while self._queue and demand and sent < 256 * 1024:
+            queue = self._queue
+            if not self.size:  # one onNext per element, framed in one go
+                run: list[bytes] = []
+                while queue and len(run) < demand and sent < 256 * 1024:
+                    element = queue.popleft()
+                    run.append(element)
+                    sent += len(element)
+                conn.send_elements(self.offer, run)
+            while self.size and queue and demand and sent < 256 * 1024:
                 count = self._queue_counts[0]
-                part = self._queue[0]
+                part = queue[0]
                 if count > demand:  # split a packed run at the demand
                     cut = demand * self.size
-                    self._queue[0], part = part[cut:], part[:cut]
+                    queue[0], part = part[cut:], part[:cut]
                     self._queue_counts[0] -= demand
                     count = demand
                 else:
-                    self._queue.popleft()
+                    queue.popleft()
                     self._queue_counts.popleft()
-                if self.size:
-                    conn.send(OnNextPacked(self.offer, count, part))
-                else:
-                    conn.send(OnNext(self.offer, part))
+                conn.send(OnNextPacked(self.offer, count, part))
                 demand -= count
                 sent += len(part)
-                self._queued_bytes -= len(part)
+            self._queued_bytes -= sent
             self._room.set()
             self.client._flush()
             await self.client.writer.drain()

@@ -5,6 +5,11 @@ needs ``n >= 1``; outstanding demand saturates at 2**63-1, which means unbounded
 are delivered than were requested. A subscription holds a *position* in the log (the next id),
 never a queue: a slow subscriber costs the server nothing while it does not ask, whatever its
 backlog. Each delivery is read from the log (from memory for a live tail) when demand allows.
+
+Reads run ahead by up to ``readahead_bytes`` (default 1 MiB, never less than a delivery): the
+log checks a whole record's CRC before handing out any of it, so a record bigger than one
+delivery is read once and what is not delivered yet is kept (the *carry*) for the next
+deliveries, instead of being read again for each. The carry is bounded by ``readahead_bytes``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..model import MAX_ID, Batch, DataLossError, TidewireError
+from ..model import MAX_ID, Batch, DataLossError
 from .filters import filter_key
 
 if TYPE_CHECKING:
@@ -42,6 +47,7 @@ class Subscription:
         key: bytes | None = None,
         skip_lost: bool = False,
         max_batch_bytes: int = 1024 * 1024,
+        readahead_bytes: int = 1024 * 1024,
     ) -> None:
         self.hub = hub
         self.stream = stream
@@ -50,6 +56,8 @@ class Subscription:
         self.key = key
         self.skip_lost = skip_lost
         self.max_batch_bytes = max_batch_bytes
+        self.readahead_bytes = max(readahead_bytes, max_batch_bytes)
+        self._carry: list[Batch] = []  # read, not yet delivered; starts at next_id
         self.demand = 0
         self.cancelled = False
         self.delivered = 0
@@ -67,6 +75,7 @@ class Subscription:
     def cancel(self) -> None:
         """Stop delivering; a pending :meth:`next` returns ``None``. Idempotent."""
         self.cancelled = True
+        self._carry = []
         self._wake.set()
 
     @property
@@ -100,7 +109,7 @@ class Subscription:
                 await self._wake.wait()
                 continue
             latest = self.hub.log.latest(self.stream)
-            if latest < self.next_id:
+            if latest < self.next_id and not self._carry:
                 await self._wait_for_commit(self.next_id - 1)
                 continue
             batches = await self._read()
@@ -126,19 +135,27 @@ class Subscription:
         if commit.done() and not commit.cancelled() and commit.exception() is not None:
             raise commit.exception()  # type: ignore[misc]
 
-    async def _read(self) -> list[Batch]:
-        """One read at the position; may return nothing when a key filter dropped everything.
+    async def _fetch(self) -> list[Batch]:
+        """Batches from the position on: the carry, else one read of ``readahead_bytes``."""
+        if self._carry:
+            carry, self._carry = self._carry, []
+            first = self.hub.log.start_id(self.stream)
+            if first > self.next_id:  # retention removed it meanwhile: as if read now
+                raise DataLossError(self.stream, self.next_id, first)
+            return carry
+        return await self.hub.log.read_async(self.stream, self.next_id, self.readahead_bytes)
 
-        Without a filter the log is asked for at most the demand. With one, the read is bounded
-        by bytes only (most events may not match), and the position stops right after the last
+    async def _read(self) -> list[Batch]:
+        """One delivery at the position; may return nothing when a key filter dropped
+        everything.
+
+        At most the demand and about ``max_batch_bytes`` are delivered; the rest of what was
+        read stays in the carry. With a key filter the position stops right after the last
         event delivered once the demand is met, so nothing matching is skipped.
         """
         want = min(self.demand, self.until_id - self.next_id + 1)
         try:
-            batches = await self.hub.log.read_async(
-                self.stream, self.next_id, self.max_batch_bytes,
-                want if self.key is None else MAX_DEMAND,
-            )  # fmt: skip
+            batches = await self._fetch()
         except DataLossError as exc:
             if not self.skip_lost:
                 raise
@@ -146,30 +163,48 @@ class Subscription:
             return []
         out: list[Batch] = []
         budget = want
-        for batch in batches:
-            if self.cancelled or budget <= 0:
+        room = self.max_batch_bytes
+        for i, batch in enumerate(batches):
+            if self.cancelled:
+                break
+            if budget <= 0 or room <= 0:
+                self._carry = batches[i:]
                 break
             if batch.first_id > self.until_id:
                 self.next_id = self.until_id + 1
                 break
-            next_id = batch.last_id + 1
             if batch.last_id > self.until_id:
                 batch = batch.slice(0, batch.index_of(self.until_id + 1))
-                next_id = self.until_id + 1
+            stop = batch.fit(0, room)
+            if not stop:
+                if out:  # not even one more event fits: next delivery
+                    self._carry = [batch, *batches[i + 1 :]]
+                    break
+                stop = 1  # a delivery holds at least one event
+            if self.key is None:
+                stop = min(stop, budget)
+            if stop < len(batch):  # the rest waits in the carry
+                self._carry = [batch.slice(stop, len(batch)), *batches[i + 1 :]]
+                batch = batch.slice(0, stop)
+            next_id = batch.last_id + 1
+            room -= batch.nbytes
             if self.key is not None:
                 filtered = filter_key(batch, self.key)
                 if filtered is None:
                     self.next_id = next_id
+                    if self._carry:
+                        break
                     continue
                 batch = filtered
                 if len(batch) > budget:
                     batch = batch.slice(0, budget)
                     next_id = batch.last_id + 1
-            elif len(batch) > budget:  # the log honours max_events
-                raise TidewireError("internal: read returned more than the demand")
+                    self._carry = []  # read again from the new position
             self.next_id = next_id
             out.append(batch)
             budget -= len(batch)
+            if self._carry:
+                break
         delivered = want - budget
         if self.demand < MAX_DEMAND:
             self.demand -= delivered

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -66,6 +67,13 @@ MAX_SUBSCRIPTIONS = 1024  # per connection: each costs a task and a hub subscrip
 MAX_OFFERS = 256  # per connection: each costs a task
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
 MAX_INLET_BYTES = 8 * 1024 * 1024  # per connection: received for offers, not yet committed
+COMMIT_BYTES = 1024 * 1024  # an offer's elements are appended in chunks of about this size
+APPENDS_IN_FLIGHT = 4  # per offer, when the hub assigns the ids
+
+
+def _retrieve(future: asyncio.Future[Batch]) -> None:
+    if not future.cancelled():
+        future.exception()  # an abandoned append's failure is logged by the log, not here
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,33 +315,70 @@ class RsioServerProtocol(asyncio.Protocol):
             parts = [p[i : i + size] for p in parts for i in range(0, len(p), size)]
         return decode_envelopes(name.stream, parts)
 
+    def _take(self, inlet: _Inlet) -> tuple[list[bytes], int, int]:
+        """The oldest gathered parts, about ``COMMIT_BYTES`` of them (at least one)."""
+        size = inlet.element_size
+        if inlet.nbytes <= COMMIT_BYTES:
+            taken = (inlet.parts, inlet.count, inlet.nbytes)
+            inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+            return taken
+        nbytes = count = stop = 0
+        while nbytes < COMMIT_BYTES:
+            part = inlet.parts[stop]
+            stop += 1
+            nbytes += len(part)
+            count += len(part) // size if size else 1
+        parts, inlet.parts = inlet.parts[:stop], inlet.parts[stop:]
+        inlet.count -= count
+        inlet.nbytes -= nbytes
+        return parts, count, nbytes
+
     async def _commit_loop(self, inlet: _Inlet) -> None:
+        """Append what arrives, in chunks of about ``COMMIT_BYTES`` (records stay small enough
+        for subscribers to read without waste), several appends in flight when the hub assigns
+        the ids (so they share group commits), one at a time when the envelopes carry ids (so
+        that a refused append is never followed by a stored one). Acknowledge in order."""
         offer = inlet.offer
+        inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
         try:
             while True:
-                if not inlet.parts:
-                    if inlet.ended is not None:
-                        break
-                    inlet.wake.clear()
-                    await inlet.wake.wait()
-                    continue
-                parts, count, nbytes = inlet.parts, inlet.count, inlet.nbytes
-                inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
-                try:
-                    batch, explicit = self._batch(inlet, parts)
+                while inflight and inflight[0][0].done():
+                    append, count, nbytes = inflight.popleft()
+                    self._release(nbytes)
+                    stored = append.result()
+                    if self.conn.closed:
+                        return
+                    self.conn.send(Committed(offer, count, stored.first_id, stored.last_id))
+                    if inlet.ended is None and self.conn.is_subscribed(offer):
+                        self.conn.send(Request(offer, count))
+                    self._flush()
+                depth = 1 if inlet.explicit_ids else APPENDS_IN_FLIGHT
+                if inlet.parts and len(inflight) < depth:
+                    parts, count, nbytes = self._take(inlet)
+                    try:
+                        batch, explicit = self._batch(inlet, parts)
+                    except (TidewireError, ValueError):
+                        self._release(nbytes)
+                        raise
                     if inlet.explicit_ids is None:
                         inlet.explicit_ids = explicit
                     elif explicit != inlet.explicit_ids:
+                        self._release(nbytes)
                         raise ValueError("an offer's envelopes either all carry ids or none does")
-                    stored = await self.hub.append(batch, assign_ids=not explicit)
-                finally:
-                    self._release(nbytes)
-                if self.conn.closed:
-                    return
-                self.conn.send(Committed(offer, count, stored.first_id, stored.last_id))
-                if inlet.ended is None and self.conn.is_subscribed(offer):
-                    self.conn.send(Request(offer, count))
-                self._flush()
+                    if explicit and inflight:  # its predecessor first (see the docstring)
+                        inlet.parts[:0], inlet.count, inlet.nbytes = (
+                            parts, inlet.count + count, inlet.nbytes + nbytes)  # fmt: skip
+                    else:
+                        append = asyncio.ensure_future(
+                            self.hub.append(batch, assign_ids=not explicit)
+                        )
+                        append.add_done_callback(lambda _: inlet.wake.set())
+                        inflight.append((append, count, nbytes))
+                        continue
+                if not inlet.parts and not inflight and inlet.ended is not None:
+                    break
+                inlet.wake.clear()
+                await inlet.wake.wait()
             if not self.conn.closed:
                 if inlet.ended:
                     log.info("rsio %s: offer %d: the publisher failed: %s", self.peer, offer,
@@ -351,6 +396,9 @@ class RsioServerProtocol(asyncio.Protocol):
                 self.conn.send(OfferEnded(offer, str(exc)))
                 self._flush()
         finally:
+            for append, _, nbytes in inflight:  # the log finishes them; nothing is acked
+                append.add_done_callback(_retrieve)
+                self._release(nbytes)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
                 self._release(inlet.nbytes)

@@ -270,13 +270,14 @@ def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
     try:
         for element in elements:
             if hlen and element.startswith(expected):
-                event_id += 1
                 values.append(element[hlen:])
-                b = expected[0]
-                if b & 0x7F == 0x7F:  # the next id carries out of its low byte
-                    hlen = 0
-                else:
-                    expected[0] = b + 1
+                if event_id:  # (id 0, "assign it", repeats as it is)
+                    event_id += 1
+                    b = expected[0]
+                    if b & 0x7F == 0x7F:  # the next id carries out of its low byte
+                        hlen = 0
+                    else:
+                        expected[0] = b + 1
             else:
                 b = element[0]
                 event_id, pos = (b, 1) if b < 0x80 else pull(element, 0)
@@ -295,7 +296,7 @@ def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
                     keyed.append((len(values), element[pos : pos + key_len]))
                     pos += key_len
                 values.append(element[pos:])
-                expected = bytearray(varint(event_id + 1) + ts_raw + b"\x00")
+                expected = bytearray(varint(event_id + 1 if event_id else 0) + ts_raw + b"\x00")
                 hlen = len(expected)
             ids.append(event_id)
             stamps.append(ts)
