@@ -121,7 +121,7 @@ class RsioServerProtocol(asyncio.Protocol):
         self.pumps: dict[int, tuple[Subscription, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
         self.inlet_bytes = 0
-        self._reading_paused = False
+        self._pauses: set[str] = set()  # why reading is paused: "output", "inlet"
         self._writable = asyncio.Event()
         self._writable.set()
 
@@ -161,10 +161,26 @@ class RsioServerProtocol(asyncio.Protocol):
             self.transport.close()
 
     def pause_writing(self) -> None:
+        """The peer does not read fast enough: pumps wait, and so does reading its input (a
+        peer that sends requests and never reads the answers must not grow our buffers)."""
         self._writable.clear()
+        self._pause("output")
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self._resume("output")
+
+    def _pause(self, why: str) -> None:
+        if not self._pauses and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._pauses.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why not in self._pauses:
+            return
+        self._pauses.discard(why)
+        if not self._pauses and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     # ------------------------------------------------------------------ events
 
@@ -280,10 +296,8 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.nbytes += len(data)
         self.inlet_bytes += len(data)
         inlet.wake.set()
-        if self.inlet_bytes > self.settings.max_inlet_bytes and not self._reading_paused:
-            self._reading_paused = True
-            if self.transport is not None:
-                self.transport.pause_reading()
+        if self.inlet_bytes > self.settings.max_inlet_bytes:
+            self._pause("inlet")
 
     def _gather_run(self, inlet: _Inlet, elements: list[bytes]) -> None:
         nbytes = sum(map(len, elements))
@@ -292,17 +306,13 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.nbytes += nbytes
         self.inlet_bytes += nbytes
         inlet.wake.set()
-        if self.inlet_bytes > self.settings.max_inlet_bytes and not self._reading_paused:
-            self._reading_paused = True
-            if self.transport is not None:
-                self.transport.pause_reading()
+        if self.inlet_bytes > self.settings.max_inlet_bytes:
+            self._pause("inlet")
 
     def _release(self, nbytes: int) -> None:
         self.inlet_bytes -= nbytes
-        if self._reading_paused and self.inlet_bytes <= self.settings.max_inlet_bytes // 2:
-            self._reading_paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+        if self.inlet_bytes <= self.settings.max_inlet_bytes // 2:
+            self._resume("inlet")
 
     def _batch(self, inlet: _Inlet, parts: list[bytes]) -> tuple[Batch, bool]:
         name, size = inlet.name, inlet.element_size
@@ -437,8 +447,10 @@ class RsioServerProtocol(asyncio.Protocol):
         if name.size:
             n, size = len(batch), name.size
             base = batch.value_offsets[0]
-            expected = array("I", range(base, base + n * size + 1, size))
-            if batch.value_offsets.tobytes() != expected.tobytes():  # all N bytes, no loop
+            if batch.values.nbytes != n * size or (  # then every offset fits in 32 bits
+                batch.value_offsets.tobytes()
+                != array("I", range(base, base + n * size + 1, size)).tobytes()  # no loop
+            ):
                 raise TidewireError(
                     f"stream {batch.stream!r} holds a value that is not {size} bytes"
                 )

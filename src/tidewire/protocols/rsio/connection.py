@@ -71,6 +71,17 @@ from .wire import MAX_LONG, push_varint
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
 
+MAX_REASON_CHARS = 1000
+"""Reasons this side sends (goodbye, onError, offerEnded) are clipped to this many characters
+(at most 4000 bytes of UTF-8, far below any peer's String limit): they often quote the peer's
+input, which may be as long as the peer's own limit allows."""
+
+
+def clip_reason(reason: str) -> str:
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return reason[: MAX_REASON_CHARS - 1] + "…"
+
 __all__ = [
     "Connection",
     "ConnectionClosed",
@@ -245,6 +256,13 @@ class Connection:
                 f"cannot send {type(message).__name__}: connection {self.state.value}"
             )
         size = 0
+        match message:
+            case OnError(subscriber, error) if len(error) > MAX_REASON_CHARS:
+                message = OnError(subscriber, clip_reason(error))
+            case Goodbye(reason) if len(reason) > MAX_REASON_CHARS:
+                message = Goodbye(clip_reason(reason))
+            case OfferEnded(offer_id, error) if len(error) > MAX_REASON_CHARS:
+                message = OfferEnded(offer_id, clip_reason(error))
         match message:
             case ClientHello() | ServerHello():
                 raise LocalProtocolError("the hello is sent by initiate()")
@@ -456,6 +474,9 @@ class Connection:
                     expected = ServerHello if self.role is Role.CLIENT else ClientHello
                     self._breach(f"expected {expected.__name__} first, got Subscribe ({exc})")
                     break
+                if exc.subscriber in self._theirs.subs:
+                    self._breach(f"subscribe reuses open subscriber id {exc.subscriber}")
+                    break
                 if self.state is State.OPEN:
                     self._refuse_theirs(exc.subscriber, str(exc))
                 continue
@@ -599,7 +620,7 @@ class Connection:
     def _refuse_theirs(self, subscriber: int, reason: str) -> None:
         """A breach scoped to one subscription the peer made: onError, and it is closed."""
         self._theirs.subs.pop(subscriber, None)
-        self._out += encode(OnError(subscriber, reason))
+        self._out += encode(OnError(subscriber, clip_reason(reason)))
         self._events.append(SubscriptionErrored(subscriber, reason, outbound=False))
 
     def _refuse_offer(self, offer: int, reason: str) -> None:
@@ -608,12 +629,12 @@ class Connection:
         if self.role is not Role.SERVER or offer in self._offers:
             self._breach(f"offer {offer}: {reason}")
             return
-        self._out += encode(OfferEnded(offer, reason))
+        self._out += encode(OfferEnded(offer, clip_reason(reason)))
         self._events.append(OfferRefused(offer, reason))
 
     def _breach(self, reason: str) -> None:
         if self.state is State.OPEN:
-            self._out += encode(Goodbye(f"protocol error: {reason}"))
+            self._out += encode(Goodbye(clip_reason(f"protocol error: {reason}")))
         self._close(reason, by_peer=False, error=True)
 
     def _close(self, reason: str, *, by_peer: bool, error: bool = False) -> None:
