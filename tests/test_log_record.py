@@ -7,6 +7,7 @@ import zlib
 from array import array
 
 import pytest
+from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,7 +46,8 @@ def _with_header_field(data: bytes, fmt: str, at: int, value: int) -> bytes:
     """``data`` with one header field replaced and the header CRC recomputed (still 'valid')."""
     buf = bytearray(data)
     struct.pack_into(fmt, buf, at, value)
-    struct.pack_into("<I", buf, 44, zlib.crc32(bytes(buf[:44])))
+    checksum = zlib.crc32 if buf[4] == 1 else crc32c  # format 1 used zlib's CRC-32
+    struct.pack_into("<I", buf, 44, checksum(bytes(buf[:44])))
     return bytes(buf)
 
 
@@ -82,7 +84,7 @@ def test_golden_layout_with_keys() -> None:
     head = b"".join(
         [
             _le(length, 4),
-            bytes([1]),  # magic
+            bytes([2]),  # magic: format 2 (CRC-32C)
             bytes([1]),  # attributes: keys
             _le(0, 2),  # reserved
             _le(3, 4),  # count
@@ -90,10 +92,10 @@ def test_golden_layout_with_keys() -> None:
             _le(5, 8),  # base id
             _le(9, 8),  # last id
             _le(3000, 8, signed=True),  # max timestamp
-            _le(zlib.crc32(body), 4),
+            _le(crc32c(body), 4),
         ]
     )
-    head += _le(zlib.crc32(head), 4)
+    head += _le(crc32c(head), 4)
     expected = head + body + bytes(6)
     assert len(head) == HEADER_SIZE == 48
     assert data == expected
@@ -101,7 +103,7 @@ def test_golden_layout_with_keys() -> None:
     header = parse_header(data)
     assert (header.length, header.attributes, header.count, header.body_size) == (144, 1, 3, 90)
     assert (header.base_id, header.last_id, header.max_timestamp) == (5, 9, 3000)
-    assert header.body_crc == zlib.crc32(body)
+    assert header.body_crc == crc32c(body)
 
 
 def test_golden_layout_without_keys() -> None:
@@ -122,14 +124,34 @@ def test_golden_layout_without_keys() -> None:
     assert data[48 : 48 + 50] == body
     assert data[98:] == bytes(6)
     assert _u32(data, 0) == 104 == record.length
-    assert data[4:8] == b"\x01\x00\x00\x00"  # magic 1, no attributes, reserved 0
+    assert data[4:8] == b"\x02\x00\x00\x00"  # magic 2, no attributes, reserved 0
     assert _u32(data, 8) == 2
     assert _u32(data, 12) == 50
     assert (_u64(data, 16), _u64(data, 24)) == (1, 2)
     assert int.from_bytes(data[32:40], "little", signed=True) == -7
-    assert _u32(data, 40) == zlib.crc32(body)
-    assert _u32(data, 44) == zlib.crc32(data[:44])
+    assert _u32(data, 40) == crc32c(body)
+    assert _u32(data, 44) == crc32c(data[:44])
     assert (record.count, record.base_id, record.last_id, record.max_timestamp) == (2, 1, 2, -7)
+
+
+def test_crc32c_is_castagnoli() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value (RFC 3720 B.4)
+
+
+def test_format_1_records_with_zlib_checksums_are_still_read() -> None:
+    """Format 1 is format 2's layout with zlib CRC-32 checksums (tidewire <= 0.1 wrote it)."""
+    batch = Batch.build("s", [b"one", b"two"], ids=[3, 4], keys=[b"k", None], timestamps=5)
+    v1 = bytearray(_bytes_of(encode(batch)))
+    v1[4] = 1
+    body = bytes(v1[48 : 48 + _u32(bytes(v1), 12)])
+    struct.pack_into("<I", v1, 40, zlib.crc32(body))
+    struct.pack_into("<I", v1, 44, zlib.crc32(bytes(v1[:44])))
+    header = parse_header(v1)
+    assert header.magic == 1
+    assert decode_body("s", header, memoryview(bytes(v1)), 0) == batch
+    v1[60] ^= 1  # a body byte: the zlib CRC catches it
+    with pytest.raises(ValueError, match="body CRC mismatch"):
+        decode_body("s", header, memoryview(bytes(v1)), 0)
 
 
 def test_encoding_a_slice_keeps_its_offsets() -> None:
@@ -282,7 +304,8 @@ def _small() -> bytes:
 @pytest.mark.parametrize(
     ("fmt", "at", "value", "message"),
     [
-        ("<B", 4, 2, "unknown record format 2"),  # magic
+        ("<B", 4, 3, "unknown record format 3"),  # magic
+        ("<B", 4, 0, "unknown record format 0"),
         ("<B", 5, 0x02, "reserved bits"),  # unknown attribute
         ("<H", 6, 1, "reserved bits"),  # reserved field
         ("<I", 8, 0, "inconsistent ids"),  # count 0

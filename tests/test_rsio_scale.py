@@ -213,7 +213,7 @@ def test_million_events_published_and_received_in_order_exactly_once(tmp_path: P
 VALUE_SIZE = 64 * 1024
 N_VALUES = 16_384  # x 64 KiB = 1 GiB
 PER_SUBMIT = 16  # 1 MiB per submit
-READER_PREFETCH = 64
+READER_PREFETCH = 16  # 1 MiB a delivery at most
 READER_PACE_S = 0.05  # the slow reader's deliberate pause after each batch
 BATCHES_AFTER_PUBLISHING = 20
 # What the server may hold for this run, whatever the reader's lag (the unbounded failure mode

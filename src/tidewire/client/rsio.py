@@ -362,6 +362,9 @@ class Publisher:
         self._pending: deque[_Pending] = deque()
         self._closing = False
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # The offer's error also fails every pending batch, which is where the application
+        # sees it; a publisher dropped after that must not make asyncio report it again.
+        self.ended.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pump = asyncio.create_task(self._pump_loop())
 
     # called by the client's dispatcher
@@ -515,7 +518,6 @@ class Publisher:
             return
         # Leaving on an error: complete the offer in the background; its end is not awaited
         # (and its error, if any, is the one already being raised).
-        self.ended.add_done_callback(lambda f: f.cancelled() or f.exception())
         if not self.ended.done():
             self._closing = True
             self.wake.set()

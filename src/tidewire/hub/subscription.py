@@ -28,6 +28,9 @@ __all__ = ["MAX_DEMAND", "Subscription"]
 MAX_DEMAND = 2**63 - 1
 """Demand at or above this is unbounded (Reactive Streams: Long.MAX_VALUE)."""
 
+SMALL_DEMAND = 64
+"""Below this many events wanted, a read fetches only those (no read-ahead)."""
+
 
 class Subscription:
     """Created by :meth:`tidewire.hub.Hub.subscribe`; read with :meth:`next`.
@@ -135,14 +138,20 @@ class Subscription:
         if commit.done() and not commit.cancelled() and commit.exception() is not None:
             raise commit.exception()  # type: ignore[misc]
 
-    async def _fetch(self) -> list[Batch]:
-        """Batches from the position on: the carry, else one read of ``readahead_bytes``."""
+    async def _fetch(self, want: int) -> list[Batch]:
+        """Batches from the position on: the carry, else one read of ``readahead_bytes`` (or,
+        for a small demand without a key filter, of just the events wanted: a subscriber that
+        asks for one event at a time does not make the log read a megabyte each time)."""
         if self._carry:
             carry, self._carry = self._carry, []
             first = self.hub.log.start_id(self.stream)
             if first > self.next_id:  # retention removed it meanwhile: as if read now
                 raise DataLossError(self.stream, self.next_id, first)
             return carry
+        if want < SMALL_DEMAND and self.key is None:
+            return await self.hub.log.read_async(
+                self.stream, self.next_id, self.max_batch_bytes, want
+            )
         return await self.hub.log.read_async(self.stream, self.next_id, self.readahead_bytes)
 
     async def _read(self) -> list[Batch]:
@@ -155,7 +164,7 @@ class Subscription:
         """
         want = min(self.demand, self.until_id - self.next_id + 1)
         try:
-            batches = await self._fetch()
+            batches = await self._fetch(want)
         except DataLossError as exc:
             if not self.skip_lost:
                 raise

@@ -5,7 +5,7 @@ total length a multiple of 8 so that every record starts 8-aligned)::
 
     offset size  field
     0      4     length        u32  bytes of the whole record, header and padding included
-    4      1     magic         u8   = 1 (format version)
+    4      1     magic         u8   = 2 (format version; 1 is read too, see below)
     5      1     attributes    u8   bit 0: the record carries keys
     6      2     reserved      u16  = 0
     8      4     count         u32  events in the record (>= 1)
@@ -13,8 +13,8 @@ total length a multiple of 8 so that every record starts 8-aligned)::
     16     8     base_id       u64  id of the first event
     24     8     last_id       u64  id of the last event
     32     8     max_timestamp i64  largest timestamp (ms), for retention by age
-    40     4     body_crc      u32  CRC-32 (zlib) of the body (bytes 48 .. 48 + body_size)
-    44     4     header_crc    u32  CRC-32 (zlib) of bytes 0 .. 44
+    40     4     body_crc      u32  CRC-32C of the body (bytes 48 .. 48 + body_size)
+    44     4     header_crc    u32  CRC-32C of bytes 0 .. 44
     48           body:
                    ids            count x u64
                    timestamps     count x i64
@@ -27,6 +27,12 @@ total length a multiple of 8 so that every record starts 8-aligned)::
 
 The header has its own CRC so that a damaged ``length`` is caught as corruption instead of being
 mistaken for a torn tail. Decoding hands back zero-copy views of the buffer it was given.
+
+Checksums are CRC-32C (Castagnoli, as in Kafka's record batches, iSCSI and ext4), computed by the
+``crc32c`` package (a C extension using the CPU's CRC32 instruction: ~25 GB/s here, against
+~2 GB/s for ``zlib.crc32``, which made checking records the largest cost of serving big values;
+it takes memoryviews without a copy, which ``google-crc32c`` does not). Format 1, the same layout
+with ``zlib.crc32`` checksums, is still read; every record written is format 2.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+
+from crc32c import crc32c
 
 from ..model import MAX_ID, Batch, InvalidBatch
 
@@ -53,7 +61,9 @@ __all__ = [
 
 HEADER = struct.Struct("<IBBHIIQQqII")
 HEADER_SIZE = HEADER.size  # 48
-MAGIC = 1
+MAGIC = 2  # CRC-32C checksums
+MAGIC_ZLIB = 1  # format 1: zlib CRC-32 checksums (read, never written)
+_CHECKSUMS = {MAGIC: crc32c, MAGIC_ZLIB: zlib.crc32}
 ATTR_KEYS = 0x01
 _CRC_SPAN = HEADER_SIZE - 4
 
@@ -68,6 +78,7 @@ class RecordHeader:
     last_id: int
     max_timestamp: int
     body_crc: int
+    magic: int = MAGIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +136,11 @@ def encode(batch: Batch, first_id: int | None = None) -> EncodedRecord:
         data[pos:end] = part
         pos = end
     view = memoryview(data)
-    crc = zlib.crc32(view[HEADER_SIZE:pos])
+    crc = crc32c(view[HEADER_SIZE:pos])
     max_ts = max(batch.timestamps)
     HEADER.pack_into(data, 0, length, MAGIC, attributes, 0, n, body_size, first, last, max_ts,
                      crc, 0)  # fmt: skip
-    struct.pack_into("<I", data, _CRC_SPAN, zlib.crc32(view[:_CRC_SPAN]))
+    struct.pack_into("<I", data, _CRC_SPAN, crc32c(view[:_CRC_SPAN]))
     header = RecordHeader(length, attributes, n, body_size, first, last, max_ts, crc)
     stored = decode_body(batch.stream, header, view.toreadonly(), 0, verify=False)
     return EncodedRecord(data, stored, length, n, first, last, max_ts)
@@ -221,9 +232,10 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordHea
     """Parse and check the header at ``buf[pos:pos + 48]``; raise :class:`HeaderError` if bad."""
     (length, magic, attributes, reserved, count, body_size, base_id, last_id, max_ts, body_crc,
      header_crc) = HEADER.unpack_from(buf, pos)  # fmt: skip
-    if zlib.crc32(memoryview(buf)[pos : pos + _CRC_SPAN]) != header_crc:
+    checksum = _CHECKSUMS.get(magic, crc32c)  # (a later format would keep CRC-32C)
+    if checksum(memoryview(buf)[pos : pos + _CRC_SPAN]) != header_crc:
         raise HeaderError("header CRC mismatch")
-    if magic != MAGIC:
+    if magic not in _CHECKSUMS:
         raise HeaderError(f"unknown record format {magic}")
     if reserved != 0 or attributes & ~ATTR_KEYS:
         raise HeaderError("reserved bits set")
@@ -232,7 +244,9 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordHea
     needed = 20 * count + 4 + ((5 * count + 4) if attributes & ATTR_KEYS else 0)
     if body_size < needed or length != HEADER_SIZE + body_size + (-(HEADER_SIZE + body_size) % 8):
         raise HeaderError(f"inconsistent sizes: length {length}, body {body_size}")
-    return RecordHeader(length, attributes, count, body_size, base_id, last_id, max_ts, body_crc)
+    return RecordHeader(
+        length, attributes, count, body_size, base_id, last_id, max_ts, body_crc, magic
+    )
 
 
 def decode_body(
@@ -246,7 +260,7 @@ def decode_body(
     start = pos + HEADER_SIZE
     end = start + header.body_size
     body = buf[start:end]
-    if verify and zlib.crc32(body) != header.body_crc:
+    if verify and _CHECKSUMS[header.magic](body) != header.body_crc:
         raise ValueError("body CRC mismatch")
     n = header.count
     p = 0

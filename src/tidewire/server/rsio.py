@@ -49,20 +49,22 @@ from ..protocols.rsio import (
     SubscriptionErrored,
 )
 from ..protocols.rsio.codec import OnNextRun
+from ..protocols.rsio.connection import BIG_ELEMENT
 from ..protocols.rsio.publisher import (
     OfferName,
     PublisherName,
     PublisherNameError,
     decode_envelopes,
     encode_envelopes,
+    envelope_parts,
 )
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
 
 log = logging.getLogger("tidewire.rsio")
 
-WRITE_HIGH_WATER = 1024 * 1024
-MAX_DELIVERY_BYTES = 256 * 1024
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+MAX_DELIVERY_BYTES = 1024 * 1024
 MAX_SUBSCRIPTIONS = 1024  # per connection: each costs a task and a hub subscription
 MAX_OFFERS = 256  # per connection: each costs a task
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
@@ -414,9 +416,12 @@ class RsioServerProtocol(asyncio.Protocol):
                 self._release(inlet.nbytes)
 
     def _flush(self) -> None:
-        data = self.conn.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        chunks = self.conn.chunks_to_send()
+        if chunks and self.transport is not None and not self.transport.is_closing():
+            if len(chunks) == 1:
+                self.transport.write(chunks[0])
+            else:
+                self.transport.writelines(chunks)  # uvloop: one writev, no copy
 
     # ------------------------------------------------------------------ delivery
 
@@ -457,6 +462,9 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send(OnNextPacked(subscriber, n, bytes(batch.values)))
         elif name.format == "value":
             self.conn.send_elements(subscriber, [batch.value(i) for i in range(len(batch))])
+        elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied
+            heads, values = envelope_parts(batch)
+            self.conn.send_elements(subscriber, values, heads)
         else:
             self.conn.send_elements(subscriber, encode_envelopes(batch))
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ...model import LocalProtocolError, RemoteProtocolError
@@ -70,6 +70,9 @@ from .messages import (
 from .wire import MAX_LONG, push_varint
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
+
+BIG_ELEMENT = 16 * 1024
+"""Elements this big are queued by reference (zero-copy), smaller ones are joined."""
 
 MAX_REASON_CHARS = 1000
 """Reasons this side sends (goodbye, onError, offerEnded) are clipped to this many characters
@@ -204,6 +207,7 @@ class Connection:
         self.state = State.OPEN
         self.peer_extensions: frozenset[int] | None = None
         self._out = bytearray()
+        self._chunks: list[bytes | memoryview] = []  # queued before _out: see chunks_to_send
         self._events: deque[Event] = deque()
         self._mine = _Table()  # subscriptions we made (we are the subscriber)
         self._theirs = _Table()  # subscriptions the peer made to us (we publish)
@@ -238,13 +242,26 @@ class Connection:
 
     def data_to_send(self) -> bytes:
         """Everything queued for the peer, in order; empty when there is nothing."""
+        if self._chunks:
+            return b"".join(self.chunks_to_send())
         data = bytes(self._out)
         self._out.clear()
         return data
 
+    def chunks_to_send(self) -> list[bytes | memoryview]:
+        """Everything queued for the peer, in order, as buffers to write back to back (e.g.
+        with ``transport.writelines``): big elements given to :meth:`send_elements` come as
+        they were given, uncopied."""
+        chunks = self._chunks
+        self._chunks = []
+        if self._out:
+            chunks.append(bytes(self._out))
+            self._out.clear()
+        return chunks
+
     @property
     def pending_output(self) -> int:
-        return len(self._out)
+        return len(self._out) + sum(len(c) for c in self._chunks)
 
     def send(self, message: Message) -> None:
         """Check ``message`` against the state, then queue it. Raises
@@ -371,16 +388,26 @@ class Connection:
         state = self._offers.get(offer)
         return state.delivered if state is not None else 0
 
-    def send_elements(self, subscriber: int, elements: list[bytes]) -> None:
+    def send_elements(
+        self,
+        subscriber: int,
+        elements: Sequence[bytes | memoryview],
+        heads: Sequence[bytes] | None = None,
+    ) -> None:
         """Send ``elements`` to the peer's subscription ``subscriber`` as ``onNext`` frames
         (as many :meth:`send` calls would, at a fraction of the cost: the publisher's hot
-        path). Variable-size mode only; a fixed-size subscription takes ``OnNextPacked``."""
+        path). With ``heads``, element ``i`` is ``heads[i] + elements[i]`` (e.g. an envelope's
+        header and its value, never joined in memory). Elements of ``BIG_ELEMENT`` bytes or
+        more are queued as they are, not copied (see :meth:`chunks_to_send`). Variable-size
+        mode only; a fixed-size subscription takes ``OnNextPacked``."""
         if self.state is not State.OPEN or not self._hello_sent:
             raise LocalProtocolError(f"cannot send onNext: connection {self.state.value}")
         sub = self._active_theirs(subscriber, "onNext")
         count = len(elements)
         if sub.element_size:
             raise LocalProtocolError("send_elements is for variable-size subscriptions")
+        if heads is not None and len(heads) != count:
+            raise LocalProtocolError(f"{len(heads)} heads for {count} elements")
         if count > sub.demand:
             raise LocalProtocolError(
                 f"{count} element(s) for subscriber {subscriber} exceed its demand of "
@@ -395,10 +422,12 @@ class Connection:
         push_varint(head, subscriber)
         prefix = bytes(head)
         small = _SMALL
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         append = parts.append
-        for element in elements:
-            n = len(element)
+        chunks = self._chunks
+        for i, element in enumerate(elements):
+            extra = b"" if heads is None else heads[i]
+            n = len(element) + len(extra)
             append(prefix)
             if n < 0x80:
                 append(small[n])
@@ -406,8 +435,19 @@ class Connection:
                 size = bytearray()
                 push_varint(size, n)
                 append(bytes(size))
-            append(element)
-        self._out += b"".join(parts)
+            if extra:
+                append(extra)
+            if len(element) >= BIG_ELEMENT:
+                if self._out:
+                    chunks.append(bytes(self._out))
+                    self._out.clear()
+                chunks.append(b"".join(parts))
+                chunks.append(element)
+                parts.clear()
+            else:
+                append(element)
+        if parts:  # _out always follows every chunk
+            self._out += b"".join(parts)
 
     def _active_theirs(self, subscriber: int, what: str) -> _Sub:
         sub = self._theirs.subs.get(subscriber)

@@ -47,6 +47,7 @@ __all__ = [
     "decode_envelope",
     "decode_envelopes",
     "encode_envelopes",
+    "envelope_parts",
     "envelopes_to_batch",
 ]
 
@@ -333,6 +334,27 @@ def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
         key_offsets,
         key_view,
     )
+
+
+def envelope_parts(batch: Batch) -> tuple[list[bytes], list[memoryview]]:
+    """The envelopes of ``batch`` as (headers, values): header ``i`` is ``id | timestamp |
+    key`` and value ``i`` a zero-copy view of the batch's value; ``header + value`` is the
+    envelope :func:`encode_envelopes` gives. For big values, where copying is the cost."""
+    values = batch.values
+    offsets = batch.value_offsets.tolist()
+    base = offsets[0]
+    varint = _varint
+    heads = []
+    last_ts = None
+    ts_bytes = b""
+    for i, (event_id, ts) in enumerate(zip(batch.ids.tolist(), batch.timestamps.tolist(),
+                                           strict=True)):  # fmt: skip
+        if ts != last_ts:
+            last_ts, ts_bytes = ts, varint((ts << 1) ^ (ts >> 63))
+        key = batch.key(i) if batch.has_keys else None
+        key_bytes = b"\x00" if key is None else varint(len(key) + 1) + key
+        heads.append(varint(event_id) + ts_bytes + key_bytes)
+    return heads, [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(heads))]
 
 
 def decode_envelopes(stream: str, elements: list[bytes]) -> tuple[Batch, bool]:
