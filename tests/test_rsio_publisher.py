@@ -7,11 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidewire.model import MAX_ID, Batch
+from tidewire.protocols.rsio import OnNext, encode
 from tidewire.protocols.rsio.publisher import (
     PublisherName,
     PublisherNameError,
     decode_envelope,
     encode_envelopes,
+    envelope_frames,
+    envelope_parts,
     envelopes_to_batch,
 )
 
@@ -153,3 +156,14 @@ def test_bulk_envelope_decoding_matches_one_by_one(batch: Batch) -> None:
 def test_bulk_decoding_refuses_malformed_envelopes(elements: list[bytes]) -> None:
     with pytest.raises(ValueError, match="envelope"):
         envelopes_to_batch("s", elements)
+
+
+@settings(max_examples=120, deadline=None)
+@given(envelope_batches(), st.sampled_from([0, 1, 127, 128, 300, 2**40]))
+def test_envelope_frames_are_the_onnext_frames_of_the_envelopes(
+    batch: Batch, subscriber: int
+) -> None:
+    expected = b"".join(bytes(encode(OnNext(subscriber, e))) for e in encode_envelopes(batch))
+    assert envelope_frames(subscriber, batch) == expected
+    heads, values = envelope_parts(batch)
+    assert [h + bytes(v) for h, v in zip(heads, values, strict=True)] == encode_envelopes(batch)

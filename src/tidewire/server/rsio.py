@@ -55,7 +55,7 @@ from ..protocols.rsio.publisher import (
     PublisherName,
     PublisherNameError,
     decode_envelopes,
-    encode_envelopes,
+    envelope_frames,
     envelope_parts,
 )
 
@@ -466,7 +466,7 @@ class RsioServerProtocol(asyncio.Protocol):
             heads, values = envelope_parts(batch)
             self.conn.send_elements(subscriber, values, heads)
         else:
-            self.conn.send_elements(subscriber, encode_envelopes(batch))
+            self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
 
 
 class RsioServer:

@@ -449,6 +449,27 @@ class Connection:
         if parts:  # _out always follows every chunk
             self._out += b"".join(parts)
 
+    def send_frames(self, subscriber: int, count: int, frames: bytes) -> None:
+        """Queue ``count`` ``onNext`` frames for the peer's subscription ``subscriber``, already
+        encoded back to back by the caller (e.g. ``publisher.envelope_frames``): the state is
+        checked and updated as ``count`` elements; the bytes are trusted to be exactly those
+        frames (the hub's hot path, where even :meth:`send_elements` costs too much)."""
+        if self.state is not State.OPEN or not self._hello_sent:
+            raise LocalProtocolError(f"cannot send onNext: connection {self.state.value}")
+        sub = self._active_theirs(subscriber, "onNext")
+        if sub.element_size:
+            raise LocalProtocolError("send_frames is for variable-size subscriptions")
+        if count > sub.demand:
+            raise LocalProtocolError(
+                f"{count} element(s) for subscriber {subscriber} exceed its demand of "
+                f"{sub.demand} (Reactive Streams 1.1)"
+            )
+        if sub.demand < UNBOUNDED:
+            sub.demand -= count
+        if self._offers and (offer := self._offers.get(subscriber)) is not None:
+            offer.delivered += count
+        self._out += frames
+
     def _active_theirs(self, subscriber: int, what: str) -> _Sub:
         sub = self._theirs.subs.get(subscriber)
         if sub is None or sub.state is not _SubState.ACTIVE:

@@ -39,7 +39,7 @@ from ...model import (
     now_ms,
     validate_stream_name,
 )
-from .wire import NeedData, pull_varint
+from .wire import NeedData, pull_varint, push_varint
 
 __all__ = [
     "OfferName",
@@ -47,6 +47,7 @@ __all__ = [
     "decode_envelope",
     "decode_envelopes",
     "encode_envelopes",
+    "envelope_frames",
     "envelope_parts",
     "envelopes_to_batch",
 ]
@@ -334,6 +335,62 @@ def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
         key_offsets,
         key_view,
     )
+
+
+_LOW = [bytes((i | 0x80,)) for i in range(0x80)]
+
+
+def envelope_frames(subscriber: int, batch: Batch) -> bytes:
+    """The ``onNext`` frames (variable-size mode) carrying ``batch``'s envelopes to
+    ``subscriber``, back to back: what encoding :func:`encode_envelopes` one ``OnNext`` at a
+    time gives, built in one pass (the hub's hot path; see ``Connection.send_frames``).
+
+    An id's varint is its low seven bits (with the continuation bit) followed by the varint of
+    the rest, which changes once every 128 consecutive ids; frame heads and timestamps repeat."""
+    head = bytearray((7,))  # onNext
+    push_varint(head, subscriber)
+    prefix = bytes(head)
+    values = batch.values.tobytes()
+    offsets = batch.value_offsets.tolist()
+    base = offsets[0]
+    stamps = batch.timestamps.tolist()
+    keys = batch.has_keys
+    varint = _varint
+    small, low = _SMALL, _LOW
+    parts: list[bytes] = []
+    append = parts.append
+    last_ts: int | None = None
+    ts_key = b""
+    last_hi = -1
+    tail = b""
+    heads: dict[int, bytes] = {}
+    for i, event_id in enumerate(batch.ids.tolist()):
+        ts = stamps[i]
+        if ts != last_ts:
+            last_ts, ts_key = ts, varint((ts << 1) ^ (ts >> 63)) + b"\x00"
+        if keys and (key := batch.key(i)) is not None:
+            ts_key_i = ts_key[:-1] + varint(len(key) + 1) + key
+        else:
+            ts_key_i = ts_key
+        if event_id < 0x80:
+            id_low, tail = small[event_id], b""
+            last_hi = 0
+        else:
+            hi = event_id >> 7
+            if hi != last_hi:
+                last_hi, tail = hi, varint(hi)
+            id_low = low[event_id & 0x7F]
+        value = values[offsets[i] - base : offsets[i + 1] - base]
+        n = len(id_low) + len(tail) + len(ts_key_i) + len(value)
+        frame_head = heads.get(n)
+        if frame_head is None:
+            frame_head = heads[n] = prefix + varint(n)
+        append(frame_head)
+        append(id_low)
+        append(tail)
+        append(ts_key_i)
+        append(value)
+    return b"".join(parts)
 
 
 def envelope_parts(batch: Batch) -> tuple[list[bytes], list[memoryview]]:
