@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from ..model import Batch, LogClosedError, TidewireError
+from ..model import Batch, LogClosedError, TidewireError, validate_stream_name
 from ..protocols.rsio import (
     EXT_PUBLISH,
     Cancel,
@@ -276,13 +276,17 @@ class RsioClient:
         *,
         format: Literal["envelope", "value"] = "envelope",
         size: int = 0,
+        key: bytes | None = None,
         max_queue_bytes: int = 8 * 1024 * 1024,
     ) -> Publisher:
         """Offer a publisher for ``stream`` (publishing extension). ``format="value"`` sends
-        values only (ids and timestamps assigned by the hub); with ``size=N`` every value is
-        N bytes and they travel packed."""
+        values only (ids and timestamps assigned by the hub, every event keyed ``key``); with
+        ``size=N`` every value is N bytes and they travel packed."""
+        validate_stream_name(stream)  # before the hub hears of it
         if size and format != "value":
             raise ValueError("size=N needs format='value'")
+        if key is not None and format != "value":
+            raise ValueError("key= needs format='value' (envelopes carry their own keys)")
         await self._handshake.wait()
         if self._closed:
             raise LogClosedError(self._closed)
@@ -291,7 +295,7 @@ class RsioClient:
         offer = self.conn.free_offer_id()
         while offer in self._outlets:
             offer += 1
-        name = OfferName(stream, format)
+        name = OfferName(stream, format, key)
         outlet = self._outlets[offer] = Publisher(self, offer, name, size, max_queue_bytes)
         self.conn.send(Offer(offer, str(name)))
         self._flush()
@@ -361,6 +365,7 @@ class Publisher:
         self._committed = 0
         self._pending: deque[_Pending] = deque()
         self._closing = False
+        self.error: RsioError | None = None  # why the hub ended the offer, once it has
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # The offer's error also fails every pending batch, which is where the application
         # sees it; a publisher dropped after that must not make asyncio report it again.
@@ -399,6 +404,7 @@ class Publisher:
         self._room.set()
         self._pump.cancel()
         exc = RsioError(f"offer for {self.name.stream!r} ended: {error}") if error else None
+        self.error = exc
         while self._pending:
             pending = self._pending.popleft()
             if not pending.future.done():
@@ -414,8 +420,12 @@ class Publisher:
     async def submit(self, events: Batch | Sequence[bytes], *, assign_ids: bool = True
                      ) -> asyncio.Future[Receipt]:  # fmt: skip
         """Queue ``events`` (waiting for room) and return the future of their receipt."""
+        if self.error is not None:
+            raise self.error
         if self._closing or self.ended.done():
             raise RsioError("this publisher is closed")
+        if not assign_ids and self.name.format == "value":
+            raise ValueError("values carry no ids: assign_ids=False needs format='envelope'")
         parts, count, nbytes = self._encode(events, assign_ids)
         own_ids = None
         if isinstance(events, Batch) and not assign_ids and self.name.format == "envelope":

@@ -331,8 +331,8 @@ class Connection:
                     )
                 if sub.demand < UNBOUNDED:
                     sub.demand -= count
-                if self._offers and (offer := self._offers.get(subscriber)) is not None:
-                    offer.delivered += count
+                if self._offers and self.role is Role.CLIENT:  # elements into an offer
+                    self._delivered(subscriber, count)
                 self._out += frame
                 return
             case OnComplete(subscriber) | OnError(subscriber):
@@ -353,16 +353,29 @@ class Connection:
                     raise LocalProtocolError(f"committed({offer}, {count}): offer not open, or "
                                              "more than was delivered")  # fmt: skip
                 state.committed += count
-            case OfferEnded(offer):
+            case OfferEnded(offer, error):
                 self._check_publishing(message, Role.SERVER)
-                if offer not in self._offers:
+                state = self._offers.get(offer)
+                if state is None:
                     raise LocalProtocolError(f"offerEnded({offer}): offer not open")
                 if self._mine.open(offer) is not None:
                     raise LocalProtocolError(
                         f"offerEnded({offer}) while its subscription is open: cancel it first"
                     )
+                if not error and state.committed != state.delivered:
+                    raise LocalProtocolError(
+                        f"offerEnded({offer}, '') with {state.delivered - state.committed} "
+                        "element(s) not committed: give the reason they were not"
+                    )
                 del self._offers[offer]
         encode(message, size, self._out)
+
+    def _delivered(self, subscriber: int, count: int) -> None:
+        """Count elements of the offer ``subscriber`` (only the hub's subscription to the client
+        carries an offer's elements: the caller checks the direction)."""
+        offer = self._offers.get(subscriber)
+        if offer is not None:
+            offer.delivered += count
 
     def _check_publishing(self, message: Message, sender: Role) -> None:
         if not self.publishing:
@@ -415,8 +428,8 @@ class Connection:
             )
         if sub.demand < UNBOUNDED:
             sub.demand -= count
-        if self._offers and (offer := self._offers.get(subscriber)) is not None:
-            offer.delivered += count
+        if self._offers and self.role is Role.CLIENT:  # elements into an offer
+            self._delivered(subscriber, count)
         head = bytearray()
         push_varint(head, MessageType.ON_NEXT)
         push_varint(head, subscriber)
@@ -466,8 +479,8 @@ class Connection:
             )
         if sub.demand < UNBOUNDED:
             sub.demand -= count
-        if self._offers and (offer := self._offers.get(subscriber)) is not None:
-            offer.delivered += count
+        if self._offers and self.role is Role.CLIENT:  # elements into an offer
+            self._delivered(subscriber, count)
         self._out += frames
 
     def _active_theirs(self, subscriber: int, what: str) -> _Sub:
@@ -640,8 +653,8 @@ class Connection:
                     )
                 if sub.demand < UNBOUNDED:
                     sub.demand -= count
-                if self._offers and (offer := self._offers.get(subscriber)) is not None:
-                    offer.delivered += count
+                if self._offers and self.role is Role.SERVER:  # an offer's elements
+                    self._delivered(subscriber, count)
             case OnComplete(subscriber) | OnError(subscriber):
                 current = self._mine.subs.get(subscriber)
                 if current is not None and current.draining:
@@ -670,12 +683,18 @@ class Connection:
                         f"only {state.delivered} were delivered"
                     )
                 state.committed += count
-            case OfferEnded(offer):
-                if self.role is not Role.CLIENT or self._offers.pop(offer, None) is None:
+            case OfferEnded(offer, error):
+                state = self._offers.pop(offer, None) if self.role is Role.CLIENT else None
+                if state is None:
                     raise RemoteProtocolError(f"offerEnded for offer {offer}, which is not open")
                 if offer in self._theirs.subs:
                     raise RemoteProtocolError(f"offerEnded for offer {offer} while the hub's "
                                               "subscription to it is open")  # fmt: skip
+                if not error and state.committed != state.delivered:
+                    raise RemoteProtocolError(
+                        f"offerEnded({offer}) without an error, but only {state.committed} of "
+                        f"the {state.delivered} element(s) delivered were committed"
+                    )
         self._events.append(message)
 
     def _refuse_theirs(self, subscriber: int, reason: str) -> None:
