@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidewire.model import MAX_ID, Batch
-from tidewire.protocols.rsio import OnNext, encode
+from tidewire.protocols.rsio import Decoder, OnNext, OnNextDecoded, RunDecoder, encode
 from tidewire.protocols.rsio.publisher import (
     PublisherName,
     PublisherNameError,
@@ -15,6 +17,7 @@ from tidewire.protocols.rsio.publisher import (
     encode_envelopes,
     envelope_frames,
     envelope_parts,
+    envelope_run_decoder,
     envelopes_to_batch,
 )
 
@@ -167,3 +170,61 @@ def test_envelope_frames_are_the_onnext_frames_of_the_envelopes(
     assert envelope_frames(subscriber, batch) == expected
     heads, values = envelope_parts(batch)
     assert [h + bytes(v) for h, v in zip(heads, values, strict=True)] == encode_envelopes(batch)
+
+
+def _decode_frames(
+    data: bytes, cuts: list[int], subscriber: int, demand: int
+) -> tuple[list[Batch], list[bytes]]:
+    """Feed ``data`` through a decoder whose subscription ``subscriber`` decodes runs with
+    ``envelope_run_decoder`` (demand caps each run), cut at ``cuts``: decoded batches, and
+    raw elements the run decoder left alone."""
+    left = [demand]
+
+    def run_decoder(sub: int) -> tuple[RunDecoder, int] | None:
+        return (envelope_run_decoder("s"), left[0]) if sub == subscriber and left[0] else None
+
+    decoder = Decoder(run_decoder=run_decoder)
+    batches: list[Batch] = []
+    raw: list[bytes] = []
+    points = [0, *sorted(cuts), len(data)]
+    for a, b in itertools.pairwise(points):
+        decoder.feed(data[a:b])
+        while (message := decoder.next_message()) is not None:
+            if isinstance(message, OnNextDecoded):
+                assert isinstance(message.value, Batch)
+                assert len(message.value) == message.count <= left[0]
+                left[0] -= message.count
+                batches.append(message.value)
+            else:
+                assert isinstance(message, OnNext)
+                left[0] -= 1
+                raw.append(message.element)
+    assert decoder.buffered == 0
+    return batches, raw
+
+
+@settings(max_examples=150, deadline=None)
+@given(envelope_batches(), st.sampled_from([1, 300]), st.data())
+def test_run_decoding_gives_back_the_batch(
+    batch: Batch, subscriber: int, data: st.DataObject
+) -> None:
+    frames = envelope_frames(subscriber, batch)
+    cuts = data.draw(st.lists(st.integers(0, len(frames)), max_size=8))
+    demand = data.draw(st.integers(len(batch), len(batch) + 3))
+    batches, raw = _decode_frames(frames, cuts, subscriber, demand)
+    assert raw == []
+    ids = [e.id for b in batches for e in b]
+    assert ids == [e.id for e in batch]
+    assert [e for b in batches for e in b] == list(batch)
+
+
+def test_run_decoding_stops_at_demand_and_before_a_bad_envelope() -> None:
+    batch = Batch.build("s", [b"a", b"b", b"c"], ids=[1, 2, 3], timestamps=5)
+    frames = envelope_frames(1, batch)
+    batches, raw = _decode_frames(frames, [], 1, 2)  # demand 2: a run of 2, then none
+    assert [len(b) for b in batches] == [2]
+    assert raw == [encode_envelopes(batch)[2]]  # (the connection would breach here)
+    bad = bytes(encode(OnNext(1, b"\x09\x01")))  # id 9, timestamp cut short
+    batches, raw = _decode_frames(frames + bad + frames, [], 1, 100)
+    assert [len(b) for b in batches] == [3, 3]
+    assert raw == [b"\x09\x01"]

@@ -41,11 +41,12 @@ from ..protocols.rsio import (
     Subscribe,
     Subscribed,
 )
-from ..protocols.rsio.codec import OnNextRun
+from ..protocols.rsio.codec import OnNextDecoded, OnNextRun, RunDecoder
 from ..protocols.rsio.publisher import (
     OfferName,
     PublisherName,
     encode_envelopes,
+    envelope_run_decoder,
     envelopes_to_batch,
 )
 
@@ -146,6 +147,12 @@ class RsioClient:
     def _dispatch(self) -> None:
         while (event := self.conn.next_event()) is not None:
             match event:
+                case OnNextDecoded(subscriber, count, value):
+                    inbox = self._inboxes.get(subscriber)
+                    if inbox is not None:
+                        inbox.elements.append(value)  # type: ignore[arg-type]  # a Batch
+                        inbox.count += count
+                        inbox.wake.set()
                 case OnNextRun(subscriber, elements):
                     inbox = self._inboxes.get(subscriber)
                     if inbox is not None:
@@ -203,13 +210,15 @@ class RsioClient:
     # ------------------------------------------------------------------ subscribing
 
     async def _elements(
-        self, name: PublisherName, prefetch: int
+        self, name: PublisherName, prefetch: int, decoder: RunDecoder | None = None
     ) -> AsyncGenerator[tuple[list[bytes], int], None]:
         if self._closed:
             raise LogClosedError(self._closed)
         subscriber = self._free_id()
         inbox = self._inboxes[subscriber] = _Inbox(name)
         self.conn.send(Subscribe(str(name), subscriber, prefetch))
+        if decoder is not None:
+            self.conn.set_run_decoder(subscriber, decoder)
         self._flush()
         try:
             while True:
@@ -245,8 +254,20 @@ class RsioClient:
         """Batches of ``stream`` from ``from_id`` (an id, "earliest" or "latest"), then live
         (or up to ``until_id``), with ids, keys and timestamps (the envelope format)."""
         name = PublisherName(stream, _start(from_id), until_id, key)
-        async for elements, _ in self._elements(name, prefetch):
-            yield _to_batch(stream, elements)
+        decoder = envelope_run_decoder(stream)
+        async for items, _ in self._elements(name, prefetch, decoder):
+            # Runs come decoded (Batch); a frame the run decoder left alone comes raw.
+            raw: list[bytes] = []
+            for item in items:
+                if isinstance(item, Batch):
+                    if raw:
+                        yield _to_batch(stream, raw)
+                        raw = []
+                    yield item
+                else:
+                    raw.append(item)
+            if raw:
+                yield _to_batch(stream, raw)
 
     async def subscribe_values(
         self,

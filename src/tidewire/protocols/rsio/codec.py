@@ -69,7 +69,9 @@ __all__ = [
     "Decoder",
     "Limits",
     "OfferProtocolError",
+    "OnNextDecoded",
     "OnNextRun",
+    "RunDecoder",
     "SubscriptionProtocolError",
     "encode",
 ]
@@ -102,6 +104,23 @@ class OnNextRun:
 
     subscriber: int
     elements: list[bytes]
+
+
+RunDecoder = Callable[[bytearray, int, bytes, int, int], tuple[object, int, int]]
+"""``(buf, pos, prefix, max_count, max_element_bytes) -> (value, end, count)``: decode up to
+``max_count`` complete variable-size ``onNext`` frames at ``buf[pos:]``, each starting with
+``prefix`` (type and subscriber), into one value of the application's; ``count`` 0 means "not
+even the first" (that frame is then decoded as a plain ``OnNext``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OnNextDecoded:
+    """``count`` consecutive ``onNext`` frames for one subscriber, turned into ``value`` by the
+    subscription's run decoder (``Connection.set_run_decoder``). Not a wire message."""
+
+    subscriber: int
+    count: int
+    value: object
 
 
 class OfferProtocolError(SubscriptionProtocolError):
@@ -212,6 +231,7 @@ class Decoder:
         *,
         publishing: bool = False,
         runs: bool = False,
+        run_decoder: Callable[[int], tuple[RunDecoder, int] | None] | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.element_size = element_size or (lambda subscriber: 0)
@@ -221,6 +241,8 @@ class Decoder:
         self._dead: RemoteProtocolError | None = None
         self.publishing = publishing  # extension 1 negotiated: decode types 64-66
         self.runs = runs  # coalesce consecutive variable-size onNext frames into an OnNextRun
+        # subscriber -> (its run decoder, how many elements it may take), or None
+        self.run_decoder = run_decoder
 
     @property
     def buffered(self) -> int:
@@ -232,7 +254,7 @@ class Decoder:
             raise self._dead
         self._buf += data
 
-    def next_message(self) -> Message | OnNextRun | None:
+    def next_message(self) -> Message | OnNextRun | OnNextDecoded | None:
         if self._dead is not None:
             raise self._dead
         if len(self._buf) < self._need or self._pos >= len(self._buf):
@@ -259,7 +281,7 @@ class Decoder:
             self._need = max(0, self._need - self._pos)
             self._pos = 0
 
-    def _parse(self, buf: Buffer, pos: int) -> tuple[Message | OnNextRun, int]:
+    def _parse(self, buf: Buffer, pos: int) -> tuple[Message | OnNextRun | OnNextDecoded, int]:
         limits = self.limits
         start = pos
         kind, pos = pull_varint(buf, pos)
@@ -274,6 +296,12 @@ class Decoder:
                 if end > len(buf):
                     raise NeedData(end)
                 return OnNext(subscriber, bytes(buf[pos:end])), end
+            if self.run_decoder is not None and (found := self.run_decoder(subscriber)):
+                decode, max_count = found
+                prefix = bytes(buf[start:head_end])
+                value, end, count = decode(buf, start, prefix, max_count, limits.max_element_bytes)
+                if count:
+                    return OnNextDecoded(subscriber, count, value), end
             element, pos = pull_bytes(buf, pos, limits.max_element_bytes)
             if self.runs:
                 return self._run(buf, pos, subscriber, bytes(buf[start:head_end]), element)

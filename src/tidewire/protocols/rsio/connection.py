@@ -43,7 +43,9 @@ from .codec import (
     Decoder,
     Limits,
     OfferProtocolError,
+    OnNextDecoded,
     OnNextRun,
+    RunDecoder,
     SubscriptionProtocolError,
     encode,
 )
@@ -145,7 +147,13 @@ class OfferRefused:
 
 
 Event = (
-    Message | OnNextRun | HandshakeCompleted | SubscriptionErrored | OfferRefused | ConnectionClosed
+    Message
+    | OnNextRun
+    | OnNextDecoded
+    | HandshakeCompleted
+    | SubscriptionErrored
+    | OfferRefused
+    | ConnectionClosed
 )
 
 
@@ -165,6 +173,7 @@ class _Sub:
     draining: bool = False
     old_element_size: int = 0
     confirmed: bool = False  # ``subscribed`` arrived (subscriber side)
+    run_decoder: RunDecoder | None = None  # subscriber side: see Connection.set_run_decoder
 
 
 @dataclass(slots=True)
@@ -212,7 +221,9 @@ class Connection:
         self._mine = _Table()  # subscriptions we made (we are the subscriber)
         self._theirs = _Table()  # subscriptions the peer made to us (we publish)
         self._offers: dict[int, _Offer] = {}  # open offers (extension 1), by offer id
-        self._decoder = Decoder(limits, self._element_size_in, runs=runs)
+        self._decoder = Decoder(
+            limits, self._element_size_in, runs=runs, run_decoder=self._run_decoder_in
+        )
         self._hello_sent = False
         self._eof = False
 
@@ -567,13 +578,36 @@ class Connection:
                 self._breach(str(exc))
         return self._events.popleft() if self._events else None
 
+    def set_run_decoder(self, subscriber: int, decoder: RunDecoder | None) -> None:
+        """Decode runs of ``onNext`` frames for our (variable-size) subscription
+        ``subscriber`` with ``decoder``: they come out as :class:`OnNextDecoded` events, never
+        more elements at once than the outstanding demand. For the subscriber's hot path, where
+        the element format is known (e.g. ``publisher.envelope_run_decoder``)."""
+        sub = self._mine.open(subscriber)
+        if sub is None:
+            raise LocalProtocolError(f"set_run_decoder: subscription {subscriber} is not open")
+        sub.run_decoder = decoder
+
+    def _run_decoder_in(self, subscriber: int) -> tuple[RunDecoder, int] | None:
+        sub = self._mine.subs.get(subscriber)
+        if (
+            sub is None
+            or sub.run_decoder is None
+            or sub.state is not _SubState.ACTIVE
+            or sub.draining
+            or sub.element_size
+            or sub.demand <= 0
+        ):
+            return None
+        return sub.run_decoder, sub.demand
+
     def _element_size_in(self, subscriber: int) -> int:
         sub = self._mine.subs.get(subscriber)
         if sub is None:
             return 0
         return sub.old_element_size if sub.draining else sub.element_size
 
-    def _receive(self, message: Message | OnNextRun) -> None:
+    def _receive(self, message: Message | OnNextRun | OnNextDecoded) -> None:
         if self.peer_extensions is None:
             expected = ServerHello if self.role is Role.CLIENT else ClientHello
             if not isinstance(message, expected):
@@ -626,7 +660,12 @@ class Connection:
                     return
                 sub.state = _SubState.ACTIVE
                 sub.element_size = element_size
-            case OnNext(subscriber) | OnNextPacked(subscriber) | OnNextRun(subscriber):
+            case (
+                OnNext(subscriber)
+                | OnNextPacked(subscriber)
+                | OnNextRun(subscriber)
+                | OnNextDecoded(subscriber)
+            ):
                 sub = self._mine.subs.get(subscriber)
                 if sub is not None and sub.draining:
                     return  # the cancelled subscription's, still in flight (RS 2.8)
@@ -637,7 +676,7 @@ class Connection:
                     return  # in flight when we cancelled (Reactive Streams 2.8)
                 if isinstance(message, OnNextRun):
                     count = len(message.elements)
-                elif isinstance(message, OnNextPacked):
+                elif isinstance(message, OnNextPacked | OnNextDecoded):
                     count = message.count
                 else:
                     count = 1

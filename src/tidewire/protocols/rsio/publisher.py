@@ -39,6 +39,7 @@ from ...model import (
     now_ms,
     validate_stream_name,
 )
+from .codec import RunDecoder
 from .wire import NeedData, pull_varint, push_varint
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "encode_envelopes",
     "envelope_frames",
     "envelope_parts",
+    "envelope_run_decoder",
     "envelopes_to_batch",
 ]
 
@@ -237,7 +239,7 @@ def encode_envelopes(batch: Batch, *, with_ids: bool = True) -> list[bytes]:
     return out
 
 
-def _pull(element: bytes, pos: int) -> tuple[int, int]:
+def _pull(element: bytes | bytearray, pos: int) -> tuple[int, int]:
     """A varint inside an envelope (``ValueError`` if it is cut short or too long)."""
     result = shift = 0
     for i in range(pos, min(pos + 10, len(element))):
@@ -292,11 +294,12 @@ def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
                     pos += 1
                 else:
                     key_len, pos = pull(element, pos) if b >= 0x80 else (b, pos + 1)
-                    key_len -= 1
-                    if pos + key_len > len(element):
-                        raise ValueError("bad envelope: the key runs past the element")
-                    keyed.append((len(values), element[pos : pos + key_len]))
-                    pos += key_len
+                    if key_len:  # (a padded varint 0 is "no key" too)
+                        key_len -= 1
+                        if pos + key_len > len(element):
+                            raise ValueError("bad envelope: the key runs past the element")
+                        keyed.append((len(values), element[pos : pos + key_len]))
+                        pos += key_len
                 values.append(element[pos:])
                 expected = bytearray(varint(event_id + 1 if event_id else 0) + ts_raw + b"\x00")
                 hlen = len(expected)
@@ -304,6 +307,16 @@ def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
             stamps.append(ts)
     except IndexError:
         raise ValueError("bad envelope: cut short") from None
+    return _columns_to_batch(stream, ids, stamps, values, keyed)
+
+
+def _columns_to_batch(
+    stream: str,
+    ids: list[int],
+    stamps: list[int],
+    values: list[bytes] | list[bytearray],
+    keyed: list[tuple[int, bytes]],
+) -> Batch:
     if not ids:
         raise ValueError("no envelopes")
     try:
@@ -391,6 +404,110 @@ def envelope_frames(subscriber: int, batch: Batch) -> bytes:
         append(ts_key_i)
         append(value)
     return b"".join(parts)
+
+
+def envelope_run_decoder(stream: str) -> RunDecoder:
+    """A run decoder (see ``Connection.set_run_decoder``) for a subscription to ``stream`` in
+    the envelope format: consecutive ``onNext`` frames become one :class:`Batch` straight from
+    the receive buffer, with no object per element but its value's bytes."""
+
+    def decode(
+        buf: bytearray, pos: int, prefix: bytes, max_count: int, limit: int
+    ) -> tuple[Batch | None, int, int]:
+        return _envelope_frames_to_batch(stream, buf, pos, prefix, max_count, limit)
+
+    return decode
+
+
+def _envelope_frames_to_batch(
+    stream: str, buf: bytearray, pos: int, prefix: bytes, max_count: int, limit: int
+) -> tuple[Batch | None, int, int]:
+    """Up to ``max_count`` complete frames ``prefix | length | envelope`` at ``buf[pos:]``.
+
+    Fast path, as in :func:`envelopes_to_batch` but over whole frames: a frame whose head
+    (prefix, length, id, timestamp, "no key") is the one expected after the previous frame is
+    recognised with one ``startswith``. Anything unexpected ends the run; a malformed envelope
+    ends it before that frame, which is then decoded on its own (and reported there)."""
+    start = pos
+    ids: list[int] = []
+    stamps: list[int] = []
+    values: list[bytearray] = []
+    keyed: list[tuple[int, bytes]] = []
+    startswith = buf.startswith
+    end_buf = len(buf)
+    plen = len(prefix)
+    varint = _varint
+    expected = bytearray()
+    hlen = vlen = id_at = 0
+    event_id = ts = 0
+    count = 0
+    while count < max_count:
+        if hlen and startswith(expected, pos):
+            value_start = pos + hlen
+            end = value_start + vlen
+            if end > end_buf:
+                break
+            values.append(buf[value_start:end])
+            pos = end
+            event_id += 1
+            ids.append(event_id)
+            stamps.append(ts)
+            count += 1
+            b = expected[id_at]
+            if b & 0x7F == 0x7F:  # the next id carries out of its low byte
+                hlen = 0
+            else:
+                expected[id_at] = b + 1
+            continue
+        if not startswith(prefix, pos):
+            break
+        try:
+            size, p = pull_varint(buf, pos + plen)
+            end = p + size
+            if size > limit or end > end_buf:
+                break
+            event_id, q = _pull(buf, p)
+            ts_start = q
+            raw, q = _pull(buf, q)
+            ts_raw = bytes(buf[ts_start:q])
+            b = buf[q] if q < end else -1
+        except (NeedData, RemoteProtocolError, ValueError):
+            break
+        if event_id == 0 or b < 0:
+            break
+        ts = (raw >> 1) ^ -(raw & 1)
+        if b == 0:
+            q += 1
+        else:
+            try:
+                key_len, q = _pull(buf, q)
+            except ValueError:
+                break
+            if key_len:  # (a padded varint 0 is "no key" too)
+                if q + key_len - 1 > end:
+                    break
+                keyed.append((count, bytes(buf[q : q + key_len - 1])))
+                q += key_len - 1
+        values.append(buf[q:end])
+        ids.append(event_id)
+        stamps.append(ts)
+        count += 1
+        pos = end
+        next_id = varint(event_id + 1)
+        if b == 0 and len(next_id) == len(varint(event_id)):  # arm the fast path
+            head = prefix + varint(size)
+            id_at = len(head)
+            expected = bytearray(head + next_id + ts_raw + b"\x00")
+            hlen = len(expected)
+            vlen = end - q
+        else:
+            hlen = 0
+    if not count:
+        return None, start, 0
+    try:
+        return _columns_to_batch(stream, ids, stamps, values, keyed), pos, count
+    except (ValueError, TidewireError):
+        return None, start, 0  # decoded frame by frame instead, where it is reported
 
 
 def envelope_parts(batch: Batch) -> tuple[list[bytes], list[memoryview]]:
