@@ -23,6 +23,7 @@ from tidewire.protocols.rsio import (
     Cancel,
     ClientHello,
     Committed,
+    Decoded,
     Decoder,
     Goodbye,
     Limits,
@@ -149,7 +150,7 @@ def test_extension_golden_vectors(name: str, message: Message, frame: bytes) -> 
     assert bytes(encode(message)) == frame
     for chunk in (len(frame), 1):
         decoder = Decoder(publishing=True)
-        got: list[Message | OnNextRun] = []
+        got: list[Decoded] = []
         for start in range(0, len(frame), chunk):
             decoder.feed(frame[start : start + chunk])
             got += _drain(decoder)
@@ -206,8 +207,8 @@ def test_encode_appends_to_a_given_buffer() -> None:
 # --------------------------------------------------------------------------- three-way decoding
 
 
-def _drain(decoder: Decoder) -> list[Message | OnNextRun]:
-    messages: list[Message | OnNextRun] = []
+def _drain(decoder: Decoder) -> list[Decoded]:
+    messages: list[Decoded] = []
     while (message := decoder.next_message()) is not None:
         messages.append(message)
     return messages
@@ -276,7 +277,7 @@ def test_golden_frames_back_to_back() -> None:
 
     for chunk_size in (len(stream), 1, 7):
         decoder = Decoder(element_size=element_size)
-        got: list[Message | OnNextRun] = []
+        got: list[Decoded] = []
         for start in range(0, len(stream), chunk_size):
             decoder.feed(stream[start : start + chunk_size])
             while True:
@@ -381,7 +382,7 @@ def _check_stream(fixed: dict[int, int], messages: list[Message], cut_data: st.D
     data = _encode_stream(fixed, messages)
     cuts = cut_data.draw(st.lists(st.integers(0, len(data)), max_size=12), label="cuts")
     decoder = Decoder(element_size=_sizes(fixed), publishing=True)
-    got: list[Message | OnNextRun] = []
+    got: list[Decoded] = []
     for chunk in _split(data, cuts):
         decoder.feed(chunk)
         got += _drain(decoder)
@@ -415,7 +416,7 @@ def test_round_trip_byte_by_byte(stream: tuple[dict[int, int], list[Message]]) -
     fixed, messages = stream
     data = _encode_stream(fixed, messages)
     decoder = Decoder(element_size=_sizes(fixed), publishing=True)
-    got: list[Message | OnNextRun] = []
+    got: list[Decoded] = []
     for i in range(len(data)):
         decoder.feed(data[i : i + 1])
         got += _drain(decoder)
@@ -745,7 +746,7 @@ def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
     original = Decoder._parse
 
-    def counting(self: Decoder, buf: bytearray, pos: int) -> tuple[Message | OnNextRun, int]:
+    def counting(self: Decoder, buf: bytearray, pos: int) -> tuple[Decoded, int]:
         calls[0] += 1
         return original(self, buf, pos)
 
@@ -782,7 +783,7 @@ def test_big_frame_in_1_kib_chunks_is_parsed_a_bounded_number_of_times(
     frame = header + b"\xab" * FOUR_MIB
     assert _encode_with(expected, sizes) == frame
     decoder = Decoder(element_size=_sizes(sizes))
-    got: list[Message | OnNextRun] = []
+    got: list[Decoded] = []
     chunks = 0
     for start in range(0, len(frame), KIB):
         decoder.feed(frame[start : start + KIB])

@@ -37,6 +37,7 @@ from tidewire.protocols.rsio import (
     OnComplete,
     OnError,
     OnNext,
+    OnNextDecoded,
     OnNextPacked,
     OnNextRun,
     Request,
@@ -81,7 +82,7 @@ def decode(data: bytes, element_size: int = 0) -> list[Message]:
     decoder.feed(data)
     messages: list[Message] = []
     while (message := decoder.next_message()) is not None:
-        assert not isinstance(message, OnNextRun)  # runs only when asked for
+        assert not isinstance(message, OnNextRun | OnNextDecoded)  # runs only when asked for
         messages.append(message)
     assert decoder.buffered == 0
     return messages

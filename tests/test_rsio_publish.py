@@ -63,6 +63,7 @@ from tidewire.protocols.rsio import (
     OfferRefused,
     OnComplete,
     OnNext,
+    OnNextDecoded,
     OnNextPacked,
     Request,
     Role,
@@ -114,7 +115,7 @@ def decode(data: bytes) -> list[Message]:
     decoder.feed(data)
     messages: list[Message] = []
     while (message := decoder.next_message()) is not None:
-        assert not isinstance(message, OnNextRun)
+        assert not isinstance(message, OnNextRun | OnNextDecoded)  # runs only when asked for
         messages.append(message)
     assert decoder.buffered == 0
     return messages

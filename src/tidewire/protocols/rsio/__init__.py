@@ -2,6 +2,7 @@
 No asyncio here: bytes in, events out, bytes to send."""
 
 from .codec import (
+    Decoded,
     Decoder,
     Limits,
     OfferProtocolError,
@@ -49,6 +50,7 @@ __all__ = [
     "Committed",
     "Connection",
     "ConnectionClosed",
+    "Decoded",
     "Decoder",
     "Event",
     "Goodbye",

@@ -66,6 +66,7 @@ from .wire import (
 )
 
 __all__ = [
+    "Decoded",
     "Decoder",
     "Limits",
     "OfferProtocolError",
@@ -121,6 +122,10 @@ class OnNextDecoded:
     subscriber: int
     count: int
     value: object
+
+
+Decoded = Message | OnNextRun | OnNextDecoded
+"""What :meth:`Decoder.next_message` gives: a message, or a run of elements when asked for."""
 
 
 class OfferProtocolError(SubscriptionProtocolError):
@@ -254,7 +259,7 @@ class Decoder:
             raise self._dead
         self._buf += data
 
-    def next_message(self) -> Message | OnNextRun | OnNextDecoded | None:
+    def next_message(self) -> Decoded | None:
         if self._dead is not None:
             raise self._dead
         if len(self._buf) < self._need or self._pos >= len(self._buf):
@@ -281,7 +286,7 @@ class Decoder:
             self._need = max(0, self._need - self._pos)
             self._pos = 0
 
-    def _parse(self, buf: Buffer, pos: int) -> tuple[Message | OnNextRun | OnNextDecoded, int]:
+    def _parse(self, buf: Buffer, pos: int) -> tuple[Decoded, int]:
         limits = self.limits
         start = pos
         kind, pos = pull_varint(buf, pos)
