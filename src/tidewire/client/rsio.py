@@ -298,11 +298,14 @@ class RsioClient:
         format: Literal["envelope", "value"] = "envelope",
         size: int = 0,
         key: bytes | None = None,
+        txn: str | None = None,
         max_queue_bytes: int = 8 * 1024 * 1024,
     ) -> Publisher:
         """Offer a publisher for ``stream`` (publishing extension). ``format="value"`` sends
         values only (ids and timestamps assigned by the hub, every event keyed ``key``); with
-        ``size=N`` every value is N bytes and they travel packed."""
+        ``size=N`` every value is N bytes and they travel packed. With ``txn``, everything
+        sent before :meth:`Publisher.close` is stored at once and exactly once for that
+        transaction id, however often it is offered again (docs/protocols/rsio.md)."""
         validate_stream_name(stream)  # before the hub hears of it
         if size and format != "value":
             raise ValueError("size=N needs format='value'")
@@ -316,7 +319,7 @@ class RsioClient:
         offer = self.conn.free_offer_id()
         while offer in self._outlets:
             offer += 1
-        name = OfferName(stream, format, key)
+        name = OfferName(stream, format, key, txn)
         outlet = self._outlets[offer] = Publisher(self, offer, name, size, max_queue_bytes)
         self.conn.send(Offer(offer, str(name)))
         self._flush()
@@ -328,11 +331,19 @@ class RsioClient:
         events: Batch | Sequence[bytes],
         *,
         assign_ids: bool = True,
+        txn: str | None = None,
     ) -> Receipt:
         """Publish ``events`` (a batch, or values) to ``stream`` and return once they are
-        durable. With ``assign_ids=False`` a batch keeps its own ids (above the latest)."""
-        async with await self.publisher(stream) as pub:
-            return await pub.send(events, assign_ids=assign_ids)
+        durable. With ``assign_ids=False`` a batch keeps its own ids (above the latest). With
+        ``txn``, the events are stored exactly once for that transaction id: publishing again
+        under it stores nothing and returns the ids of the first time."""
+        pub = await self.publisher(stream, txn=txn)
+        try:
+            receipt = await pub.submit(events, assign_ids=assign_ids)
+        finally:
+            with contextlib.suppress(RsioError):  # (its error is the receipt's too)
+                await pub.close()  # a transaction is committed once the offer completes
+        return await receipt
 
     async def close(self) -> None:
         if not self.conn.closed:
@@ -466,7 +477,10 @@ class Publisher:
         return future
 
     async def send(self, events: Batch | Sequence[bytes], *, assign_ids: bool = True) -> Receipt:
-        """Publish ``events`` and return once they are durable."""
+        """Publish ``events`` and return once they are durable. (A transaction's events are
+        stored only when the offer completes: use :meth:`submit`, then :meth:`close`.)"""
+        if self.name.txn is not None:
+            raise RsioError("a transaction commits at close(): use submit() and close()")
         return await (await self.submit(events, assign_ids=assign_ids))
 
     def _encode(self, events: Batch | Sequence[bytes], assign_ids: bool

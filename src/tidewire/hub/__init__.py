@@ -2,5 +2,6 @@
 
 from .hub import Hub, Start
 from .subscription import MAX_DEMAND, Subscription
+from .txn import TXN_STREAM, TxnReceipt
 
-__all__ = ["MAX_DEMAND", "Hub", "Start", "Subscription"]
+__all__ = ["MAX_DEMAND", "TXN_STREAM", "Hub", "Start", "Subscription", "TxnReceipt"]

@@ -17,6 +17,7 @@ from typing import Literal
 from ..log import Log, LogConfig, StreamStats
 from ..model import Batch, DataLossError, now_ms, validate_stream_name
 from .subscription import Subscription
+from .txn import Transactions, TxnReceipt
 
 __all__ = ["Hub", "Start"]
 
@@ -43,6 +44,8 @@ class Hub:
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self._retention_task: asyncio.Task[None] | None = None
         self._retention_run: asyncio.Future[int] | None = None
+        self.txns = Transactions(self)
+        self.txns.load()
 
     @classmethod
     def open(
@@ -110,6 +113,12 @@ class Hub:
     async def append(self, batch: Batch, *, assign_ids: bool = False) -> Batch:
         """Append durably; returns the batch as stored (see :meth:`Log.append`)."""
         return await self.log.append(batch, assign_ids=assign_ids)
+
+    async def commit(self, txn: str, batch: Batch) -> TxnReceipt:
+        """Append ``batch`` exactly once for the transaction id ``txn`` (its ids are ignored):
+        a repeated commit returns where the first one put the events (see :mod:`.txn`)."""
+        validate_stream_name(batch.stream)
+        return await self.txns.commit(txn, batch)
 
     async def read(
         self, stream: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1

@@ -199,6 +199,12 @@ class Log:
     def __contains__(self, name: object) -> bool:
         return name in self._streams
 
+    def accepted_latest(self, name: str) -> int:
+        """The stream's last id accepted for appending (queued appends included): an append
+        with its own ids must start above it."""
+        writer = self._writers.get(name)
+        return writer.latest if writer is not None else self.latest(name)
+
     def latest(self, name: str) -> int:
         """The stream's last committed id; 0 when it has none (or does not exist)."""
         stream = self._streams.get(name)

@@ -69,6 +69,7 @@ MAX_SUBSCRIPTIONS = 1024  # per connection: each costs a task and a hub subscrip
 MAX_OFFERS = 256  # per connection: each costs a task
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
 MAX_INLET_BYTES = 8 * 1024 * 1024  # per connection: received for offers, not yet committed
+MAX_TXN_BYTES = 64 * 1024 * 1024  # per connection: transaction offers are held until complete
 COMMIT_BYTES = 1024 * 1024  # an offer's elements are appended in chunks of about this size
 APPENDS_IN_FLIGHT = 4  # per offer, when the hub assigns the ids
 
@@ -86,6 +87,7 @@ class RsioSettings:
     max_subscriptions: int = MAX_SUBSCRIPTIONS
     max_offers: int = MAX_OFFERS
     max_inlet_bytes: int = MAX_INLET_BYTES
+    max_txn_bytes: int = MAX_TXN_BYTES
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +104,7 @@ class _Inlet:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     explicit_ids: bool | None = None  # decided by the offer's first envelope batch
+    failed: str | None = None  # the hub gave up on the offer (a transaction too big)
 
 
 class RsioServerProtocol(asyncio.Protocol):
@@ -123,6 +126,7 @@ class RsioServerProtocol(asyncio.Protocol):
         self.pumps: dict[int, tuple[Subscription, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
         self.inlet_bytes = 0
+        self.txn_bytes = 0
         self._pauses: set[str] = set()  # why reading is paused: "output", "inlet"
         self._writable = asyncio.Event()
         self._writable.set()
@@ -292,7 +296,26 @@ class RsioServerProtocol(asyncio.Protocol):
         log.info("rsio %s: offer %d refused: %s", self.peer, offer, reason)
         self.conn.send(OfferEnded(offer, reason))
 
+    def _gather_txn(self, inlet: _Inlet, parts: list[bytes], count: int, nbytes: int) -> None:
+        """A transaction's elements are held until its onComplete (then appended at once),
+        within ``max_txn_bytes`` per connection; more are requested as they arrive."""
+        if inlet.failed is not None:
+            return
+        inlet.parts += parts
+        inlet.count += count
+        inlet.nbytes += nbytes
+        self.txn_bytes += nbytes
+        if self.txn_bytes > self.settings.max_txn_bytes:
+            limit = self.settings.max_txn_bytes
+            inlet.failed = f"transactions on this connection exceed {limit} bytes"
+        elif self.conn.is_subscribed(inlet.offer):
+            self.conn.send(Request(inlet.offer, count))
+        inlet.wake.set()
+
     def _gather(self, inlet: _Inlet, data: bytes, count: int) -> None:
+        if inlet.name.txn is not None:
+            self._gather_txn(inlet, [data], count, len(data))
+            return
         inlet.parts.append(data)
         inlet.count += count
         inlet.nbytes += len(data)
@@ -303,6 +326,9 @@ class RsioServerProtocol(asyncio.Protocol):
 
     def _gather_run(self, inlet: _Inlet, elements: list[bytes]) -> None:
         nbytes = sum(map(len, elements))
+        if inlet.name.txn is not None:
+            self._gather_txn(inlet, elements, len(elements), nbytes)
+            return
         inlet.parts += elements
         inlet.count += len(elements)
         inlet.nbytes += nbytes
@@ -351,6 +377,9 @@ class RsioServerProtocol(asyncio.Protocol):
         the ids (so they share group commits), one at a time when the envelopes carry ids (so
         that a refused append is never followed by a stored one). Acknowledge in order."""
         offer = inlet.offer
+        if inlet.name.txn is not None:
+            await self._commit_txn(inlet, inlet.name.txn)
+            return
         inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
         try:
             while True:
@@ -414,6 +443,49 @@ class RsioServerProtocol(asyncio.Protocol):
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
                 self._release(inlet.nbytes)
+
+    async def _commit_txn(self, inlet: _Inlet, txn: str) -> None:
+        """A transaction offer: everything, once, at onComplete (``Hub.commit``)."""
+        offer = inlet.offer
+        try:
+            while inlet.ended is None and inlet.failed is None:
+                inlet.wake.clear()
+                await inlet.wake.wait()
+            reason = inlet.failed
+            if reason is None and inlet.ended:
+                reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
+            if reason is None and inlet.count:
+                batch, _ = self._batch(inlet, inlet.parts)  # (its own ids do not matter)
+                receipt = await self.hub.commit(txn, batch)
+                if receipt.already:
+                    log.info("rsio %s: transaction %r was committed before: not appended again",
+                             self.peer, txn)  # fmt: skip
+                if not self.conn.closed:
+                    self.conn.send(Committed(offer, inlet.count, receipt.first_id,
+                                             receipt.last_id))  # fmt: skip
+            if reason is not None:
+                log.warning("rsio %s: offer %d (transaction %r) failed: %s", self.peer, offer,
+                            txn, reason)  # fmt: skip
+            if not self.conn.closed:
+                if self.conn.is_subscribed(offer):
+                    self.conn.send(Cancel(offer))
+                self.conn.send(OfferEnded(offer, reason or ""))
+                self._flush()
+        except asyncio.CancelledError:
+            raise
+        except (TidewireError, ValueError) as exc:
+            log.warning("rsio %s: transaction %r into %r failed: %s", self.peer, txn,
+                        inlet.name.stream, exc)  # fmt: skip
+            if not self.conn.closed:
+                if self.conn.is_subscribed(offer):
+                    self.conn.send(Cancel(offer))
+                self.conn.send(OfferEnded(offer, str(exc)))
+                self._flush()
+        finally:
+            self.txn_bytes -= inlet.nbytes
+            inlet.nbytes = 0
+            if self.inlets.get(offer) is inlet:
+                del self.inlets[offer]
 
     def _flush(self) -> None:
         chunks = self.conn.chunks_to_send()

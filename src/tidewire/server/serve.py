@@ -138,4 +138,5 @@ def rsio_settings(config: ServerConfig) -> RsioSettings:
         max_subscriptions=int(v["rsio.max_subscriptions"]),
         max_offers=int(v["rsio.max_offers"]),
         max_inlet_bytes=int(v["rsio.max_inlet_bytes"]),
+        max_txn_bytes=int(v["rsio.max_txn_bytes"]),
     )

@@ -134,6 +134,7 @@ class OfferName:
         offer-name = stream [ "?" param *( "&" param ) ]
         param      = "format=" ( "envelope" | "value" )   ; default envelope
                    | "key=" percent-encoded bytes          ; format=value only: every event's key
+                   | "txn=" percent-encoded UTF-8          ; exactly once: see below
 
     With ``envelope`` each element is ``id | timestamp | key | value`` as in subscriptions,
     where id 0 lets the hub assign the next id and timestamp 0 means "the hub's clock"; every
@@ -144,6 +145,7 @@ class OfferName:
     stream: str
     format: Format = "envelope"
     key: bytes | None = None
+    txn: str | None = None  # a transaction id: the offer is stored exactly once, atomically
 
     @classmethod
     def parse(cls, text: str) -> OfferName:
@@ -154,6 +156,7 @@ class OfferName:
             raise PublisherNameError(f"bad stream in offer {text!r}: {exc}") from None
         fmt: Format = "envelope"
         key = None
+        txn = None
         seen: set[str] = set()
         for param in query.split("&") if query else ():
             name, eq, value = param.partition("=")
@@ -164,11 +167,16 @@ class OfferName:
                 fmt = value  # type: ignore[assignment]
             elif name == "key":
                 key = unquote_to_bytes(value)
+            elif name == "txn" and value:
+                try:
+                    txn = unquote(value, errors="strict")
+                except UnicodeDecodeError:
+                    raise PublisherNameError(f"txn is not UTF-8 in offer {text!r}") from None
             else:
                 raise PublisherNameError(f"bad parameter {param!r} in offer {text!r}")
         if key is not None and fmt != "value":
             raise PublisherNameError(f"key= needs format=value in offer {text!r}")
-        return cls(stream, fmt, key)
+        return cls(stream, fmt, key, txn)
 
     def __str__(self) -> str:
         params = []
@@ -176,6 +184,8 @@ class OfferName:
             params.append(f"format={self.format}")
         if self.key is not None:
             params.append("key=" + quote(self.key, safe=""))
+        if self.txn is not None:
+            params.append("txn=" + quote(self.txn, safe=""))
         name = quote(self.stream, safe="")
         return name + ("?" + "&".join(params) if params else "")
 

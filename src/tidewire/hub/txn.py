@@ -1,0 +1,196 @@
+"""Exactly-once appends: a batch appended under a transaction id is stored once, ever.
+
+Spark's sinks replay a micro-batch after a failure; so may any client that lost the answer to an
+append. :meth:`Transactions.commit` makes such an append idempotent. The hub keeps its own
+stream, ``_tidewire.txns``, of JSON records:
+
+* ``{"txn": T, "stream": S, "first": F, "count": N, "fp": X}``: the *intent*, written (and
+  fsynced) before the data: ``T``'s ``N`` events go to ``S`` as ids ``F .. F+N-1``, and their
+  content has the fingerprint ``X`` (CRC-32C of the values, value lengths, key flags and keys;
+  timestamps are left out, since a replay may stamp them anew);
+* ``{"txn": T, "done": true}``: written once the data is durable.
+
+The data is appended with its own ids ``F..``: if another writer took ``F`` meanwhile, the append
+fails and is retried under a new intent. So after a crash, an intent without its ``done`` is
+settled by reading ids ``F..F+N-1`` of ``S``: the transaction happened if and only if they are
+there with the same fingerprint (nobody else can have written exactly those). A commit of a known
+transaction returns the ids it got the first time and appends nothing.
+
+The registry is in memory, rebuilt from the stream when the hub opens; the stream is subject to
+retention like any other (its default is to keep everything). Spark replays only a query's last
+micro-batch, so a retention of days is plenty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from array import array
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from crc32c import crc32c
+
+from ..model import Batch, IdOrderError, TidewireError
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+__all__ = ["TXN_STREAM", "Transactions", "TxnReceipt", "fingerprint"]
+
+log = logging.getLogger("tidewire.hub")
+
+TXN_STREAM = "_tidewire.txns"
+MAX_TXN_BYTES = 1024
+RETRIES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class TxnReceipt:
+    """Where a transaction's events are: ids ``first_id``..``last_id`` of ``stream``;
+    ``already`` when an earlier commit stored them (nothing was appended now)."""
+
+    stream: str
+    count: int
+    first_id: int
+    last_id: int
+    already: bool
+
+
+@dataclass(slots=True)
+class _Entry:
+    stream: str
+    first: int
+    count: int
+    fp: int
+    done: bool
+
+
+def fingerprint(batch: Batch) -> int:
+    """CRC-32C of what makes a transaction's content: values and their lengths, keys."""
+    offsets = batch.value_offsets
+    lengths = array("I", [offsets[i + 1] - offsets[i] for i in range(len(batch))])
+    fp = crc32c(lengths.tobytes())
+    fp = crc32c(batch.values, fp)
+    if batch.key_flags is not None and batch.keys is not None and batch.key_offsets is not None:
+        fp = crc32c(batch.key_flags, fp)
+        k = batch.key_offsets
+        fp = crc32c(array("I", [k[i + 1] - k[i] for i in range(len(batch))]).tobytes(), fp)
+        fp = crc32c(batch.keys, fp)
+    return fp
+
+
+class Transactions:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self._entries: dict[str, _Entry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def load(self) -> None:
+        """Rebuild the registry from ``_tidewire.txns`` (at hub open)."""
+        log_ = self.hub.log
+        if TXN_STREAM not in log_:
+            return
+        next_id = 0
+        while True:
+            batches = log_.read(TXN_STREAM, next_id, 4 * 1024 * 1024)
+            if not batches:
+                break
+            for batch in batches:
+                for i in range(len(batch)):
+                    self._apply(batch.value(i))
+                next_id = batch.last_id + 1
+
+    def _apply(self, raw: bytes) -> None:
+        try:
+            record = json.loads(raw)
+            txn = record["txn"]
+            if record.get("done"):
+                entry = self._entries.get(txn)
+                if entry is not None:
+                    entry.done = True
+                return
+            self._entries[txn] = _Entry(record["stream"], int(record["first"]),
+                                        int(record["count"]), int(record["fp"]), False)  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring a malformed record in %s: %s", TXN_STREAM, exc)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def commit(self, txn: str, batch: Batch) -> TxnReceipt:
+        """Append ``batch`` (its ids are ignored) unless ``txn`` was committed before; return
+        where its events are either way."""
+        if not txn or len(txn.encode()) > MAX_TXN_BYTES:
+            raise TidewireError(f"a transaction id is 1..{MAX_TXN_BYTES} bytes")
+        lock = self._locks.setdefault(txn, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._commit(txn, batch)
+        finally:
+            if not lock.locked() and self._locks.get(txn) is lock:
+                del self._locks[txn]
+
+    async def _commit(self, txn: str, batch: Batch) -> TxnReceipt:
+        entry = self._entries.get(txn)
+        if entry is not None and (entry.done or await self._settle(txn, entry)):
+            if entry.stream != batch.stream or entry.count != len(batch):
+                raise TidewireError(
+                    f"transaction {txn!r} was committed to {entry.stream!r} with "
+                    f"{entry.count} event(s), not to {batch.stream!r} with {len(batch)}"
+                )
+            last = entry.first + entry.count - 1
+            return TxnReceipt(entry.stream, entry.count, entry.first, last, already=True)
+        fp = fingerprint(batch)
+        log_ = self.hub.log
+        for _ in range(RETRIES):
+            first = log_.accepted_latest(batch.stream) + 1
+            intent = {"txn": txn, "stream": batch.stream, "first": first, "count": len(batch),
+                      "fp": fp}  # fmt: skip
+            await self._record(intent)
+            self._entries[txn] = entry = _Entry(batch.stream, first, len(batch), fp, False)
+            try:
+                stored = await log_.append(batch.with_ids(first))
+            except IdOrderError:
+                continue  # another writer took those ids: a new intent
+            await self._record({"txn": txn, "done": True})
+            entry.done = True
+            return TxnReceipt(batch.stream, len(batch), stored.first_id, stored.last_id, False)
+        raise TidewireError(f"transaction {txn!r}: {batch.stream!r} is too busy (gave up)")
+
+    async def _settle(self, txn: str, entry: _Entry) -> bool:
+        """After a crash: did the intent's append happen? (The ids hold its content.)"""
+        events: list[Batch] = []
+        next_id, left = entry.first, entry.count
+        while left > 0:
+            got = await self.hub.log.read_async(entry.stream, next_id, 8 * 1024 * 1024, left)
+            if not got or got[0].first_id != next_id:
+                return False
+            events += got
+            left -= sum(len(b) for b in got)
+            next_id = got[-1].last_id + 1
+        if any(b.last_id != b.first_id + len(b) - 1 for b in events):
+            return False
+        happened = all(len(b) for b in events) and _fingerprint_all(events) == entry.fp
+        if happened:
+            await self._record({"txn": txn, "done": True})
+            entry.done = True
+        return happened
+
+    async def _record(self, record: dict[str, object]) -> None:
+        data = json.dumps(record, separators=(",", ":")).encode()
+        await self.hub.log.append(Batch.build(TXN_STREAM, [data]), assign_ids=True)
+
+
+def _fingerprint_all(batches: list[Batch]) -> int:
+    if len(batches) == 1:
+        return fingerprint(batches[0])
+    values: list[bytes] = []
+    keys: list[bytes | None] = []
+    for b in batches:
+        values += [b.value(i) for i in range(len(b))]
+        keys += [b.key(i) for i in range(len(b))]
+    merged = Batch.build(batches[0].stream, values,
+                         keys=keys if any(k is not None for k in keys) else None)  # fmt: skip
+    return fingerprint(merged)
