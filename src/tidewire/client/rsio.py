@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import deque
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..model import Batch, LogClosedError, TidewireError, validate_stream_name
 from ..protocols.rsio import (
@@ -97,7 +98,7 @@ class Values:
 
 @dataclass(slots=True)
 class _Inbox:
-    name: PublisherName
+    name: PublisherName | _Raw
     elements: list[bytes] = field(default_factory=list)
     count: int = 0  # elements received, not yet handed out (a packed run counts each)
     done: str | None = None  # "complete", or the error
@@ -210,7 +211,7 @@ class RsioClient:
     # ------------------------------------------------------------------ subscribing
 
     async def _elements(
-        self, name: PublisherName, prefetch: int, decoder: RunDecoder | None = None
+        self, name: PublisherName | _Raw, prefetch: int, decoder: RunDecoder | None = None
     ) -> AsyncGenerator[tuple[list[bytes], int], None]:
         if self._closed:
             raise LogClosedError(self._closed)
@@ -288,6 +289,18 @@ class RsioClient:
                              b"".join(elements))  # fmt: skip
             else:
                 yield Values(stream, 0, items=tuple(elements))
+
+    async def streams(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """What the hub knows of ``names`` (default: every stream): dicts with ``stream``,
+        ``exists``, ``first_id`` (None when empty), ``latest_id`` (0 when none), ``events`` and
+        ``bytes``, from the hub's publisher ``?streams``."""
+        query = "?streams"
+        if names is not None:
+            query += "=" + ",".join(quote(n, safe="") for n in names)
+        rows: list[dict[str, Any]] = []
+        async for elements, _ in self._elements(_Raw(query), 1024):
+            rows += [json.loads(e) for e in elements]
+        return rows
 
     # ------------------------------------------------------------------ publishing
 
@@ -579,6 +592,16 @@ def _to_batch(stream: str, elements: list[bytes]) -> Batch:
         return envelopes_to_batch(stream, elements)
     except (ValueError, TidewireError) as exc:
         raise RsioError(f"the hub sent a malformed envelope on {stream!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class _Raw:
+    """A publisher String sent as it is (the hub's own publishers, ``?streams``)."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class _Connect:

@@ -19,11 +19,13 @@ reading the socket, and TCP pushes back on the client.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
+from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
 from ..model import Batch, TidewireError
@@ -123,7 +125,7 @@ class RsioServerProtocol(asyncio.Protocol):
         )
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.pumps: dict[int, tuple[Subscription, asyncio.Task[None]]] = {}
+        self.pumps: dict[int, tuple[Subscription | _Listing, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
         self.inlet_bytes = 0
         self.txn_bytes = 0
@@ -246,9 +248,16 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send(OnError(subscriber, reason))
             return
         try:
-            name = PublisherName.parse(publisher)
-            sub = self.hub.subscribe(name.stream, name.start, until_id=name.until, key=name.key,
-                                     max_batch_bytes=MAX_DELIVERY_BYTES)  # fmt: skip
+            sub: Subscription | _Listing
+            if publisher.startswith("?"):  # the hub's own publishers (see docs)
+                sub = _Listing(self.hub, publisher)
+                name = PublisherName("-", format="value")
+            else:
+                name = PublisherName.parse(publisher)
+                sub = self.hub.subscribe(
+                    name.stream, name.start, until_id=name.until, key=name.key,
+                    max_batch_bytes=MAX_DELIVERY_BYTES,
+                )  # fmt: skip
         except (PublisherNameError, TidewireError, ValueError) as exc:
             self.conn.send(OnError(subscriber, str(exc)))
             return
@@ -497,7 +506,9 @@ class RsioServerProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ delivery
 
-    async def _pump(self, subscriber: int, sub: Subscription, name: PublisherName) -> None:
+    async def _pump(
+        self, subscriber: int, sub: Subscription | _Listing, name: PublisherName
+    ) -> None:
         try:
             while True:
                 await self._writable.wait()
@@ -539,6 +550,58 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send_elements(subscriber, values, heads)
         else:
             self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
+
+
+class _Listing:
+    """The publisher ``?streams`` (optionally ``?streams=a,b``, names percent-encoded): one
+    JSON element per stream, ``{"stream", "first_id", "latest_id", "events", "bytes"}``
+    (``first_id`` null when the stream is empty), then onComplete. Streams named but absent
+    are listed with ``"latest_id": 0`` and ``"exists": false``. A subscription-shaped object
+    so that the ordinary pump delivers it within demand."""
+
+    def __init__(self, hub: Hub, publisher: str) -> None:
+        field_name, eq, value = publisher[1:].partition("=")
+        if field_name != "streams":
+            raise PublisherNameError(f"unknown hub publisher {publisher!r} (try '?streams')")
+        stats = {s.name: s for s in hub.streams()}
+        names = [unquote(n, errors="strict") for n in value.split(",")] if eq and value else (
+            sorted(stats))  # fmt: skip
+        rows = []
+        for stream in names:
+            st = stats.get(stream)
+            row: dict[str, object] = {"stream": stream, "exists": st is not None}
+            if st is None:
+                row.update(first_id=None, latest_id=0, events=0, bytes=0)
+            else:
+                row.update(first_id=st.first_id, latest_id=st.latest_id or 0,
+                           events=st.events, bytes=st.bytes)  # fmt: skip
+            rows.append(json.dumps(row, separators=(",", ":")).encode())
+        self._rows = rows
+        self.demand = 0
+        self.cancelled = False
+        self._wake = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        return not self._rows
+
+    def request(self, n: int) -> None:
+        self.demand = min(2**63 - 1, self.demand + n)
+        self._wake.set()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._wake.set()
+
+    async def next(self) -> list[Batch] | None:
+        while not self.cancelled and self._rows:
+            if self.demand:
+                rows, self._rows = self._rows[: self.demand], self._rows[self.demand :]
+                self.demand -= len(rows)
+                return [Batch.build("-", rows, timestamps=0)]
+            self._wake.clear()
+            await self._wake.wait()
+        return None
 
 
 class RsioServer:
