@@ -1,0 +1,148 @@
+"""tidewire batches <-> Arrow record batches, column by column (no object per row).
+
+The source's schema is ``stream string, id long, key binary, value binary, timestamp
+timestamp``. A :class:`~tidewire.model.Batch` already holds its columns in contiguous buffers,
+so each Arrow column is built from those buffers: ids as they are (u64 ids < 2**63 read as
+int64), timestamps scaled from ms to µs, values and keys from their offsets (rebased to 0 when a
+batch is a slice) and data, a key's absence as Arrow's validity bitmap. Writing goes the other
+way: a record batch's ``value``, ``key``, ``stream`` and ``timestamp`` columns become batches,
+one per target stream.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..model import Batch, InvalidBatch, now_ms, validate_stream_name
+
+__all__ = ["SCHEMA", "SCHEMA_DDL", "from_arrow", "to_arrow"]
+
+SCHEMA_DDL = "stream string, id long, key binary, value binary, timestamp timestamp"
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string()),
+        pa.field("id", pa.int64()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("timestamp", TIMESTAMP),
+    ]
+)
+
+
+def _offsets(view: memoryview, n: int) -> pa.Buffer:
+    """u32 offsets (n + 1 of them, maybe starting above 0) as Arrow int32 offsets from 0."""
+    offsets = pa.Array.from_buffers(pa.uint32(), n + 1, [None, pa.py_buffer(view)])
+    base = view[0]
+    if base:
+        offsets = pc.subtract(offsets, pa.scalar(base, pa.uint32()))
+    return offsets.cast(pa.int32()).buffers()[1]
+
+
+def to_arrow(batch: Batch) -> pa.RecordBatch:
+    """``batch`` as a record batch of :data:`SCHEMA`."""
+    n = len(batch)
+    ids = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(batch.ids)])
+    stamps = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(batch.timestamps)])
+    stamps = pc.multiply(stamps, 1000).cast(TIMESTAMP)
+    values = pa.Array.from_buffers(
+        pa.binary(), n, [None, _offsets(batch.value_offsets, n), pa.py_buffer(batch.values)]
+    )
+    if batch.key_flags is not None and batch.key_offsets is not None and batch.keys is not None:
+        flags = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(batch.key_flags)])
+        valid = pc.not_equal(flags, 0)
+        keys = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [valid.buffers()[1], _offsets(batch.key_offsets, n), pa.py_buffer(batch.keys)],
+        )
+    else:
+        keys = pa.nulls(n, pa.binary())
+    streams = pa.repeat(batch.stream, n).cast(pa.string())
+    return pa.RecordBatch.from_arrays([streams, ids, keys, values, stamps], schema=SCHEMA)
+
+
+def _binary(column: pa.Array, name: str) -> pa.Array:
+    if pa.types.is_large_binary(column.type) or pa.types.is_string(column.type) or (
+        pa.types.is_large_string(column.type)
+    ):
+        return column.cast(pa.binary())
+    if not pa.types.is_binary(column.type):
+        raise InvalidBatch(f"column {name!r} must be binary or string, not {column.type}")
+    return column
+
+
+def _u32_offsets(array: pa.Array) -> memoryview:
+    """The n + 1 offsets of a binary array (honouring its slice offset), read as u32."""
+    n = len(array)
+    raw = memoryview(array.buffers()[1]).cast("B")
+    return raw[4 * array.offset : 4 * (array.offset + n + 1)].cast("I")
+
+
+def _int64s(array: pa.Array) -> memoryview:
+    """The values of a null-free int64 array as a ``q`` view."""
+    raw = memoryview(array.buffers()[1]).cast("B")
+    return raw[8 * array.offset : 8 * (array.offset + len(array))].cast("q")
+
+
+def _column_bytes(array: pa.Array) -> tuple[memoryview, memoryview]:
+    """Offsets (u32, n + 1, from the array's first offset) and the bytes they span."""
+    offsets = _u32_offsets(array)
+    data = array.buffers()[2]
+    first, last = offsets[0], offsets[len(array)]
+    values = memoryview(data if data is not None else b"").cast("B")[first:last]
+    return offsets, values
+
+
+def from_arrow(
+    record_batch: pa.RecordBatch, default_stream: str | None
+) -> list[Batch]:
+    """Rows of ``record_batch`` (a ``value`` column; optional ``key``, ``stream``,
+    ``timestamp``) as batches, one per stream, rows kept in order within each stream."""
+    names = record_batch.schema.names
+    if "value" not in names:
+        raise InvalidBatch(f"rows to write need a 'value' column (got {names})")
+    if record_batch.num_rows == 0:
+        return []
+    if "stream" in names:
+        streams = record_batch.column("stream")
+        if streams.null_count:
+            raise InvalidBatch("the 'stream' column holds a null")
+        out = []
+        for name in pc.unique(streams).to_pylist():
+            part = record_batch.filter(pc.equal(streams, name))
+            out.append(_one_stream(part, str(name)))
+        return out
+    if default_stream is None:
+        raise InvalidBatch("rows need a 'stream' column, or the option 'stream'")
+    return [_one_stream(record_batch, default_stream)]
+
+
+def _one_stream(rb: pa.RecordBatch, stream: str) -> Batch:
+    validate_stream_name(stream)
+    n = rb.num_rows
+    values = _binary(rb.column("value"), "value")
+    if values.null_count:
+        raise InvalidBatch("the 'value' column holds a null (tidewire values are bytes)")
+    value_offsets, value_bytes = _column_bytes(values)
+    key_flags = key_offsets = keys = None
+    if "key" in rb.schema.names:
+        key_col = _binary(rb.column("key"), "key")
+        if key_col.null_count < n:
+            key_col_filled = pc.fill_null(key_col, b"")
+            key_offsets, keys = _column_bytes(key_col_filled)
+            flags = pc.is_valid(key_col).cast(pa.uint8())
+            key_flags = memoryview(flags.buffers()[1]).cast("B")[flags.offset : flags.offset + n]
+    if "timestamp" in rb.schema.names:
+        column = rb.column("timestamp")
+        if not pa.types.is_timestamp(column.type):
+            raise InvalidBatch(f"column 'timestamp' must be a timestamp, not {column.type}")
+        ms = pc.divide(column.cast(TIMESTAMP).cast(pa.int64()), 1000)
+        stamps = _int64s(pc.fill_null(ms, now_ms()))
+    else:
+        stamps = memoryview(array("q", [now_ms()]) * n)
+    ids = memoryview(array("Q", range(1, n + 1)))
+    return Batch(stream, ids, stamps, value_offsets, value_bytes, key_flags, key_offsets, keys)

@@ -1,0 +1,313 @@
+"""The ``tidewire`` Spark data source (``pyspark.sql.datasource``, PySpark >= 4.2).
+
+Reading (batch and Structured Streaming): the driver asks every hub where the streams are and
+how far they go (the ``?streams`` publisher), plans offsets (:mod:`.planning`) and cuts each
+stream's id range into input partitions; each executor opens its own RS.io connection inside
+``read()`` and turns the hub's batches into Arrow record batches (:mod:`.arrow`), so no Python
+object is made per row.
+
+Writing, exactly once: ``write()`` (on executors) checks its rows and stages them in its commit
+message, as Arrow IPC; the driver's ``commit(messages, batch_id)`` publishes each target stream's
+rows as one RS.io transaction with the id ``spark:<query id>:<batch id>:<stream>``. The hub stores
+a transaction once, ever (``tidewire.hub.txn``): a micro-batch that Spark replays after a
+failure, with the same query and batch ids, finds its transactions already committed and adds
+nothing. ``abort()`` has nothing to discard: staged rows live only in the commit messages. A
+micro-batch's rows for one stream travel through the driver and are bounded by the hub's
+``rsio.max_txn_bytes`` (64 MiB by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from .arrow import SCHEMA_DDL, from_arrow, to_arrow
+from .hubs import HubError, HubSession, locate
+from .planning import (
+    OptionError,
+    Options,
+    Range,
+    StreamInfo,
+    cap_offsets,
+    check_data_loss,
+    ending_offsets,
+    latest_offsets,
+    parse_options,
+    split_ranges,
+    starting_offsets,
+)
+
+__all__ = ["TidewireDataSource", "register"]
+
+log = logging.getLogger("tidewire.spark")
+
+
+def register(spark: Any) -> None:
+    """Make ``spark.read.format("tidewire")`` (and write, readStream, writeStream) work."""
+    spark.dataSource.register(TidewireDataSource)
+
+
+class TidewireDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "tidewire"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TidewireReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TidewireStreamReader(parse_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        if overwrite:
+            raise OptionError("tidewire streams are append-only: use mode 'append'")
+        return TidewireWriter(parse_options(self.options, streaming=False, writing=True))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        if overwrite:
+            raise OptionError("tidewire streams are append-only: use outputMode 'append'")
+        return TidewireStreamWriter(parse_options(self.options, streaming=True, writing=True))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Partition(InputPartition):
+    def __init__(self, range_: Range, prefetch: int, fail_on_data_loss: bool) -> None:
+        super().__init__(range_)
+        self.range = range_
+        self.prefetch = prefetch
+        self.fail_on_data_loss = fail_on_data_loss
+
+
+def _partitions(ranges: Sequence[Range], options: Options) -> list[InputPartition]:
+    return [_Partition(r, options.prefetch, options.fail_on_data_loss) for r in ranges]
+
+
+def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The record batches of one partition, read over its own connection (opened here: a
+    reader is pickled to the executors, connections are not)."""
+    assert isinstance(partition, _Partition)
+    r = partition.range
+    next_id = r.start
+    with HubSession(r.url) as hub:
+        while next_id < r.end:
+            try:
+                for batch in hub.read(r.stream, next_id, r.end, partition.prefetch):
+                    next_id = batch.last_id + 1
+                    yield to_arrow(batch)
+                return
+            except HubError as exc:
+                if "retention" not in str(exc) or partition.fail_on_data_loss:
+                    raise
+                (info,) = hub.streams([r.stream])
+                kept = info.earliest
+                if kept <= next_id:
+                    raise
+                log.warning("stream %r: ids %d..%d were removed by retention before they were "
+                            "read; skipping them (failOnDataLoss=false)", r.stream, next_id,
+                            kept - 1)  # fmt: skip
+                next_id = kept
+
+
+def _located(options: Options) -> dict[str, StreamInfo]:
+    return locate(options.urls, options.streams)
+
+
+class TidewireReader(DataSourceReader):
+    """A batch read of ``[startingOffsets, endingOffsets)`` of each stream, planned once."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        info = _located(options)
+        missing = [s for s in options.streams if not info[s].exists]
+        if missing:
+            raise OptionError(f"stream(s) {missing} exist on none of the hubs {list(options.urls)}")
+        start, lost = check_data_loss(
+            starting_offsets(options, info), info, fail=options.fail_on_data_loss
+        )
+        for message in lost:
+            log.warning("%s; skipping them (failOnDataLoss=false)", message)
+        end = ending_offsets(options, info)
+        self.ranges = split_ranges(start, end, info,
+                                   events_per_partition=options.events_per_partition,
+                                   min_partitions=options.min_partitions)  # fmt: skip
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _partitions(self.ranges, self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition)
+
+
+class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets ``{stream: next id}``; ``maxEventsPerTrigger`` through admission control."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end
+
+    def initialOffset(self) -> dict[str, int]:
+        return starting_offsets(self.options, _located(self.options))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_events_per_trigger is not None:
+            return ReadMaxRows(self.options.max_events_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = latest_offsets(_located(self.options), self.options.streams)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        start = self._complete(start)
+        latest = latest_offsets(_located(self.options), self.options.streams)
+        if self._target is not None:
+            latest = {s: min(latest[s], self._target[s]) for s in latest}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return cap_offsets(start, latest, max_rows)
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return latest_offsets(_located(self.options), self.options.streams)
+
+    def _complete(self, offsets: dict[str, int]) -> dict[str, int]:
+        missing = [s for s in self.options.streams if s not in offsets]
+        if missing:  # a stream added to 'streams' after the checkpoint: from its start
+            added = starting_offsets(self.options, _located(self.options))
+            offsets = {**offsets, **{s: added[s] for s in missing}}
+        return {s: int(offsets[s]) for s in self.options.streams}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        start, end = self._complete(start), self._complete(end)
+        info = _located(self.options)
+        start, lost = check_data_loss(start, info, fail=self.options.fail_on_data_loss)
+        for message in lost:
+            log.warning("%s; skipping them (failOnDataLoss=false)", message)
+        start = {s: min(start[s], end[s]) for s in start}
+        ranges = split_ranges(start, end, info,
+                              events_per_partition=self.options.events_per_partition,
+                              min_partitions=self.options.min_partitions)  # fmt: skip
+        return _partitions(ranges, self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass  # nothing is held for a batch: the hub keeps every event until retention
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class _Staged(WriterCommitMessage):
+    """One task's rows, checked, as Arrow IPC (they reach the hub in the driver's commit)."""
+
+    partition: int
+    query_id: str | None
+    rows: bytes  # an Arrow IPC stream; empty when the task had no row
+
+
+def _stage(iterator: Iterator[pa.RecordBatch], options: Options) -> _Staged:
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    query_id = context.getLocalProperty("sql.streaming.queryId") if context is not None else None
+    sink = pa.BufferOutputStream()
+    writer: pa.ipc.RecordBatchStreamWriter | None = None
+    for record_batch in iterator:
+        from_arrow(record_batch, options.stream)  # check the rows here, in the task
+        if writer is None:
+            writer = pa.ipc.new_stream(sink, record_batch.schema)
+        writer.write_batch(record_batch)
+    if writer is None:
+        return _Staged(partition, query_id, b"")
+    writer.close()
+    return _Staged(partition, query_id, sink.getvalue().to_pybytes())
+
+
+def _publish(messages: Sequence[WriterCommitMessage | None], options: Options, txn: str) -> None:
+    """Every stream's staged rows, in task order, as one transaction ``<txn>:<stream>``."""
+    staged = sorted((m for m in messages if isinstance(m, _Staged) and m.rows),
+                    key=lambda m: m.partition)  # fmt: skip
+    if not staged:
+        return
+    tables = [pa.ipc.open_stream(m.rows).read_all() for m in staged]
+    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    (rows,) = table.to_batches()  # one chunk per column after combine_chunks: one batch
+    per_stream = {batch.stream: batch for batch in from_arrow(rows, options.stream)}
+    where = locate(options.urls, sorted(per_stream))
+    sessions: dict[str, HubSession] = {}
+    try:
+        for stream in sorted(per_stream):
+            url = where[stream].url
+            hub = sessions.get(url) or sessions.setdefault(url, HubSession(url).open())
+            receipt = hub.commit(stream, per_stream[stream], f"{txn}:{stream}")
+            log.info("committed %d event(s) to %r (ids %d..%d) for %s", receipt.count, stream,
+                     receipt.first_id, receipt.last_id, txn)  # fmt: skip
+    finally:
+        for hub in sessions.values():
+            hub.close()
+
+
+class TidewireWriter(DataSourceArrowWriter):
+    """``df.write.format("tidewire")``: each stream's rows stored at once (one transaction)."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.txn = f"spark-write:{uuid.uuid4()}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _stage(iterator, self.options)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _publish(messages, self.options, self.txn)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("write aborted: nothing was published")
+
+
+class TidewireStreamWriter(DataSourceStreamArrowWriter):
+    """Exactly-once streaming sink: a micro-batch is one transaction per stream, named by the
+    query id and batch id, so a replayed micro-batch adds nothing."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _stage(iterator, self.options)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        query = next((m.query_id for m in messages if isinstance(m, _Staged) and m.query_id),
+                     None)  # fmt: skip
+        if query is None:
+            if any(isinstance(m, _Staged) and m.rows for m in messages):
+                raise RuntimeError("the streaming query id is unknown: cannot write exactly once")
+            return
+        _publish(messages, self.options, f"spark:{query}:{batchId}")
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info("micro-batch %d aborted: nothing was published", batchId)
