@@ -47,7 +47,11 @@ def to_arrow(batch: Batch) -> pa.RecordBatch:
     n = len(batch)
     ids = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(batch.ids)])
     stamps = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(batch.timestamps)])
-    stamps = pc.multiply(stamps, 1000).cast(TIMESTAMP)
+    try:
+        stamps = pc.multiply_checked(stamps, 1000).cast(TIMESTAMP)
+    except pa.ArrowInvalid:
+        raise InvalidBatch(f"stream {batch.stream!r}: a timestamp (ms) is beyond what Spark's "
+                           "microsecond timestamps hold") from None  # fmt: skip
     values = pa.Array.from_buffers(
         pa.binary(), n, [None, _offsets(batch.value_offsets, n), pa.py_buffer(batch.values)]
     )
@@ -111,6 +115,11 @@ def from_arrow(
         streams = record_batch.column("stream")
         if streams.null_count:
             raise InvalidBatch("the 'stream' column holds a null")
+        if not (pa.types.is_string(streams.type) or pa.types.is_large_string(streams.type)):
+            try:
+                streams = streams.cast(pa.string())  # binary names: UTF-8 checked here
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidBatch(f"the 'stream' column must hold UTF-8 names: {exc}") from None
         out = []
         for name in pc.unique(streams).to_pylist():
             part = record_batch.filter(pc.equal(streams, name))
@@ -140,7 +149,8 @@ def _one_stream(rb: pa.RecordBatch, stream: str) -> Batch:
         column = rb.column("timestamp")
         if not pa.types.is_timestamp(column.type):
             raise InvalidBatch(f"column 'timestamp' must be a timestamp, not {column.type}")
-        ms = pc.divide(column.cast(TIMESTAMP).cast(pa.int64()), 1000)
+        micros = column.cast(TIMESTAMP, safe=False)  # (nanoseconds are truncated)
+        ms = pc.divide(micros.cast(pa.int64()), 1000)
         stamps = _int64s(pc.fill_null(ms, now_ms()))
     else:
         stamps = memoryview(array("q", [now_ms()]) * n)

@@ -62,7 +62,7 @@ class StreamInfo:
 
     @property
     def earliest(self) -> int:
-        """The first id a read from "earliest" gets (1 for an empty or absent stream)."""
+        """The first id a read from "earliest" gets (the next id for an empty stream)."""
         return self.first_id if self.first_id is not None else self.latest_id + 1
 
     @property
@@ -116,6 +116,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
     for url in urls:
         if not url.startswith("rsio://") or ":" not in url[len("rsio://") :]:
             raise OptionError(f"option 'url': {url!r} is not rsio://host:port")
+    if len(set(urls)) != len(urls):
+        raise OptionError("option 'url' names a hub twice")
     streams = tuple(s.strip() for s in lowered.get("streams", "").split(",") if s.strip())
     for name in streams:
         _stream_name(name, "streams")

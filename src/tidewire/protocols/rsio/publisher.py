@@ -434,10 +434,12 @@ def _envelope_frames_to_batch(
 ) -> tuple[Batch | None, int, int]:
     """Up to ``max_count`` complete frames ``prefix | length | envelope`` at ``buf[pos:]``.
 
-    Fast path, as in :func:`envelopes_to_batch` but over whole frames: a frame whose head
-    (prefix, length, id, timestamp, "no key") is the one expected after the previous frame is
-    recognised with one ``startswith``. Anything unexpected ends the run; a malformed envelope
-    ends it before that frame, which is then decoded on its own (and reported there)."""
+    Fast path, per frame: the prefix, a one- or two-byte length, then the envelope's id and
+    timestamp compared in one ``startswith`` with those expected after the previous frame
+    (next id, same timestamp; the expected id is bumped in place, as in
+    :func:`envelopes_to_batch`), then the key's one-byte length. Anything else takes the full
+    parse. A malformed envelope ends the run before its frame, which is then decoded on its
+    own (and reported there)."""
     start = pos
     ids: list[int] = []
     stamps: list[int] = []
@@ -447,52 +449,61 @@ def _envelope_frames_to_batch(
     end_buf = len(buf)
     plen = len(prefix)
     varint = _varint
-    expected = bytearray()
-    hlen = vlen = id_at = 0
+    expected = bytearray()  # id varint + timestamp, expected next; empty: full parse
     event_id = ts = 0
     count = 0
     while count < max_count:
-        if hlen and startswith(expected, pos):
-            value_start = pos + hlen
-            end = value_start + vlen
-            if end > end_buf:
-                break
-            values.append(buf[value_start:end])
-            pos = end
-            event_id += 1
-            ids.append(event_id)
-            stamps.append(ts)
-            count += 1
-            b = expected[id_at]
-            if b & 0x7F == 0x7F:  # the next id carries out of its low byte
-                hlen = 0
-            else:
-                expected[id_at] = b + 1
-            continue
         if not startswith(prefix, pos):
             break
-        try:
-            size, p = pull_varint(buf, pos + plen)
-            end = p + size
-            if size > limit or end > end_buf:
+        p = pos + plen
+        if p + 2 > end_buf:
+            break
+        size = buf[p]
+        if size < 0x80:
+            p += 1
+        elif buf[p + 1] < 0x80:
+            size = (size & 0x7F) | (buf[p + 1] << 7)
+            p += 2
+        else:
+            try:
+                size, p = pull_varint(buf, p)
+            except (NeedData, RemoteProtocolError):
                 break
-            event_id, q = _pull(buf, p)
-            ts_start = q
-            raw, q = _pull(buf, q)
-            ts_raw = bytes(buf[ts_start:q])
-            b = buf[q] if q < end else -1
-        except (NeedData, RemoteProtocolError, ValueError):
+        end = p + size
+        if size > limit or end > end_buf:
             break
-        if event_id == 0 or b < 0:
-            break
-        ts = (raw >> 1) ^ -(raw & 1)
+        if expected and startswith(expected, p) and p + len(expected) < end:
+            q = p + len(expected)
+            event_id += 1
+            b = expected[0]
+            if b & 0x7F == 0x7F:  # the next id carries out of its low byte
+                expected = bytearray()
+            else:
+                expected[0] = b + 1
+        else:
+            try:
+                event_id, q = _pull(buf, p)
+                ts_start = q
+                raw, q = _pull(buf, q)
+            except ValueError:
+                break
+            if event_id == 0 or q >= end:
+                break
+            ts = (raw >> 1) ^ -(raw & 1)
+            next_id = varint(event_id + 1)
+            expected = (bytearray(next_id + bytes(buf[ts_start:q]))
+                        if len(next_id) == len(varint(event_id)) else bytearray())  # fmt: skip
+        b = buf[q]
         if b == 0:
             q += 1
         else:
-            try:
-                key_len, q = _pull(buf, q)
-            except ValueError:
-                break
+            if b < 0x80:
+                key_len, q = b, q + 1
+            else:
+                try:
+                    key_len, q = _pull(buf, q)
+                except ValueError:
+                    break
             if key_len:  # (a padded varint 0 is "no key" too)
                 if q + key_len - 1 > end:
                     break
@@ -503,15 +514,6 @@ def _envelope_frames_to_batch(
         stamps.append(ts)
         count += 1
         pos = end
-        next_id = varint(event_id + 1)
-        if b == 0 and len(next_id) == len(varint(event_id)):  # arm the fast path
-            head = prefix + varint(size)
-            id_at = len(head)
-            expected = bytearray(head + next_id + ts_raw + b"\x00")
-            hlen = len(expected)
-            vlen = end - q
-        else:
-            hlen = 0
     if not count:
         return None, start, 0
     try:
