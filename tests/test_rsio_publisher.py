@@ -55,7 +55,7 @@ def test_parse(text: str, expected: PublisherName) -> None:
         ("orders?from=soon", "not an id"),
         ("orders?size=0", "size must be >= 1"),
         ("orders?size=4&format=envelope", "needs format=value"),
-        ("orders?format=json", "envelope or value"),
+        ("orders?format=json", "envelope, value or records"),
     ],
 )
 def test_refused(text: str, why: str) -> None:

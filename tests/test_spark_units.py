@@ -70,7 +70,7 @@ def test_defaults_for_a_batch_read() -> None:
         events_per_partition=1_000_000,
         min_partitions=1,
         stream=None,
-        prefetch=65536,
+        prefetch=16,
     )
 
 

@@ -28,6 +28,7 @@ from typing import cast
 from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
+from ..log.record import encode as encode_record
 from ..model import Batch, TidewireError
 from ..protocols.rsio import (
     EXT_PUBLISH,
@@ -125,7 +126,7 @@ class RsioServerProtocol(asyncio.Protocol):
         )
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.pumps: dict[int, tuple[Subscription | _Listing, asyncio.Task[None]]] = {}
+        self.pumps: dict[int, tuple[Subscription | _Listing | _Records, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
         self.inlet_bytes = 0
         self.txn_bytes = 0
@@ -248,7 +249,7 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send(OnError(subscriber, reason))
             return
         try:
-            sub: Subscription | _Listing
+            sub: Subscription | _Listing | _Records
             if publisher.startswith("?"):  # the hub's own publishers (see docs)
                 sub = _Listing(self.hub, publisher)
                 name = PublisherName("-", format="value")
@@ -258,6 +259,8 @@ class RsioServerProtocol(asyncio.Protocol):
                     name.stream, name.start, until_id=name.until, key=name.key,
                     max_batch_bytes=MAX_DELIVERY_BYTES,
                 )  # fmt: skip
+                if name.format == "records":
+                    sub = _Records(sub)
         except (PublisherNameError, TidewireError, ValueError) as exc:
             self.conn.send(OnError(subscriber, str(exc)))
             return
@@ -507,7 +510,7 @@ class RsioServerProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ delivery
 
     async def _pump(
-        self, subscriber: int, sub: Subscription | _Listing, name: PublisherName
+        self, subscriber: int, sub: Subscription | _Listing | _Records, name: PublisherName
     ) -> None:
         try:
             while True:
@@ -543,6 +546,8 @@ class RsioServerProtocol(asyncio.Protocol):
                     f"stream {batch.stream!r} holds a value that is not {size} bytes"
                 )
             self.conn.send(OnNextPacked(subscriber, n, bytes(batch.values)))
+        elif name.format == "records":  # one log record per batch (docs/log.md)
+            self.conn.send_elements(subscriber, [memoryview(encode_record(batch).data)])
         elif name.format == "value":
             self.conn.send_elements(subscriber, [batch.value(i) for i in range(len(batch))])
         elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied
@@ -550,6 +555,46 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send_elements(subscriber, values, heads)
         else:
             self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
+
+
+class _Records:
+    """A subscription in ``format=records``: demand counts records (batches), so the hub
+    subscription underneath asks for every event and this hands out as many batches as the
+    subscriber requested, keeping the rest of a delivery for the next call."""
+
+    def __init__(self, sub: Subscription) -> None:
+        self.sub = sub
+        sub.request(2**63 - 1)
+        self.demand = 0
+        self._carry: list[Batch] = []
+        self._wake = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        return self.sub.complete and not self._carry
+
+    def request(self, n: int) -> None:
+        self.demand = min(2**63 - 1, self.demand + n)
+        self._wake.set()
+
+    def cancel(self) -> None:
+        self.sub.cancel()
+        self._wake.set()
+
+    async def next(self) -> list[Batch] | None:
+        while not self.demand and not self.sub.cancelled:
+            self._wake.clear()
+            await self._wake.wait()
+        if self.sub.cancelled:
+            return None
+        if not self._carry:
+            batches = await self.sub.next()
+            if batches is None:
+                return None
+            self._carry = batches
+        out, self._carry = self._carry[: self.demand], self._carry[self.demand :]
+        self.demand -= len(out)
+        return out
 
 
 class _Listing:

@@ -95,8 +95,8 @@ class HubSession:
         """Batches of ids ``[start, end)`` of ``stream`` (an error if retention removed some)."""
         if end <= start:
             return
-        batches = self._client.subscribe(stream, from_id=start, until_id=end - 1,
-                                         prefetch=prefetch)  # fmt: skip
+        batches = self._client.subscribe_records(stream, from_id=start, until_id=end - 1,
+                                                 prefetch=prefetch)  # fmt: skip
         try:
             while True:
                 try:

@@ -145,7 +145,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
                                        "eventsPerPartition"),
         min_partitions=_positive(lowered.get("minpartitions", "1"), "minPartitions"),
         stream=stream,
-        prefetch=_positive(lowered.get("prefetch", "65536"), "prefetch"),
+        prefetch=_positive(lowered.get("prefetch", "16"), "prefetch"),
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ The seed leaves the ``publisher`` String to the recipient. tidewire's grammar::
     param     = "from=" ( id | "earliest" | "latest" )   ; default: earliest
               | "until=" id                               ; bounded: onComplete after this id
               | "key=" percent-encoded bytes              ; only events with this key
-              | "format=" ( "envelope" | "value" )        ; default: envelope
+              | "format=" ( "envelope" | "value" | "records" )  ; default: envelope
               | "size=" N                                 ; fixed-size values: N bytes each
 
 Element formats:
@@ -16,6 +16,9 @@ Element formats:
   ``key`` is a varint 0 for "no key", else 1 + its length followed by its bytes, and ``value``
   is the rest of the element. A subscriber can resume from the last id it saw.
 * ``value``: the value's bytes only.
+* ``records``: each element is a whole batch of events, one log record as docs/log.md lays it
+  out (48-byte header with CRC-32C, then the batch's columns): no work per event at either end,
+  and the subscriber checks the hub's CRCs end to end. Demand counts records, not events.
 * ``size=N`` (implies ``format=value``): fixed-size mode: the hub answers
   ``subscribed(elementSize=N)`` and may pack elements with ``onNextPacked``; an event whose value
   is not N bytes ends the subscription with ``onError``.
@@ -54,7 +57,7 @@ __all__ = [
     "envelopes_to_batch",
 ]
 
-Format = Literal["envelope", "value"]
+Format = Literal["envelope", "value", "records"]
 
 
 class PublisherNameError(ValueError):
@@ -96,8 +99,10 @@ class PublisherName:
             elif name == "key":
                 key = unquote_to_bytes(value)
             elif name == "format":
-                if value not in ("envelope", "value"):
-                    raise PublisherNameError(f"format must be envelope or value in {text!r}")
+                if value not in ("envelope", "value", "records"):
+                    raise PublisherNameError(
+                        f"format must be envelope, value or records in {text!r}"
+                    )
                 fmt = value  # type: ignore[assignment]
             elif name == "size":
                 size = _id(value, text)
