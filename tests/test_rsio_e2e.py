@@ -261,3 +261,37 @@ def test_configured_limits_reach_the_listener(
             await hub.close()
 
     run(main())
+
+
+def test_records_format_gives_whole_checked_batches(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """``format=records``: one log record per element, demand in records, CRC checked by the
+    client; the same events as the envelope format gives."""
+
+    async def main() -> None:
+        async with hub_server(tmp_path) as (hub, _, url):
+            for i in range(5):
+                await hub.append(Batch.build("r", [b"v%d" % (i * 10 + j) for j in range(10)],
+                                             keys=[b"k", None] * 5), assign_ids=True)  # fmt: skip
+            async with tidewire.connect(url) as client:
+                got = [b async for b in client.subscribe_records("r", from_id=7, until_id=44,
+                                                                 prefetch=1)]  # fmt: skip
+                plain = [b async for b in client.subscribe("r", from_id=7, until_id=44)]
+            assert [e for b in got for e in b] == [e for b in plain for e in b]
+            assert [e.id for b in got for e in b] == list(range(7, 45))
+            # Raw: each element is one whole record (a multiple of 8 bytes, its header first).
+            reader, writer = await raw(url)
+            frames = bytearray(encode(ClientHello()))
+            encode(Subscribe("r?format=records", 1, 2), out=frames)
+            writer.write(bytes(frames))
+            messages = await read_messages(reader, 4)
+            assert messages[1] == Subscribed(1, 0)
+            for message in messages[2:]:
+                element = bytes(getattr(message, "element", b""))
+                assert len(element) % 8 == 0
+                assert int.from_bytes(element[:4], "little") == len(element)  # record length
+                assert element[4] == 2  # format 2
+            writer.close()
+
+    run(main())
