@@ -310,9 +310,8 @@ def test_latest_offsets() -> None:
 @pytest.mark.parametrize("which", ["startingOffsets", "endingOffsets"])
 def test_json_naming_an_unknown_stream_is_refused(which: str) -> None:
     spec = '{"a": 5, "nope": 3, "other": 1}'
-    options = _read(spec) if which == "startingOffsets" else _read(ending=spec)
-    with pytest.raises(OptionError) as caught:
-        (starting_offsets if which == "startingOffsets" else ending_offsets)(options, INFO)
+    with pytest.raises(OptionError) as caught:  # refused by parse_options, before any hub
+        _read(spec) if which == "startingOffsets" else _read(ending=spec)
     assert which in str(caught.value)
     assert "'nope'" in str(caught.value)
     assert "'other'" in str(caught.value)
@@ -338,9 +337,8 @@ def test_json_that_is_not_an_object_is_refused(text: str) -> None:
 @pytest.mark.parametrize("which", ["startingOffsets", "endingOffsets"])
 def test_bad_offset_values_are_refused(value: object, which: str) -> None:
     spec = json.dumps({"a": value})
-    options = _read(spec) if which == "startingOffsets" else _read(ending=spec)
-    with pytest.raises(OptionError) as caught:
-        (starting_offsets if which == "startingOffsets" else ending_offsets)(options, INFO)
+    with pytest.raises(OptionError) as caught:  # refused by parse_options, before any hub
+        _read(spec) if which == "startingOffsets" else _read(ending=spec)
     message = str(caught.value)
     assert which in message
     assert "'a'" in message

@@ -133,11 +133,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
         raise OptionError("option 'maxEventsPerTrigger' applies to streaming reads only")
     if "endingoffsets" in lowered and streaming:
         raise OptionError("option 'endingOffsets' applies to batch reads only")
+    starting = lowered.get("startingoffsets", "latest" if streaming else "earliest")
+    ending = lowered.get("endingoffsets", "latest")
+    if streams:  # checked now, before any hub is asked anything
+        _offsets_spec(starting, "startingOffsets", streams)
+        _offsets_spec(ending, "endingOffsets", streams)
     return Options(
         urls=urls,
         streams=streams,
-        starting=lowered.get("startingoffsets", "latest" if streaming else "earliest"),
-        ending=lowered.get("endingoffsets", "latest"),
+        starting=starting,
+        ending=ending,
         max_events_per_trigger=None if max_events is None else _positive(max_events,
                                                                           "maxEventsPerTrigger"),
         fail_on_data_loss=_boolean(lowered.get("failondataloss", "true"), "failOnDataLoss"),

@@ -123,8 +123,11 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
                     yield to_arrow(batch)
                 return
             except HubError as exc:
-                if "retention" not in str(exc) or partition.fail_on_data_loss:
+                if "retention" not in str(exc):
                     raise
+                if partition.fail_on_data_loss:
+                    hint = "; set failOnDataLoss=false to skip them and go on"
+                    raise HubError(f"{exc}{hint}") from exc
                 (info,) = hub.streams([r.stream])
                 kept = info.earliest
                 if kept <= next_id:
