@@ -109,18 +109,36 @@ def _partitions(ranges: Sequence[Range], options: Options) -> list[InputPartitio
     return [_Partition(r, options.prefetch, options.fail_on_data_loss) for r in ranges]
 
 
+ARROW_BATCH_ROWS = 65536
+
+
+def _combined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    (combined,) = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return combined
+
+
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """The record batches of one partition, read over its own connection (opened here: a
     reader is pickled to the executors, connections are not)."""
     assert isinstance(partition, _Partition)
     r = partition.range
     next_id = r.start
+    pending: list[pa.RecordBatch] = []
+    rows = 0
     with HubSession(r.url) as hub:
         while next_id < r.end:
             try:
                 for batch in hub.read(r.stream, next_id, r.end, partition.prefetch):
                     next_id = batch.last_id + 1
-                    yield to_arrow(batch)
+                    pending.append(to_arrow(batch))
+                    rows += len(batch)
+                    if rows >= ARROW_BATCH_ROWS:  # fewer, bigger batches for Spark to take in
+                        yield _combined(pending)
+                        pending, rows = [], 0
+                if pending:
+                    yield _combined(pending)
                 return
             except HubError as exc:
                 if "retention" not in str(exc):
