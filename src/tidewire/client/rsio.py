@@ -368,6 +368,9 @@ class RsioClient:
         durable. With ``assign_ids=False`` a batch keeps its own ids (above the latest). With
         ``txn``, the events are stored exactly once for that transaction id: publishing again
         under it stores nothing and returns the ids of the first time."""
+        if txn is not None and not assign_ids:
+            raise ValueError("a transaction's events get the hub's ids: assign_ids=False "
+                             "cannot be honoured")  # fmt: skip
         pub = await self.publisher(stream, txn=txn)
         try:
             receipt = await pub.submit(events, assign_ids=assign_ids)

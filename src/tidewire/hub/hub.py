@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from ..log import Log, LogConfig, StreamStats
-from ..model import Batch, DataLossError, now_ms, validate_stream_name
+from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
 from .subscription import Subscription
 from .txn import Transactions, TxnReceipt
 
@@ -26,6 +26,16 @@ log = logging.getLogger("tidewire.hub")
 Start = int | Literal["earliest", "latest"]
 """Where a subscription starts: an id (inclusive), the first retained event, or after the
 latest committed one (only new events)."""
+
+
+RESERVED_PREFIX = "_tidewire."
+"""Streams the hub keeps for itself (``_tidewire.txns``): readable, never written by clients."""
+
+
+def _writable(stream: str) -> None:
+    validate_stream_name(stream)
+    if stream.startswith(RESERVED_PREFIX):
+        raise InvalidStreamName(f"stream {stream!r} is the hub's own (prefix {RESERVED_PREFIX!r})")
 
 
 class Hub:
@@ -112,12 +122,13 @@ class Hub:
 
     async def append(self, batch: Batch, *, assign_ids: bool = False) -> Batch:
         """Append durably; returns the batch as stored (see :meth:`Log.append`)."""
+        _writable(batch.stream)
         return await self.log.append(batch, assign_ids=assign_ids)
 
     async def commit(self, txn: str, batch: Batch) -> TxnReceipt:
         """Append ``batch`` exactly once for the transaction id ``txn`` (its ids are ignored):
         a repeated commit returns where the first one put the events (see :mod:`.txn`)."""
-        validate_stream_name(batch.stream)
+        _writable(batch.stream)
         return await self.txns.commit(txn, batch)
 
     async def read(

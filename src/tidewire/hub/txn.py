@@ -11,7 +11,9 @@ stream, ``_tidewire.txns``, of JSON records:
 * ``{"txn": T, "done": true}``: written once the data is durable.
 
 The data is appended with its own ids ``F..``: if another writer took ``F`` meanwhile, the append
-fails and is retried under a new intent. So after a crash, an intent without its ``done`` is
+fails and is retried under a new intent whose ``F`` leaves a gap for the others (ids may have gaps),
+wider at each retry. Commits into one stream run one at a time (they would only collide), and a
+commit runs to its end even if its caller goes away, so a retry waits for it and finds it done. So after a crash, an intent without its ``done`` is
 settled by reading ids ``F..F+N-1`` of ``S``: the transaction happened if and only if they are
 there with the same fingerprint (nobody else can have written exactly those). A commit of a known
 transaction returns the ids it got the first time and appends nothing.
@@ -73,8 +75,13 @@ def fingerprint(batch: Batch) -> int:
     lengths = array("I", [offsets[i + 1] - offsets[i] for i in range(len(batch))])
     fp = crc32c(lengths.tobytes())
     fp = crc32c(batch.values, fp)
-    if batch.key_flags is not None and batch.keys is not None and batch.key_offsets is not None:
-        fp = crc32c(batch.key_flags, fp)
+    flags = batch.key_flags
+    # (key columns whose flags are all 0 mean "no key" as much as no key columns do: a batch
+    # read back from a record shared with keyed events has them)
+    if flags is not None and flags.tobytes().strip(b"\0") and batch.keys is not None and (
+        batch.key_offsets is not None
+    ):
+        fp = crc32c(flags, fp)
         k = batch.key_offsets
         fp = crc32c(array("I", [k[i + 1] - k[i] for i in range(len(batch))]).tobytes(), fp)
         fp = crc32c(batch.keys, fp)
@@ -85,14 +92,15 @@ class Transactions:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self._entries: dict[str, _Entry] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # per txn: lock, users
+        self._stream_locks: dict[str, asyncio.Lock] = {}
 
     def load(self) -> None:
         """Rebuild the registry from ``_tidewire.txns`` (at hub open)."""
         log_ = self.hub.log
         if TXN_STREAM not in log_:
             return
-        next_id = 0
+        next_id = log_.start_id(TXN_STREAM)  # (retention may have trimmed it)
         while True:
             batches = log_.read(TXN_STREAM, next_id, 4 * 1024 * 1024)
             if not batches:
@@ -124,12 +132,19 @@ class Transactions:
         where its events are either way."""
         if not txn or len(txn.encode()) > MAX_TXN_BYTES:
             raise TidewireError(f"a transaction id is 1..{MAX_TXN_BYTES} bytes")
-        lock = self._locks.setdefault(txn, asyncio.Lock())
+        # Shielded: a caller that goes away (its connection dropped) does not stop a commit
+        # half-way; a retry of the same transaction waits for it, then finds it done.
+        return await asyncio.shield(self._locked_commit(txn, batch))
+
+    async def _locked_commit(self, txn: str, batch: Batch) -> TxnReceipt:
+        lock, users = self._locks.setdefault(txn, (asyncio.Lock(), [0]))
+        users[0] += 1
         try:
-            async with lock:
+            async with lock, self._stream_locks.setdefault(batch.stream, asyncio.Lock()):
                 return await self._commit(txn, batch)
         finally:
-            if not lock.locked() and self._locks.get(txn) is lock:
+            users[0] -= 1
+            if not users[0]:
                 del self._locks[txn]
 
     async def _commit(self, txn: str, batch: Batch) -> TxnReceipt:
@@ -144,8 +159,11 @@ class Transactions:
             return TxnReceipt(entry.stream, entry.count, entry.first, last, already=True)
         fp = fingerprint(batch)
         log_ = self.hub.log
-        for _ in range(RETRIES):
-            first = log_.accepted_latest(batch.stream) + 1
+        for attempt in range(RETRIES):
+            # Other writers may take ids while the intent is written: after a collision, leave
+            # them room (ids may have gaps), more each time.
+            slack = 0 if attempt == 0 else 2 ** (attempt + 5)
+            first = log_.accepted_latest(batch.stream) + 1 + slack
             intent = {"txn": txn, "stream": batch.stream, "first": first, "count": len(batch),
                       "fp": fp}  # fmt: skip
             await self._record(intent)
