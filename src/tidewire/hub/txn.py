@@ -13,7 +13,8 @@ stream, ``_tidewire.txns``, of JSON records:
 The data is appended with its own ids ``F..``: if another writer took ``F`` meanwhile, the append
 fails and is retried under a new intent whose ``F`` leaves a gap for the others (ids may have gaps),
 wider at each retry. Commits into one stream run one at a time (they would only collide), and a
-commit runs to its end even if its caller goes away, so a retry waits for it and finds it done. So after a crash, an intent without its ``done`` is
+commit runs to its end even if its caller goes away, so a retry waits for it and finds it done.
+So after a crash, an intent without its ``done`` is
 settled by reading ids ``F..F+N-1`` of ``S``: the transaction happened if and only if they are
 there with the same fingerprint (nobody else can have written exactly those). A commit of a known
 transaction returns the ids it got the first time and appends nothing.
