@@ -88,7 +88,8 @@ class HubProcess:
                 [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(self.data_dir),
                  "--host", "127.0.0.1", "--http-port", "0"],
                 stdout=stdout, stderr=stderr,
-                env={**os.environ, "TIDEWIRE_RSIO_PORT": str(self.port)},
+                env={**os.environ, "TIDEWIRE_RSIO_PORT": str(self.port),
+                     "TIDEWIRE_SEGURO_PORT": "0"},
             )  # fmt: skip
 
         def ready() -> bool:

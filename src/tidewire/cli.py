@@ -74,6 +74,8 @@ def _settings_help() -> str:
 @click.option("--host", help="address every listener binds to (default 127.0.0.1)")
 @click.option("--http-port", type=int, help="HTTP port (default 7480; 0 = any free port)")
 @click.option("--rsio-port", type=int, help="RS.io TCP port (default 7400; 0 = any free port)")
+@click.option("--seguro-port", type=int,
+              help="Seguro TCP port (default 7403; 0 = any free port)")  # fmt: skip
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting")
 def serve(
     config_path: str | None,
@@ -81,6 +83,7 @@ def serve(
     host: str | None,
     http_port: int | None,
     rsio_port: int | None,
+    seguro_port: int | None,
     sets: tuple[str, ...],
 ) -> None:
     """Run the hub: config file < TIDEWIRE_* variables < flags."""
@@ -91,6 +94,7 @@ def serve(
         "host": host,
         "http.port": http_port,
         "rsio.port": rsio_port,
+        "seguro.port": seguro_port,
     }
     for item in sets:
         key, sep, value = item.partition("=")

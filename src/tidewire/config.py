@@ -33,6 +33,8 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "log_level": (str, "info", "debug, info, warning or error"),
     "http.port": (int, 7480, "HTTP listener (admin endpoints; 0 = any free port)"),
     "rsio.port": (int, 7400, "RS.io over TCP listener (0 = any free port)"),
+    "seguro.port": (int, 7403, "Seguro listener (0 = any free port)"),
+    "seguro.max_event_bytes": (int, 64 * 1024 * 1024, "largest Seguro event"),
     "rsio.max_string_bytes": (int, 64 * 1024, "longest String field (publisher, reason)"),
     "rsio.max_element_bytes": (int, 16 * 1024 * 1024, "longest element (and onNextPacked body)"),
     "rsio.max_subscriptions": (int, 1024, "subscriptions at once on one connection"),
@@ -78,6 +80,10 @@ class ServerConfig:
     @property
     def rsio_port(self) -> int:
         return int(self.values["rsio.port"])
+
+    @property
+    def seguro_port(self) -> int:
+        return int(self.values["seguro.port"])
 
     @property
     def log_level(self) -> str:
@@ -161,6 +167,8 @@ def load_config(
 _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric settings
     "http.port": (0, 65535),
     "rsio.port": (0, 65535),
+    "seguro.port": (0, 65535),
+    "seguro.max_event_bytes": (1, 2**32),
     "rsio.max_string_bytes": (16, 2**31),
     "rsio.max_element_bytes": (16, 2**31),
     "rsio.max_subscriptions": (1, 2**20),

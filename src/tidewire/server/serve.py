@@ -19,8 +19,10 @@ from .. import __version__
 from ..config import ServerConfig
 from ..hub import Hub
 from ..protocols.rsio import Limits
+from ..protocols.seguro import Limits as SeguroLimits
 from .app import build_app
 from .rsio import RsioServer, RsioSettings, start_rsio_server
+from .seguro import SeguroServer, start_seguro_server
 
 __all__ = ["Endpoint", "run_server", "serve"]
 
@@ -57,6 +59,7 @@ async def serve(
     )
     runner: web.AppRunner | None = None
     rsio: RsioServer | None = None
+    seguro: SeguroServer | None = None
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -67,8 +70,13 @@ async def serve(
         await site.start()
         port = _bound_port(runner)
         rsio = await start_rsio_server(hub, config.host, config.rsio_port, rsio_settings(config))
+        seguro = await start_seguro_server(
+            hub, config.host, config.seguro_port,
+            SeguroLimits(max_event_bytes=int(config.values["seguro.max_event_bytes"])),
+        )  # fmt: skip
         endpoints = [
             Endpoint("rsio", f"rsio://{config.host}:{rsio.port}", "RS.io over TCP"),
+            Endpoint("seguro", f"seguro://{config.host}:{seguro.port}", "Seguro (event log)"),
             Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
             Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
         ]
@@ -90,6 +98,8 @@ async def serve(
         try:
             if rsio is not None:
                 await rsio.close()
+            if seguro is not None:
+                await seguro.close()
             if runner is not None:
                 await runner.cleanup()
             await hub.close()

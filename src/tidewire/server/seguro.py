@@ -1,0 +1,287 @@
+"""The Seguro listener (seed 004; default port 7403): a thin asyncio adapter between sockets, the
+sans-IO :class:`~tidewire.protocols.seguro.ServerSession` and the :class:`~tidewire.hub.Hub`.
+
+A point's events are the stream named by its ``@p`` (``~sampel-palnet``), so what a ship saves
+can be tailed over RS.io and read by Spark. Per connection, one task takes the session's events
+in order: ``SAVE`` appends the event and answers ``COMMITTED`` once it is durable; ``SAVE MANY``
+streams its events into the log as they arrive, in chunks of about 1 MiB with several appends
+in flight (they share group commits), says ``LATEST`` as chunks become durable and
+``COMMITTED MANY`` once all are; ``READ`` reads the log in batches. Reading the socket pauses
+while more than ``MAX_PENDING_BYTES`` wait for the log, so a 10 GiB ``SAVE MANY`` never sits in
+memory.
+
+A breach is answered the seed's way: the connection is dropped at once (and logged). Events of
+a breached ``SAVE MANY`` already handed to the log are stored (the next ``WELCOME`` says how far);
+those not yet handed over are discarded. One session per point: a second connection for a point
+that has one is dropped after its ``POINT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import cast
+
+from ..hub import Hub
+from ..model import Batch, TidewireError
+from ..protocols.seguro import (
+    Breach,
+    Limits,
+    ManyEvent,
+    Point,
+    Read,
+    Save,
+    SaveMany,
+    ServerSession,
+    StreamedMany,
+)
+
+__all__ = ["SeguroServer", "start_seguro_server"]
+
+log = logging.getLogger("tidewire.seguro")
+
+CHUNK_BYTES = 1024 * 1024
+APPENDS_IN_FLIGHT = 4
+MAX_PENDING_BYTES = 16 * 1024 * 1024
+READ_BATCH_BYTES = 1024 * 1024
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, server: SeguroServer) -> None:
+        self.server = server
+        self.hub = server.hub
+        self.session = ServerSession(limits=server.limits)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.point: str | None = None
+        self._wake = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._task: asyncio.Task[None] | None = None
+        self._pending_bytes = 0
+        self._reading = True
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.peer = str(transport.get_extra_info("peername"))
+        self.server.connections.add(self)
+        self.session.initiate()
+        self._flush()
+        self._task = asyncio.create_task(self._run())
+
+    def data_received(self, data: bytes) -> None:
+        self.session.receive_data(data)
+        self._wake.set()
+        if self.session._reader.buffered > MAX_PENDING_BYTES and self._reading:
+            self._pause()
+
+    def eof_received(self) -> bool | None:
+        self.session.receive_data(b"")
+        self._wake.set()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self.point is not None and self.server.points.get(self.point) is self:
+            del self.server.points[self.point]
+        if self._task is not None:
+            self._task.cancel()  # appends handed to the log still complete
+        self._writable.set()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _pause(self) -> None:
+        if self.transport is not None and self._reading:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self._reading and not self.transport.is_closing():
+            self._reading = True
+            self.transport.resume_reading()
+
+    def _flush(self) -> None:
+        data = self.session.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def drop(self, reason: str) -> None:
+        log.warning("seguro %s (%s): dropping the connection: %s", self.peer,
+                    self.point or "no point yet", reason)  # fmt: skip
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ------------------------------------------------------------------ the session's flows
+
+    async def _next(self) -> object:
+        while True:
+            event = self.session.next_event()
+            if event is not None:
+                return event
+            if self.session.closed:
+                return None
+            if not self._reading and self._pending_bytes <= MAX_PENDING_BYTES // 2:
+                self._resume()
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _run(self) -> None:
+        try:
+            while (event := await self._next()) is not None:
+                match event:
+                    case Point(point):
+                        self._point(point)
+                    case Save(event_id, data):
+                        await self._save(event_id, data)
+                    case SaveMany():
+                        await self._save_many(event)
+                    case Read(start, limit):
+                        await self._read(start, limit)
+                    case Breach(reason):
+                        self.drop(f"protocol breach: {reason}")
+                        return
+                    case _:
+                        pass  # Hello: IDENTIFY was queued by the session
+                self._flush()
+        except asyncio.CancelledError:
+            raise
+        except TidewireError as exc:
+            self.drop(f"the hub failed: {exc}")
+
+    def _point(self, point: str) -> None:
+        other = self.server.points.get(point)
+        if other is not None:
+            self.drop(f"point {point} already has a session ({other.peer})")
+            return
+        self.point = point
+        self.server.points[point] = self
+        latest = self.hub.latest(point)
+        self.session.welcome(latest or None)
+
+    async def _save(self, event_id: int, data: bytes) -> None:
+        assert self.point is not None
+        await self.hub.append(Batch.build(self.point, [data], ids=[event_id]))
+        self.session.committed()
+
+    async def _save_many(self, many: SaveMany) -> None:
+        """Stream the events into the log as they arrive (chunks, appends in flight, in
+        order); LATEST as chunks become durable; COMMITTED MANY when all are."""
+        assert self.point is not None
+        inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
+        ids: list[int] = []
+        values: list[bytes] = []
+        size = 0
+
+        def ship() -> None:
+            nonlocal ids, values, size
+            batch = Batch.build(self.point or "", values, ids=ids)
+            append = asyncio.ensure_future(self.hub.append(batch))
+            append.add_done_callback(lambda _: self._wake.set())
+            inflight.append((append, ids[-1], size))
+            self._pending_bytes += size
+            ids, values, size = [], [], 0
+
+        async def settle(block: bool) -> None:
+            while inflight and (block or inflight[0][0].done()):
+                append, last, nbytes = inflight[0]
+                await append
+                inflight.popleft()
+                self._pending_bytes -= nbytes
+                self.session.latest_committed(last)
+                self._flush()
+
+        done = False
+        while not done:
+            await settle(block=len(inflight) >= APPENDS_IN_FLIGHT)
+            event = self.session.next_event()
+            if event is None:
+                if self.session.closed:
+                    return
+                if values and not inflight:
+                    ship()  # nothing in flight: do not hold what has arrived
+                    continue
+                if not self._reading and self._pending_bytes <= MAX_PENDING_BYTES // 2:
+                    self._resume()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            match event:
+                case ManyEvent(event_id, data):
+                    ids.append(event_id)
+                    values.append(data)
+                    size += len(data)
+                    if size >= CHUNK_BYTES:
+                        ship()
+                    if self._pending_bytes > MAX_PENDING_BYTES:
+                        self._pause()
+                case StreamedMany():
+                    done = True
+                case Breach(reason):
+                    self.drop(f"protocol breach during SAVE MANY {many.count} {many.start} "
+                              f"{many.end}: {reason}")  # fmt: skip
+                    return
+        if values:
+            ship()
+        await settle(block=True)
+        self.session.committed_many()
+
+    async def _read(self, start: int, limit: int) -> None:
+        assert self.point is not None
+        next_id, left = start, limit
+        while left > 0 and self.point in self.hub.log:
+            first = max(next_id, self.hub.log.start_id(self.point))  # "or the first above it"
+            batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left)
+            if not batches:
+                break
+            for batch in batches:
+                for i in range(len(batch)):
+                    self.session.send_event(batch.ids[i], batch.value(i))
+                left -= len(batch)
+                next_id = batch.last_id + 1
+            self._flush()
+            await self._writable.wait()
+        self.session.sent()
+
+
+class SeguroServer:
+    """The listener, its connections, and the points that have a session."""
+
+    def __init__(self, hub: Hub, limits: Limits | None = None) -> None:
+        self.hub = hub
+        self.limits = limits or Limits()
+        self.connections: set[_Protocol] = set()
+        self.points: dict[str, _Protocol] = {}
+        self.server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for protocol in list(self.connections):
+            if protocol.transport is not None:
+                protocol.transport.close()
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+async def start_seguro_server(
+    hub: Hub, host: str, port: int, limits: Limits | None = None
+) -> SeguroServer:
+    """Listen for Seguro on ``host:port`` (0 = any free port)."""
+    server = SeguroServer(hub, limits)
+    loop = asyncio.get_running_loop()
+    server.server = await loop.create_server(lambda: _Protocol(server), host, port)
+    return server
