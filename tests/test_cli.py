@@ -300,6 +300,38 @@ def test_publish_lines_and_files_then_tail_them(tmp_path: Path) -> None:
         assert proc.wait(timeout=30) == 0
 
 
+def test_seguro_save_and_read(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.write_bytes(b"a")
+    two.write_bytes(b"b\nc")
+    with server("--data-dir", str(tmp_path / "data"), "--http-port", "0") as proc:
+        lines = read_until(proc, "ready")
+        url = next(w for line in lines for w in line.split() if w.startswith("seguro://"))
+        cli = [sys.executable, "-m", "tidewire.cli", "seguro"]
+        saved = subprocess.run([*cli, "save", "~zod", "-", "--url", url], input=b"hello",
+                               capture_output=True, timeout=60)  # fmt: skip
+        assert saved.returncode == 0, saved.stderr
+        assert saved.stdout == b"committed 1 event(s) of ~zod: ids 1..1\n"
+        saved = subprocess.run([*cli, "save", "~zod", str(one), str(two), "--url", url],
+                               capture_output=True, timeout=60)  # fmt: skip
+        assert saved.stdout == b"committed 2 event(s) of ~zod: ids 2..3\n"
+        read = subprocess.run([*cli, "read", "~zod", "--url", url, "--json"],
+                              capture_output=True, timeout=60)  # fmt: skip
+        rows = [json.loads(line) for line in read.stdout.splitlines()]
+        assert rows == [{"id": 1, "data": "aGVsbG8="}, {"id": 2, "data": "YQ=="},
+                        {"id": 3, "data": "Ygpj"}]  # fmt: skip
+        assert b"sent 3 (1..3)" in read.stderr
+        bad = subprocess.run([*cli, "read", "~zo", "--url", url], capture_output=True,
+                             timeout=60)  # fmt: skip
+        assert bad.returncode == 1
+        assert b"is not an @p" in bad.stderr
+        # the same events over RS.io: the point's stream is its @p
+        rsio = next(w for line in lines for w in line.split() if w.startswith("rsio://"))
+        assert asyncio.run(first_values(rsio, "~zod", 3)) == [b"hello", b"a", b"b\nc"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
 def test_tail_reports_an_unreachable_hub(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tail", "s", "--url", "rsio://127.0.0.1:1"])
     assert result.exit_code == 1

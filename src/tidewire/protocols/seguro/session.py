@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from ...model import LocalProtocolError
+from ...model import MAX_ID, LocalProtocolError
 from .patp import InvalidPatp, validate_patp
 
 __all__ = [
@@ -403,6 +403,8 @@ class ServerSession(_Base):
                                       f"latest stored id {self.latest}")  # fmt: skip
             if end <= start:
                 raise _ProtocolBreach(f"SAVE MANY end id {end} is not larger than start {start}")
+            if end > MAX_ID:
+                raise _ProtocolBreach(f"id {end} is above 2**63-1, which tidewire does not store")
             if n < 2 or n > end - start + 1 or n > self.limits.max_many_count:
                 raise _ProtocolBreach(f"SAVE MANY of {n} events cannot span ids {start}..{end}")
             self._many = SaveMany(n, start, end)
@@ -417,6 +419,9 @@ class ServerSession(_Base):
             if event_id <= self.latest:
                 raise _ProtocolBreach(f"SAVE id {event_id} is not greater than the latest "
                                       f"stored id {self.latest}")  # fmt: skip
+            if event_id > MAX_ID:
+                raise _ProtocolBreach(f"id {event_id} is above 2**63-1, which tidewire does "
+                                      "not store")  # fmt: skip
             if size > self.limits.max_event_bytes:
                 raise _ProtocolBreach(f"an event of {size} bytes exceeds the limit of "
                                       f"{self.limits.max_event_bytes}")  # fmt: skip
