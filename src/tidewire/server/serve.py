@@ -72,7 +72,8 @@ async def serve(
         rsio = await start_rsio_server(hub, config.host, config.rsio_port, rsio_settings(config))
         seguro = await start_seguro_server(
             hub, config.host, config.seguro_port,
-            SeguroLimits(max_event_bytes=int(config.values["seguro.max_event_bytes"])),
+            SeguroLimits(max_event_bytes=int(config.values["seguro.max_event_bytes"]),
+                         max_many_count=int(config.values["seguro.max_many_events"])),
         )  # fmt: skip
         endpoints = [
             Endpoint("rsio", f"rsio://{config.host}:{rsio.port}", "RS.io over TCP"),
