@@ -1,0 +1,657 @@
+"""Benchmark: durable saves over Seguro against Redis streams (``appendfsync always``) and fsync.
+
+Run ``.venv/bin/python benchmarks/seguro_save.py`` (about 1.5 minutes) or add ``--quick`` (well
+under a minute: fewer, shorter rounds). ``--dir`` picks where the temporary directories go
+(default: ``/tmp`` unless it is a RAM file system, then the working directory: a ``fsync`` on
+tmpfs is free, which would make every figure here meaningless). First it runs
+``benchmarks/redis_peer.sh``, which installs what is missing: Debian's ``redis-server`` and,
+into the venv, ``redis`` (redis-py). ``--no-install`` skips that.
+
+Everything runs on 127.0.0.1, the clients in this process (uvloop when installed), each server
+in a process of its own. Every measurement starts a fresh server on a fresh data directory (all
+in one temporary directory on the same disk), and stops it and removes the directory after.
+Events are 1 KiB values (random bytes, built before the clock starts). What is measured:
+
+1. ``save_many_1KiB_x1000``: durable throughput in events/s. tidewire: ``tidewire serve`` (log
+   fsync on), one Seguro session (``tidewire.client.seguro``), ``await ship.save_many(events)``
+   with 1000 events per call, one call at a time (each returns on ``COMMITTED MANY``, when all
+   1000 are on disk). Redis: ``redis-server`` with ``appendonly yes``, ``appendfsync always``
+   (no RDB snapshots, no AOF rewrite), redis-py's asyncio client, ``XADD key * v <value>``
+   pipelined 1000 at a time (``pipeline(transaction=False)`` + ``execute``), one pipeline at a
+   time. Goal: tidewire >= 2x Redis.
+2. ``save_latency_p50_1KiB`` / ``save_latency_p99_1KiB``: latency of one durable save at a
+   time, in microseconds. tidewire: ``await ship.save(id, value)`` (returns on ``COMMITTED``).
+   Baseline: the disk itself, ``os.write`` of 1 KiB + ``os.fsync`` on a file (appended to, so
+   it grows as a log does) in a fresh directory beside the servers'. Goal: tidewire's p50 <=
+   2x the raw fsync's p50 (the p99 figure has no goal).
+3. ``save_latency_p50_vs_redis_xadd`` / ``save_latency_p99_vs_redis_xadd``: the same tidewire
+   rounds against one ``await redis.xadd(key, {"v": value})`` at a time (``appendfsync always``:
+   Redis answers after the AOF is fsynced). Information only.
+
+Method: the sides of a figure take turns (forward order in odd rounds, reverse in even ones)
+for 5 rounds (2 with ``--quick``); throughput rounds last 4 s (1.5 s), latency rounds take 4000
+samples (1000) after 50 unmeasured ones. Each side's best round is reported (the highest rate;
+the lowest percentile, p50 and p99 each taken from the round where it is lowest): the machine
+is shared, and the best round is the least disturbed one.
+
+Output: exactly one JSON line per figure on stdout (progress goes to stderr), e.g.::
+
+    {"benchmark": "seguro_save", "figure": "save_many_1KiB_x1000", "unit": "events/s",
+     "better": "higher", "tidewire": 70000.0, "baseline": "redis-server 7.0.15 ...",
+     "baseline_value": 30000.0, "ratio": 2.33, "goal": "ratio >= 2.0", "goal_ratio": 2.0,
+     "meets_goal": true, "tidewire_rounds": [...], "baseline_rounds": [...], ...}
+
+(one line in reality). The fields are log_append.py's, plus ``better`` (``higher`` for rates,
+``lower`` for latencies: a latency goal is ``ratio <= goal_ratio``), ``rounds`` and, for
+latencies, ``samples`` (per round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidewire.client.seguro import connect
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+POINT = "~zod"
+REDIS_KEY = "bench"
+REDIS_FIELD = "v"
+VALUE_BYTES = 1024
+BATCH_EVENTS = 1000
+WARMUP_SAMPLES = 50
+MAX_BYTES_PER_MEASUREMENT = 1 << 30  # bounds the disk (and Redis's memory) one round uses
+START_TIMEOUT_S = 60.0
+SETTLE_S = 0.5  # a pause before each measurement, after os.sync()
+RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    rounds: int
+    budget_s: float  # how long one throughput round runs
+    samples: int  # saves timed in one latency round
+
+
+FULL = Settings(rounds=5, budget_s=4.0, samples=4000)
+QUICK = Settings(rounds=2, budget_s=1.5, samples=1000)
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- places
+
+
+def fs_type(path: str) -> str:
+    """The file-system type of the mount holding ``path`` (from /proc/self/mounts)."""
+    real = os.path.realpath(path)
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def choose_base(requested: str | None) -> str:
+    if requested is not None:
+        return requested
+    if fs_type("/tmp") not in RAM_FILE_SYSTEMS:
+        return "/tmp"
+    return os.getcwd()
+
+
+@contextmanager
+def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Every subprocess this benchmark starts; all are stopped at exit, whatever happens."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        atexit.register(self.stop_all)
+
+    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(args, text=True, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[str], timeout: float = 30.0) -> int:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if proc in self.procs:
+            self.procs.remove(proc)
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc, timeout=10)
+
+
+class LinePump:
+    """Reads a subprocess's output lines in a thread (so that its pipe never fills)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self._stream = stream
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            for line in self._stream:
+                self.lines.put(line.rstrip("\n"))
+        self.lines.put("\0eof")
+
+    def wait_for(self, pattern: str, proc: subprocess.Popen[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line == "\0eof":
+                break
+            self.seen.append(line)
+            if match := regex.search(line):
+                return match
+        tail = "\n".join(self.seen[-20:])
+        raise RuntimeError(
+            f"{proc.args!r}: no line matching {pattern!r} (exit {proc.poll()}):\n{tail}"
+        )
+
+
+def install_peers() -> None:
+    script = os.path.join(HERE, "redis_peer.sh")
+    subprocess.run(["bash", script, sys.executable], check=True)
+
+
+def module(name: str) -> Any:
+    """Import a peer library (untyped here: mypy runs without the peers installed)."""
+    return importlib.import_module(name)
+
+
+def distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
+def redis_binary() -> str:
+    return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def redis_version() -> str:
+    out = subprocess.run([redis_binary(), "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"v=(\S+)", out)
+    return match.group(1) if match else "?"
+
+
+async def check_redis_config(client: Any) -> None:
+    """Refuse to measure a Redis that does not fsync its AOF on every write."""
+    got = {}
+    for name in ("appendonly", "appendfsync"):
+        value = (await client.config_get(name)).get(name)
+        got[name] = value.decode() if isinstance(value, bytes) else value
+    if got != {"appendonly": "yes", "appendfsync": "always"}:
+        raise RuntimeError(f"redis-server runs with {got}, not appendonly yes/appendfsync always")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def tidewire_server(procs: Processes, parent: str) -> Iterator[str]:
+    """A fresh ``tidewire serve`` (log fsync on) on a fresh data directory; its Seguro URL."""
+    with fresh_dir(parent, "tidewire-") as data_dir:
+        proc = procs.start(
+            [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
+             "--host", "127.0.0.1", "--http-port", "0", "--rsio-port", "0",
+             "--seguro-port", "0", "--set", "log.fsync=true"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            pump = LinePump(proc.stdout)
+            url = pump.wait_for(r"(seguro://\S+)", proc, START_TIMEOUT_S).group(1)
+            pump.wait_for(r"^ready", proc, START_TIMEOUT_S)
+            yield url
+        finally:
+            code = procs.stop(proc)
+            if code != 0:
+                note(f"warning: tidewire serve exited {code}")
+
+
+@contextmanager
+def redis_server(procs: Processes, parent: str) -> Iterator[int]:
+    """A fresh ``redis-server`` (AOF, ``appendfsync always``) on a fresh directory; its port."""
+    with fresh_dir(parent, "redis-") as data_dir:
+        for attempt in range(3):  # the free port may be taken between the probe and the bind
+            port = free_port()
+            proc = procs.start(
+                [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", data_dir,
+                 "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                 "--auto-aof-rewrite-percentage", "0", "--daemonize", "no",
+                 "--protected-mode", "no", "--logfile", ""],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                LinePump(proc.stdout).wait_for(
+                    r"Ready to accept connections", proc, START_TIMEOUT_S
+                )
+                break
+            except RuntimeError:
+                procs.stop(proc)
+                if attempt == 2:
+                    raise
+        try:
+            yield port
+        finally:
+            code = procs.stop(proc)
+            if code != 0:
+                note(f"warning: redis-server exited {code}")
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def make_values(count: int) -> list[bytes]:
+    return [os.urandom(VALUE_BYTES) for _ in range(count)]
+
+
+def max_batches() -> int:
+    return max(1, MAX_BYTES_PER_MEASUREMENT // (BATCH_EVENTS * VALUE_BYTES))
+
+
+async def tidewire_save_many(procs: Processes, parent: str, budget: float) -> float:
+    values = make_values(BATCH_EVENTS)
+    with tidewire_server(procs, parent) as url:
+        async with connect(url, POINT) as ship:
+            next_id = 1
+
+            async def save_batch() -> None:
+                nonlocal next_id
+                await ship.save_many([(next_id + i, v) for i, v in enumerate(values)])
+                next_id += BATCH_EVENTS
+
+            await save_batch()  # creates the stream (warm-up)
+            calls, limit = 0, max_batches()
+            start = time.perf_counter()
+            deadline = start + budget
+            while calls < limit:
+                await save_batch()
+                calls += 1
+                if time.perf_counter() >= deadline:
+                    break
+            elapsed = time.perf_counter() - start
+            if ship.latest != next_id - 1:
+                raise RuntimeError(f"the hub committed up to {ship.latest}, not {next_id - 1}")
+    return calls * BATCH_EVENTS / elapsed
+
+
+async def redis_xadd_many(procs: Processes, parent: str, budget: float) -> float:
+    redis = module("redis.asyncio")
+    values = make_values(BATCH_EVENTS)
+    with redis_server(procs, parent) as port:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            await check_redis_config(client)
+
+            async def xadd_batch() -> None:
+                pipe = client.pipeline(transaction=False)
+                for v in values:
+                    pipe.xadd(REDIS_KEY, {REDIS_FIELD: v})
+                ids = await pipe.execute()
+                if len(ids) != BATCH_EVENTS:
+                    raise RuntimeError(f"a pipeline of {BATCH_EVENTS} XADD gave {len(ids)} ids")
+
+            await xadd_batch()  # creates the stream (warm-up)
+            calls, limit = 0, max_batches()
+            start = time.perf_counter()
+            deadline = start + budget
+            while calls < limit:
+                await xadd_batch()
+                calls += 1
+                if time.perf_counter() >= deadline:
+                    break
+            elapsed = time.perf_counter() - start
+            length = await client.xlen(REDIS_KEY)
+            if length != (calls + 1) * BATCH_EVENTS:
+                raise RuntimeError(f"the Redis stream holds {length}, not {calls + 1} x 1000")
+        finally:
+            await client.aclose()
+    return calls * BATCH_EVENTS / elapsed
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    p50_us: float
+    p99_us: float
+    samples: int
+
+
+def percentiles(ns: list[int]) -> Latency:
+    ordered = sorted(ns)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
+
+    return Latency(at(0.50), at(0.99), len(ordered))
+
+
+async def timed_samples(one: Callable[[], Awaitable[None]], samples: int) -> Latency:
+    for _ in range(WARMUP_SAMPLES):
+        await one()
+    ns: list[int] = []
+    clock = time.perf_counter_ns
+    for _ in range(samples):
+        t0 = clock()
+        await one()
+        ns.append(clock() - t0)
+    return percentiles(ns)
+
+
+async def tidewire_save_latency(procs: Processes, parent: str, samples: int) -> Latency:
+    value = make_values(1)[0]
+    with tidewire_server(procs, parent) as url:
+        async with connect(url, POINT) as ship:
+            next_id = 1
+
+            async def save() -> None:
+                nonlocal next_id
+                await ship.save(next_id, value)
+                next_id += 1
+
+            latency = await timed_samples(save, samples)
+            if ship.latest != next_id - 1:
+                raise RuntimeError(f"the hub committed up to {ship.latest}, not {next_id - 1}")
+    return latency
+
+
+async def redis_xadd_latency(procs: Processes, parent: str, samples: int) -> Latency:
+    redis = module("redis.asyncio")
+    value = make_values(1)[0]
+    with redis_server(procs, parent) as port:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            await check_redis_config(client)
+
+            async def xadd() -> None:
+                await client.xadd(REDIS_KEY, {REDIS_FIELD: value})
+
+            latency = await timed_samples(xadd, samples)
+            length = await client.xlen(REDIS_KEY)
+            if length != WARMUP_SAMPLES + samples:
+                raise RuntimeError(f"the Redis stream holds {length}, not {samples} + warm-up")
+        finally:
+            await client.aclose()
+    return latency
+
+
+async def fsync_latency(parent: str, samples: int) -> Latency:
+    """``os.write`` of 1 KiB + ``os.fsync``, appending to one file in a fresh directory."""
+    value = make_values(1)[0]
+    with fresh_dir(parent, "fsync-") as directory:
+        fd = os.open(os.path.join(directory, "raw.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+
+            async def write_fsync() -> None:
+                os.write(fd, value)
+                os.fsync(fd)
+
+            return await timed_samples(write_fsync, samples)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+@dataclass(slots=True)
+class Side:
+    name: str
+    run: Callable[[], Awaitable[Any]]
+    rounds: list[Any] = field(default_factory=list)
+
+
+STOP = threading.Event()  # set by SIGTERM
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """Stop as Ctrl-C does (asyncio.Runner cancels the running measurement)."""
+    STOP.set()
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, Latency):
+        return f"p50 {value.p50_us:,.0f} µs  p99 {value.p99_us:,.0f} µs  ({value.samples} saves)"
+    return f"{value:,.0f} events/s"
+
+
+async def settle() -> None:
+    """Let the disk finish what the last measurement left (its removed files' blocks, the
+    journal), so that it does not slow the next side down."""
+    await asyncio.to_thread(os.sync)
+    await asyncio.sleep(SETTLE_S)
+
+
+async def run_rounds(title: str, sides: list[Side], rounds: int) -> None:
+    for r in range(rounds):
+        for side in sides if r % 2 == 0 else list(reversed(sides)):
+            if STOP.is_set():
+                raise KeyboardInterrupt
+            await settle()
+            value = await side.run()
+            side.rounds.append(value)
+            note(f"  {title} round {r + 1} {side.name:<20} {describe(value)}")
+
+
+def figure_line(
+    name: str,
+    unit: str,
+    tidewire: list[float],
+    baseline: str,
+    baseline_rounds: list[float],
+    goal_ratio: float | None,
+    *,
+    lower_is_better: bool,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    pick = min if lower_is_better else max
+    tw, base = pick(tidewire), pick(baseline_rounds)
+    ratio = tw / base if base > 0 else float("inf")
+    meets: bool | None = None
+    goal: str | None = None
+    if goal_ratio is not None:
+        meets = ratio <= goal_ratio if lower_is_better else ratio >= goal_ratio
+        goal = f"ratio {'<=' if lower_is_better else '>='} {goal_ratio}"
+    return {
+        "benchmark": "seguro_save",
+        "figure": name,
+        "unit": unit,
+        "better": "lower" if lower_is_better else "higher",
+        "tidewire": round(tw, 1),
+        "baseline": baseline,
+        "baseline_value": round(base, 1),
+        "ratio": round(ratio, 2),
+        "goal": goal,
+        "goal_ratio": goal_ratio,
+        "meets_goal": meets,
+        "rounds": len(tidewire),
+        **(extra or {}),
+        "tidewire_rounds": [round(x, 1) for x in tidewire],
+        "baseline_rounds": [round(x, 1) for x in baseline_rounds],
+    }
+
+
+async def run(settings: Settings, parent: str, procs: Processes) -> list[dict[str, Any]]:
+    redis_label = f"redis-server {redis_version()} appendfsync always, redis-py " + (
+        distribution_version("redis")
+    )
+    lines: list[dict[str, Any]] = []
+
+    budget = settings.budget_s
+    tw_many = Side("tidewire SAVE MANY", lambda: tidewire_save_many(procs, parent, budget))
+    redis_many = Side("redis XADD x1000", lambda: redis_xadd_many(procs, parent, budget))
+    await run_rounds("save_many", [tw_many, redis_many], settings.rounds)
+    lines.append(
+        figure_line(
+            f"save_many_1KiB_x{BATCH_EVENTS}",
+            "events/s",
+            tw_many.rounds,
+            f"{redis_label}, XADD pipelined {BATCH_EVENTS} per execute",
+            redis_many.rounds,
+            2.0,
+            lower_is_better=False,
+        )
+    )
+    print(json.dumps(lines[-1]), flush=True)
+
+    n = settings.samples
+    tw_one = Side("tidewire SAVE", lambda: tidewire_save_latency(procs, parent, n))
+    raw = Side("write+fsync", lambda: fsync_latency(parent, n))
+    redis_one = Side("redis XADD", lambda: redis_xadd_latency(procs, parent, n))
+    await run_rounds("latency", [tw_one, raw, redis_one], settings.rounds)
+    fsync_label = f"os.write {VALUE_BYTES} B + os.fsync, appending to one file"
+    xadd_label = f"{redis_label}, one XADD at a time"
+    extra = {"samples": n, "value_bytes": VALUE_BYTES}
+    for pct in ("p50", "p99"):
+
+        def of(side: Side, pct: str = pct) -> list[float]:
+            return [getattr(m, f"{pct}_us") for m in side.rounds]
+
+        lines.append(
+            figure_line(
+                f"save_latency_{pct}_1KiB",
+                "us",
+                of(tw_one),
+                fsync_label,
+                of(raw),
+                2.0 if pct == "p50" else None,
+                lower_is_better=True,
+                extra=extra,
+            )
+        )
+        print(json.dumps(lines[-1]), flush=True)
+    for pct in ("p50", "p99"):
+        lines.append(
+            figure_line(
+                f"save_latency_{pct}_vs_redis_xadd",
+                "us",
+                [getattr(m, f"{pct}_us") for m in tw_one.rounds],
+                xadd_label,
+                [getattr(m, f"{pct}_us") for m in redis_one.rounds],
+                None,
+                lower_is_better=True,
+                extra=extra,
+            )
+        )
+        print(json.dumps(lines[-1]), flush=True)
+    return lines
+
+
+def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    try:
+        import uvloop
+    except ImportError:
+        return None, "asyncio"
+    return uvloop.new_event_loop, "uvloop"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (< 1 min)")
+    parser.add_argument("--dir", help="where to create temporary directories (default: /tmp)")
+    parser.add_argument("--no-install", action="store_true", help="do not run redis_peer.sh")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    base = choose_base(args.dir)
+    kind = fs_type(base)
+    if kind in RAM_FILE_SYSTEMS:
+        note(f"warning: {base} is {kind}: fsync costs nothing there, the figures mean little")
+    # SIGTERM ends the run as Ctrl-C does; finally blocks then stop every subprocess and
+    # remove the temporary directories.
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.perf_counter()
+    if not args.no_install:
+        install_peers()
+    factory, loop_name = loop_factory()
+    note(
+        f"seguro_save: {'quick' if args.quick else 'full'} run, {settings.rounds} rounds "
+        f"({settings.budget_s} s per throughput round, {settings.samples} saves per latency "
+        f"round), temp dirs in {base} ({kind}), client loop {loop_name}"
+    )
+    procs = Processes()
+    try:
+        with (
+            fresh_dir(base, "tidewire-seguro-bench-") as parent,
+            asyncio.Runner(loop_factory=factory) as runner,
+        ):
+            runner.run(run(settings, parent, procs))
+    except KeyboardInterrupt:
+        note("seguro_save: interrupted")
+        return 130
+    finally:
+        procs.stop_all()
+    note(f"seguro_save: done in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
