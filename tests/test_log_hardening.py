@@ -1055,3 +1055,24 @@ def test_segments_without_a_stream_name_are_corruption(tmp_path: Path) -> None:
     (tmp_path / "notes").mkdir()  # a foreign directory with no segment is left alone
     (directory / "00000000000000000001.log").unlink()
     Log.open(str(tmp_path)).close_sync()
+
+
+@pytest.mark.parametrize("inline", [0, 64 * 1024], ids=["thread", "inline"])
+def test_small_groups_commit_on_the_loop_or_in_a_thread_alike(tmp_path: Path, inline: int) -> None:
+    """``inline_commit_bytes``: small groups are written on the event loop's thread, big ones
+    in a worker; either way every append is acknowledged with its ids, in order, and durable
+    (the log reopened holds them)."""
+
+    async def scenario() -> None:
+        log = Log.open(str(tmp_path), LogConfig(inline_commit_bytes=inline))
+        small = [log.append(Batch.build(STREAM, [b"s%d" % i]), assign_ids=True) for i in range(20)]
+        big = log.append(Batch.build(STREAM, [b"x" * 100_000]), assign_ids=True)
+        stored = await asyncio.gather(*small, big)
+        assert [b.first_id for b in stored] == list(range(1, 22))
+        await log.close()
+        log = Log.open(str(tmp_path))
+        values = [e.value for b in log.read(STREAM, 1, 1 << 30) for e in b]
+        assert values == [b"s%d" % i for i in range(20)] + [b"x" * 100_000]
+        await log.close()
+
+    asyncio.run(scenario())

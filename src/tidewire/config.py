@@ -53,6 +53,8 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "log.max_pending_bytes": (int, 64 * 1024 * 1024, "per stream, bytes queued for a commit"),
     "log.recent_bytes": (int, 1024 * 1024, "per stream, newest commits kept in memory"),
     "log.fsync": (bool, True, "fsync every commit (false only for throw-away data)"),
+    "log.inline_commit_bytes": (int, 64 * 1024,
+                                "commit groups this small are fsynced on the event loop's thread"),
 }
 
 _STREAM_KEYS = {"segment_bytes", "index_interval_bytes", "retention_bytes", "retention_ms"}
@@ -180,6 +182,7 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "log.max_record_bytes": (4096, 2**32 - 4096),
     "log.max_pending_bytes": (1, 2**62),
     "log.recent_bytes": (0, 2**62),
+    "log.inline_commit_bytes": (0, 2**30),
     "log.retention_check_interval_s": (0.001, 10**9),
 }
 
@@ -243,4 +246,5 @@ def _log_config(values: Mapping[str, Any], streams: Mapping[str, Mapping[str, in
         max_pending_bytes=values["log.max_pending_bytes"],
         recent_bytes=values["log.recent_bytes"],
         fsync=values["log.fsync"],
+        inline_commit_bytes=values["log.inline_commit_bytes"],
     )

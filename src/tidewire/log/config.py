@@ -37,7 +37,11 @@ class LogConfig:
     bytes waiting for the next group commit (appenders wait when it is full); ``recent_bytes``
     bounds, per stream, the newest committed batches kept in memory for live tails;
     ``fsync=False`` is for throw-away data only: ``append`` then returns before the data is
-    durable.
+    durable. A commit group of at most ``inline_commit_bytes`` is written and fsynced on the
+    event loop's own thread, skipping the hand-off to a worker thread (about 120 µs here, half
+    an fsync): latency for small appends at the price of the loop waiting for one small fsync;
+    bigger groups go to a worker thread. 0 (the library's default) sends every group to a
+    thread; ``tidewire serve`` uses 64 KiB (setting ``log.inline_commit_bytes``).
     """
 
     defaults: StreamSettings = field(default_factory=StreamSettings)
@@ -46,6 +50,7 @@ class LogConfig:
     max_pending_bytes: int = 64 * MiB
     recent_bytes: int = 1 * MiB
     fsync: bool = True
+    inline_commit_bytes: int = 0
 
     def for_stream(self, name: str) -> StreamSettings:
         return self.streams.get(name, self.defaults)

@@ -313,7 +313,14 @@ class Log:
                 group, writer.queue = writer.queue, []
                 writer.inflight_bytes, writer.queued_bytes = writer.queued_bytes, 0
                 items = [(p.batch, p.first_id) for p in group]
-                write = writer.writing = loop.run_in_executor(None, self._write, stream, items)
+                if writer.inflight_bytes <= self.config.inline_commit_bytes:
+                    write = writer.writing = loop.create_future()  # small: on this thread
+                    try:
+                        write.set_result(self._write(stream, items))
+                    except Exception as exc:
+                        write.set_exception(exc)
+                else:
+                    write = writer.writing = loop.run_in_executor(None, self._write, stream, items)
                 try:
                     # Shielded: the thread writes on whatever happens to this task, so this
                     # task must never act as if the write had not happened.

@@ -29,6 +29,7 @@ from ..protocols.seguro import (
     Breach,
     Limits,
     ManyEvent,
+    ManyEvents,
     Point,
     Read,
     Save,
@@ -41,7 +42,7 @@ __all__ = ["SeguroServer", "start_seguro_server"]
 
 log = logging.getLogger("tidewire.seguro")
 
-CHUNK_BYTES = 1024 * 1024
+CHUNK_BYTES = 256 * 1024  # small enough that writes overlap the parsing of what follows
 APPENDS_IN_FLIGHT = 4
 MAX_PENDING_BYTES = 16 * 1024 * 1024
 READ_BATCH_BYTES = 1024 * 1024
@@ -52,7 +53,7 @@ class _Protocol(asyncio.Protocol):
     def __init__(self, server: SeguroServer) -> None:
         self.server = server
         self.hub = server.hub
-        self.session = ServerSession(limits=server.limits)
+        self.session = ServerSession(limits=server.limits, bulk=True)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.point: str | None = None
@@ -215,6 +216,12 @@ class _Protocol(asyncio.Protocol):
                 await self._wake.wait()
                 continue
             match event:
+                case ManyEvents(run_ids, datas):
+                    ids += run_ids
+                    values += datas
+                    size += sum(map(len, datas))
+                    if size >= CHUNK_BYTES:
+                        ship()
                 case ManyEvent(event_id, data):
                     ids.append(event_id)
                     values.append(data)
