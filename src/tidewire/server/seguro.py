@@ -140,7 +140,7 @@ class _Protocol(asyncio.Protocol):
             while (event := await self._next()) is not None:
                 match event:
                     case Point(point):
-                        self._point(point)
+                        await self._point(point)
                     case Save(event_id, data):
                         await self._save(event_id, data)
                     case SaveMany():
@@ -150,28 +150,43 @@ class _Protocol(asyncio.Protocol):
                     case Breach(reason):
                         self.drop(f"protocol breach: {reason}")
                         return
-                    case _:
-                        pass  # Hello: IDENTIFY was queued by the session
+                    case _:  # Hello: the session queued IDENTIFY
+                        self._waited("IDENTIFY")
                 self._flush()
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
             self.drop(f"the hub failed: {exc}")
 
-    def _point(self, point: str) -> None:
+    async def _point(self, point: str) -> None:
         other = self.server.points.get(point)
         if other is not None:
             self.drop(f"point {point} already has a session ({other.peer})")
             return
         self.point = point
         self.server.points[point] = self
+        # Appends of an earlier session of this point (its connection dropped mid-SAVE MANY)
+        # may still be on their way to disk: WELCOME says how far they got, not less.
+        accepted = self.hub.log.accepted_latest(point)
+        if accepted > self.hub.latest(point):
+            await self.hub.log.wait_for(point, accepted - 1)
         latest = self.hub.latest(point)
-        self.session.welcome(latest or None)
+        if self._waited("WELCOME"):
+            self.session.welcome(latest or None)
+
+    def _waited(self, reply: str) -> bool:
+        """The ship must wait for ``reply`` before saying more: bytes already here were sent
+        before it (the reply is not sent yet), a breach. Drops the connection if so."""
+        if self.session.unread:  # (the run loop then meets the Breach and drops the connection)
+            self.session.breach(f"a command before the {reply} it had to wait for")
+            return False
+        return True
 
     async def _save(self, event_id: int, data: bytes) -> None:
         assert self.point is not None
         await self.hub.append(Batch.build(self.point, [data], ids=[event_id]))
-        self.session.committed()
+        if self._waited("COMMITTED"):
+            self.session.committed()
 
     async def _save_many(self, many: SaveMany) -> None:
         """Stream the events into the log as they arrive (chunks, appends in flight, in
@@ -239,7 +254,8 @@ class _Protocol(asyncio.Protocol):
         if values:
             ship()
         await settle(block=True)
-        self.session.committed_many()
+        if self._waited("COMMITTED MANY"):
+            self.session.committed_many()
 
     async def _read(self, start: int, limit: int) -> None:
         assert self.point is not None
@@ -256,7 +272,8 @@ class _Protocol(asyncio.Protocol):
                 next_id = batch.last_id + 1
             self._flush()
             await self._writable.wait()
-        self.session.sent()
+        if self._waited("SENT"):
+            self.session.sent()
 
 
 class SeguroServer:

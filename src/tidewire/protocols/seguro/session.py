@@ -519,6 +519,8 @@ class ServerSession(_Base):
     def _streamed(self, line: bytes) -> None:
         assert self._many is not None
         parts = _fields(line[9:], 4, "STREAMED MANY")
+        if parts[0] != b"MANY":
+            raise _ProtocolBreach(f"expected STREAMED MANY, got {line[:40]!r}")
         got = StreamedMany(_number(parts[1], 64, "count"), _number(parts[2], 64, "start id"),
                            _number(parts[3], 64, "end id"))  # fmt: skip
         many = self._many
@@ -534,6 +536,18 @@ class ServerSession(_Base):
         self._events.append(got)
 
     # ---------------------------------------------------------------- output
+
+    @property
+    def unread(self) -> int:
+        """Bytes received and not parsed yet. Before a reply (IDENTIFY, WELCOME, COMMITTED,
+        COMMITTED MANY, SENT) they can only come from a ship that did not wait for it: the
+        adapter, which knows when bytes arrived, calls that a breach (:meth:`breach`)."""
+        return self._reader.buffered
+
+    def breach(self, reason: str) -> None:
+        """The adapter found a breach the machine cannot see (timing): close."""
+        if not self.closed:
+            self._breach(reason)
 
     def welcome(self, latest: int | None) -> None:
         """Accept the point: ``WELCOME <@p> [<latest>]``."""
@@ -603,6 +617,7 @@ class ClientSession(_Base):
         self.welcomed: Welcome | None = None
         self._expect: object = None  # the reply the current flow waits for
         self._read_seen = 0
+        self._read_first = 0
         self._read_last = 0
 
     def _step(self) -> bool:
@@ -675,6 +690,8 @@ class ClientSession(_Base):
                 raise _ProtocolBreach("READ events do not increase")
             if event_id < self._expect.start or self._read_seen >= self._expect.limit:
                 raise _ProtocolBreach("an EVENT outside the READ's start or limit")
+            if not self._read_seen:
+                self._read_first = event_id
             self._read_seen += 1
             self._read_last = event_id
             self._pending_block = ("read", event_id, size)
@@ -682,8 +699,11 @@ class ClientSession(_Base):
             parts = _fields(line, 4, "SENT")
             got3 = Sent(_number(parts[1], 64, "count"), _number(parts[2], 64, "start"),
                         _number(parts[3], 64, "end"))  # fmt: skip
-            if got3.count != self._read_seen or (self._read_seen and got3.end != self._read_last):
-                raise _ProtocolBreach(f"SENT {got3.count} does not match the events sent")
+            seen = self._read_seen
+            expected = (seen, self._read_first, self._read_last) if seen else (0, 0, 0)
+            if (got3.count, got3.start, got3.end) != expected:
+                raise _ProtocolBreach(f"SENT {got3.count} {got3.start} {got3.end} does not match "
+                                      f"the events sent {expected}")  # fmt: skip
             self._expect = None
             self.state = _State.IDLE
             self._events.append(got3)
@@ -726,5 +746,5 @@ class ClientSession(_Base):
         self._idle("READ")
         self._out += b"READ %d %d\n" % (start, limit)
         self._expect = Read(start, limit)
-        self._read_seen = self._read_last = 0
+        self._read_seen = self._read_first = self._read_last = 0
         self.state = _State.READ
