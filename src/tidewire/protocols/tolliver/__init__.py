@@ -1,0 +1,56 @@
+"""Tolliver (seed 003): reliable pub/sub between instances, sans-IO. See
+docs/protocols/tolliver.md."""
+
+from .codec import (
+    CONTROL_CHANNEL,
+    UNRELIABLE,
+    Ack,
+    Decoder,
+    Frame,
+    HandshakeFinal,
+    HandshakeRequest,
+    HandshakeResponse,
+    Limits,
+    Message,
+    SubscriptionEntry,
+    encode,
+    encode_entry,
+    parse_entry,
+)
+from .connection import (
+    Acked,
+    Closed,
+    Connection,
+    Established,
+    Event,
+    PeerSubscriptions,
+    Received,
+    Role,
+    matches,
+)
+
+__all__ = [
+    "CONTROL_CHANNEL",
+    "UNRELIABLE",
+    "Ack",
+    "Acked",
+    "Closed",
+    "Connection",
+    "Decoder",
+    "Established",
+    "Event",
+    "Frame",
+    "HandshakeFinal",
+    "HandshakeRequest",
+    "HandshakeResponse",
+    "Limits",
+    "Message",
+    "PeerSubscriptions",
+    "Received",
+    "Role",
+    "SubscriptionEntry",
+    "encode",
+    "encode_entry",
+    "matches",
+    "parse_entry",
+]

@@ -1,0 +1,318 @@
+"""Tolliver frames (seed 003 and shared/seeds/README.md): ``encode`` and an incremental, bounded
+:class:`Decoder`. Every integer is big-endian; every frame starts with its code, one byte::
+
+    0 handshake req    version u64 | instance UUID (16) | n u32 | n x subscription entry
+    1 handshake res    version u64 | instance UUID (16) | status u8 | n u32 | n x entry
+    2 handshake final  status u8 (1: backwards compatible, 2: failure)
+    3 message          channel len u32 | key len u32 | body len u32 | id u32 |
+                       channel (UTF-8) | key (UTF-8) | body
+    4 ack              id u32
+
+    subscription entry (also the body of a message on the channel "tolliver", no key):
+                       op u8 (0 sub, 1 unsub) | channel len u32 | key len u32 | channel | key
+
+A message whose id is 2**31-1 is unreliable (no ack, no resend); a reliable id is any other u32.
+Frames carry no overall length: the decoder reads the fields in order, each length checked
+against :class:`Limits` before its bytes are waited for.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+
+from ...model import LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "CONTROL_CHANNEL",
+    "UNRELIABLE",
+    "Ack",
+    "Decoder",
+    "Frame",
+    "HandshakeFinal",
+    "HandshakeRequest",
+    "HandshakeResponse",
+    "Limits",
+    "Message",
+    "SubscriptionEntry",
+    "encode",
+    "encode_entry",
+    "parse_entry",
+]
+
+UNRELIABLE = 2**31 - 1
+CONTROL_CHANNEL = "tolliver"
+MAX_U32 = 2**32 - 1
+MAX_U64 = 2**64 - 1
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_MSG = struct.Struct(">IIII")
+_ENTRY = struct.Struct(">BII")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_name_bytes: int = 4096  # a channel or key
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_subscriptions: int = 65536  # entries in one handshake
+
+
+def _check_name(what: str, name: str) -> bytes:
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"{what} is not UTF-8: {exc}") from None
+    if len(raw) > MAX_U32:
+        raise LocalProtocolError(f"{what} is too long")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionEntry:
+    """Subscribe (``op`` 0) to or unsubscribe (1) from ``channel`` and ``key`` ("" = every
+    key of the channel)."""
+
+    op: int
+    channel: str
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in (0, 1):
+            raise LocalProtocolError("a subscription entry's op is 0 (sub) or 1 (unsub)")
+        _check_name("channel", self.channel)
+        _check_name("key", self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeRequest:
+    version: int
+    instance: uuid.UUID
+    subscriptions: tuple[SubscriptionEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.version <= MAX_U64:
+            raise LocalProtocolError("version is a u64")
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeResponse:
+    version: int
+    instance: uuid.UUID
+    status: int
+    subscriptions: tuple[SubscriptionEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.version <= MAX_U64 or not 0 <= self.status <= 255:
+            raise LocalProtocolError("version is a u64, status a u8")
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeFinal:
+    status: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.status <= 255:
+            raise LocalProtocolError("status is a u8")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    channel: str
+    key: str
+    body: bytes
+    id: int = UNRELIABLE
+
+    def __post_init__(self) -> None:
+        _check_name("channel", self.channel)
+        _check_name("key", self.key)
+        if not 0 <= self.id <= MAX_U32 or len(self.body) > MAX_U32:
+            raise LocalProtocolError("id and body length are u32")
+
+    @property
+    def reliable(self) -> bool:
+        return self.id != UNRELIABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    id: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.id <= MAX_U32:
+            raise LocalProtocolError("id is a u32")
+
+
+Frame = HandshakeRequest | HandshakeResponse | HandshakeFinal | Message | Ack
+
+
+def encode_entry(entry: SubscriptionEntry, out: bytearray | None = None) -> bytearray:
+    out = bytearray() if out is None else out
+    channel, key = entry.channel.encode(), entry.key.encode()
+    out += _ENTRY.pack(entry.op, len(channel), len(key))
+    out += channel
+    out += key
+    return out
+
+
+def encode(frame: Frame, out: bytearray | None = None) -> bytearray:
+    """Append ``frame``'s bytes to ``out`` (a new bytearray by default) and return it."""
+    out = bytearray() if out is None else out
+    match frame:
+        case Message(channel, key, body, message_id):
+            c, k = channel.encode(), key.encode()
+            out.append(3)
+            out += _MSG.pack(len(c), len(k), len(body), message_id)
+            out += c
+            out += k
+            out += body
+        case Ack(message_id):
+            out.append(4)
+            out += _U32.pack(message_id)
+        case HandshakeRequest(version, instance, subscriptions):
+            out.append(0)
+            out += _U64.pack(version)
+            out += instance.bytes
+            out += _U32.pack(len(subscriptions))
+            for entry in subscriptions:
+                encode_entry(entry, out)
+        case HandshakeResponse(version, instance, status, subscriptions):
+            out.append(1)
+            out += _U64.pack(version)
+            out += instance.bytes
+            out.append(status)
+            out += _U32.pack(len(subscriptions))
+            for entry in subscriptions:
+                encode_entry(entry, out)
+        case HandshakeFinal(status):
+            out.append(2)
+            out.append(status)
+    return out
+
+
+class _NeedData(Exception):
+    pass
+
+
+def _name(buf: bytearray, pos: int, size: int, what: str) -> str:
+    try:
+        return bytes(buf[pos : pos + size]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError(f"{what} is not UTF-8: {exc}") from None
+
+
+def parse_entry(data: bytes | bytearray, limits: Limits) -> SubscriptionEntry:
+    """The subscription entry that is exactly ``data`` (a control message's body)."""
+    buf = bytearray(data)
+    try:
+        entry, end = _entry(buf, 0, limits)
+    except _NeedData:
+        raise RemoteProtocolError("a subscription entry cut short") from None
+    if end != len(buf):
+        raise RemoteProtocolError("bytes after a subscription entry")
+    return entry
+
+
+def _entry(buf: bytearray, pos: int, limits: Limits) -> tuple[SubscriptionEntry, int]:
+    if len(buf) < pos + _ENTRY.size:
+        raise _NeedData
+    op, clen, klen = _ENTRY.unpack_from(buf, pos)
+    if op not in (0, 1):
+        raise RemoteProtocolError(f"subscription op {op} (0 sub, 1 unsub)")
+    if clen > limits.max_name_bytes or klen > limits.max_name_bytes:
+        raise RemoteProtocolError(f"a channel or key over {limits.max_name_bytes} bytes")
+    pos += _ENTRY.size
+    end = pos + clen + klen
+    if len(buf) < end:
+        raise _NeedData
+    channel = _name(buf, pos, clen, "channel")
+    key = _name(buf, pos + clen, klen, "key")
+    return SubscriptionEntry(op, channel, key), end
+
+
+class Decoder:
+    """Bytes in (:meth:`feed`), frames out (:meth:`next_frame`, ``None`` = need more).
+    :class:`RemoteProtocolError` means the peer broke the format (the decoder is then dead)."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._buf = bytearray()
+        self._pos = 0
+        self._dead: RemoteProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._pos > 65536 and self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> Frame | None:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            frame, end = self._parse(self._buf, self._pos)
+        except _NeedData:
+            return None
+        except RemoteProtocolError as exc:
+            self._dead = exc
+            raise
+        self._pos = end
+        return frame
+
+    def _parse(self, buf: bytearray, pos: int) -> tuple[Frame, int]:
+        if pos >= len(buf):
+            raise _NeedData
+        code = buf[pos]
+        pos += 1
+        limits = self.limits
+        if code == 3:
+            if len(buf) < pos + _MSG.size:
+                raise _NeedData
+            clen, klen, blen, message_id = _MSG.unpack_from(buf, pos)
+            if clen > limits.max_name_bytes or klen > limits.max_name_bytes:
+                raise RemoteProtocolError(f"a channel or key over {limits.max_name_bytes} bytes")
+            if blen > limits.max_body_bytes:
+                raise RemoteProtocolError(f"a body of {blen} bytes, over {limits.max_body_bytes}")
+            pos += _MSG.size
+            end = pos + clen + klen + blen
+            if len(buf) < end:
+                raise _NeedData
+            channel = _name(buf, pos, clen, "channel")
+            key = _name(buf, pos + clen, klen, "key")
+            body = bytes(buf[pos + clen + klen : end])
+            return Message(channel, key, body, message_id), end
+        if code == 4:
+            if len(buf) < pos + 4:
+                raise _NeedData
+            return Ack(_U32.unpack_from(buf, pos)[0]), pos + 4
+        if code in (0, 1):
+            head = 8 + 16 + (1 if code == 1 else 0) + 4
+            if len(buf) < pos + head:
+                raise _NeedData
+            version = _U64.unpack_from(buf, pos)[0]
+            instance = uuid.UUID(bytes=bytes(buf[pos + 8 : pos + 24]))
+            status = buf[pos + 24] if code == 1 else 0
+            count = _U32.unpack_from(buf, pos + head - 4)[0]
+            if count > limits.max_subscriptions:
+                raise RemoteProtocolError(f"{count} subscriptions in a handshake, over "
+                                          f"{limits.max_subscriptions}")  # fmt: skip
+            pos += head
+            entries = []
+            for _ in range(count):
+                entry, pos = _entry(buf, pos, limits)
+                entries.append(entry)
+            if code == 0:
+                return HandshakeRequest(version, instance, tuple(entries)), pos
+            return HandshakeResponse(version, instance, status, tuple(entries)), pos
+        if code == 2:
+            if len(buf) < pos + 1:
+                raise _NeedData
+            return HandshakeFinal(buf[pos]), pos + 1
+        raise RemoteProtocolError(f"unknown message code {code}")
