@@ -1,0 +1,115 @@
+"""The durable state of a stand-alone Tolliver instance, in one small SQLite file (stdlib
+``sqlite3``: a well-kept library for a few tables, where the hub's own instance uses its log).
+
+* The instance's UUIDv7, generated once and kept across restarts (shared/seeds/README.md).
+* The outbox: every reliable message this instance sent, with the remotes that have not acked it
+  yet; a message is deleted once every one of them has. Ids are u32, never 2**31-1 (which marks
+  an unreliable message), taken in turn and wrapping around.
+
+Every change is committed before it returns (``synchronous=FULL``, WAL), so what a caller was
+told is stored survives a crash of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable
+
+from ..protocols.tolliver import UNRELIABLE
+
+__all__ = ["Store", "uuid7"]
+
+
+def uuid7(now_ms: int | None = None) -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48 bits of Unix time in ms, version 7, 74 random bits."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    value = (ms & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (7 << 76)  # version
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant 10
+    return uuid.UUID(int=value)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id INTEGER NOT NULL UNIQUE,
+    channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS pending (
+    id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote));
+"""
+
+
+class Store:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        row = db.execute("SELECT value FROM meta WHERE name = 'instance'").fetchone()
+        if row is None:
+            self.instance = uuid7()
+            with db:
+                db.execute("INSERT INTO meta VALUES ('instance', ?)", (self.instance.bytes,))
+        else:
+            self.instance = uuid.UUID(bytes=bytes(row[0]))
+        row = db.execute("SELECT value FROM meta WHERE name = 'next_id'").fetchone()
+        self._next = int(row[0]) if row is not None else 0
+
+    @classmethod
+    def open(cls, path: str) -> Store:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(_SCHEMA)
+        return cls(db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _take_id(self) -> int:
+        for _ in range(2**16):
+            candidate = self._next
+            self._next = (self._next + 1) % 2**32
+            if candidate == UNRELIABLE:
+                continue
+            if self.db.execute("SELECT 1 FROM outbox WHERE id = ?", (candidate,)).fetchone():
+                continue  # still awaiting acks after a wrap-around
+            return candidate
+        raise RuntimeError("no free reliable message id")
+
+    def add(self, channel: str, key: str, body: bytes, remotes: Iterable[uuid.UUID]) -> int:
+        """Keep a reliable message until every one of ``remotes`` acks it; its id."""
+        waiting = [r.bytes for r in remotes]
+        with self.db:
+            message_id = self._take_id()
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
+            if not waiting:
+                return message_id  # nobody subscribed: nothing to keep
+            self.db.execute("INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
+                            (message_id, channel, key, body))  # fmt: skip
+            self.db.executemany("INSERT INTO pending VALUES (?, ?)",
+                                [(message_id, r) for r in waiting])  # fmt: skip
+        return message_id
+
+    def ack(self, message_id: int, remote: uuid.UUID) -> bool:
+        """``remote`` acked ``message_id``; whether it was awaited."""
+        with self.db:
+            cursor = self.db.execute("DELETE FROM pending WHERE id = ? AND remote = ?",
+                                     (message_id, remote.bytes))  # fmt: skip
+            if not cursor.rowcount:
+                return False
+            left = self.db.execute("SELECT 1 FROM pending WHERE id = ?", (message_id,))
+            if left.fetchone() is None:
+                self.db.execute("DELETE FROM outbox WHERE id = ?", (message_id,))
+        return True
+
+    def pending_for(self, remote: uuid.UUID) -> list[tuple[int, str, str, bytes]]:
+        """The messages ``remote`` has not acked, oldest first (to resend on reconnect)."""
+        rows = self.db.execute(
+            "SELECT o.id, o.channel, o.key, o.body FROM outbox o JOIN pending p ON o.id = p.id "
+            "WHERE p.remote = ? ORDER BY o.seq", (remote.bytes,),
+        ).fetchall()  # fmt: skip
+        return [(int(i), str(c), str(k), bytes(b)) for i, c, k, b in rows]
+
+    def unacked(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
