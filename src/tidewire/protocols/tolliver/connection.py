@@ -125,6 +125,7 @@ class Connection:
     subscriptions: set[tuple[str, str]] = field(default_factory=set)  # this side's
     limits: Limits = field(default_factory=Limits)
     resend_interval: float = 1.0
+    auto_ack: bool = True  # False: the application acks (:meth:`ack`), e.g. once it is durable
     state: _State = _State.HANDSHAKE
     peer: uuid.UUID | None = None
     spoken: int | None = None
@@ -192,6 +193,12 @@ class Connection:
 
     def unsubscribe(self, channel: str, key: str = "") -> None:
         self.subscribe(channel, key, op=1)
+
+    def ack(self, message_id: int) -> None:
+        """Ack a reliable message received (with ``auto_ack=False``: once it is safe)."""
+        if not self.established:
+            raise LocalProtocolError("no ack before the handshake completes")
+        encode(Ack(message_id), self._out)
 
     def unacked(self) -> list[int]:
         return sorted(self._unacked)
@@ -261,7 +268,7 @@ class Connection:
             case Ack() if not self.established:
                 raise RemoteProtocolError("an ack before the handshake completed")
             case Message(channel, key, body, message_id):
-                if message_id != UNRELIABLE:
+                if message_id != UNRELIABLE and (self.auto_ack or channel == CONTROL_CHANNEL):
                     encode(Ack(message_id), self._out)
                 if channel == CONTROL_CHANNEL:
                     if key:

@@ -1,0 +1,272 @@
+"""A stand-alone Tolliver instance: listens, connects to remotes, sends and receives.
+
+Built on the sans-IO :class:`~tidewire.protocols.tolliver.Connection` (one per remote) and the
+durable :class:`~.store.Store`:
+
+* ``subscribe``/``unsubscribe`` change what this instance wants; every connection is told.
+* ``send(channel, key, body)``: a reliable message gets an id from the store and is kept there
+  for every connected remote subscribed to (channel, key) (or to the channel with the empty key)
+  until that remote acks it; it is resent every ``resend_interval`` seconds meanwhile, and on the
+  remote's next connection, also after a restart of this instance. While a connection is being
+  established, sending waits (the seed), so a new remote gets every message sent after it came.
+* Received messages come out of :meth:`messages` (an async iterator), every time they arrive
+  (at-least-once); ``dedupe=True`` drops repeats of (sender, id) seen lately.
+* A new connection from a remote UUID that already has one replaces the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import cast
+
+from ..protocols.tolliver import (
+    UNRELIABLE,
+    Acked,
+    Closed,
+    Connection,
+    Established,
+    Message,
+    PeerSubscriptions,
+    Received,
+    Role,
+    matches,
+)
+from .store import Store
+
+__all__ = ["Delivery", "Instance"]
+
+log = logging.getLogger("tidewire.tolliver")
+
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message received from ``sender`` (``id`` 2**31-1: unreliable)."""
+
+    sender: uuid.UUID
+    channel: str
+    key: str
+    body: bytes
+    id: int
+
+
+class _Link(asyncio.Protocol):
+    """One connection to a remote: the sans-IO machine, its transport, its resend timer."""
+
+    def __init__(self, instance: Instance, role: Role) -> None:
+        self.instance = instance
+        self.conn = Connection(role, instance.store.instance, VERSION, frozenset({VERSION}),
+                               set(instance.subscriptions),
+                               resend_interval=instance.resend_interval,
+                               auto_ack=False)  # acked once in the inbox (_deliver)  # fmt: skip
+        self.transport: asyncio.Transport | None = None
+        self.ready = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.instance._handshakes += 1
+        self.instance._sendable.clear()
+        if self.conn.role is Role.CONNECTOR:
+            self.conn.initiate()
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.receive_data(data)
+        self.pump()
+
+    def eof_received(self) -> bool | None:
+        self.conn.receive_data(b"")
+        self.pump()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(f"connection lost: {exc}"))
+            self.instance._handshake_done()
+        self.instance._forget(self)
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.conn.next_deadline()
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._resend)
+
+    def _resend(self) -> None:
+        self._timer = None
+        self.conn.handle_timer(time.monotonic())
+        self.flush()
+
+    def pump(self) -> None:
+        instance = self.instance
+        while (event := self.conn.next_event()) is not None:
+            match event:
+                case Established(peer):
+                    instance._adopt(self, peer)
+                    if not self.ready.done():
+                        self.ready.set_result(peer)
+                        instance._handshake_done()
+                case Received(message):
+                    instance._deliver(self, message)
+                case Acked(message_id):
+                    if self.conn.peer is not None:
+                        instance.store.ack(message_id, self.conn.peer)
+                case PeerSubscriptions():
+                    pass
+                case Closed(reason, error):
+                    if error:
+                        log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
+                    if self.transport is not None:
+                        self.transport.close()
+        self.flush()
+
+
+class Instance:
+    """A Tolliver instance whose state lives in the SQLite file ``path``."""
+
+    def __init__(self, path: str, *, resend_interval: float = 1.0, dedupe: bool = False,
+                 inbox_limit: int = 10_000) -> None:  # fmt: skip
+        self.store = Store.open(path)
+        self.resend_interval = resend_interval
+        self.dedupe = dedupe
+        self.subscriptions: set[tuple[str, str]] = set()
+        self.links: dict[uuid.UUID, _Link] = {}
+        self._inbox: asyncio.Queue[Delivery] = asyncio.Queue(inbox_limit)
+        self._seen: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
+        self._servers: list[asyncio.Server] = []
+        self._handshakes = 0
+        self._sendable = asyncio.Event()
+        self._sendable.set()
+
+    @property
+    def instance_id(self) -> uuid.UUID:
+        """This instance's UUIDv7 (kept in its store across restarts)."""
+        return self.store.instance
+
+    # ------------------------------------------------------------------ connections
+
+    async def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Accept remotes on ``host:port``; the port bound."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _Link(self, Role.ACCEPTOR), host, port)
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def connect(self, host: str, port: int) -> uuid.UUID:
+        """Connect to a remote and complete the handshake; the remote's UUID (bound it with
+        ``asyncio.timeout``)."""
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_connection(lambda: _Link(self, Role.CONNECTOR), host, port)
+        return cast(uuid.UUID, await link.ready)
+
+    def _handshake_done(self) -> None:
+        self._handshakes -= 1
+        if self._handshakes <= 0:
+            self._handshakes = 0
+            self._sendable.set()
+
+    def _adopt(self, link: _Link, peer: uuid.UUID) -> None:
+        old = self.links.get(peer)
+        self.links[peer] = link
+        if old is not None and old is not link and old.transport is not None:
+            old.transport.close()  # a reconnect replaces the stale connection
+        now = time.monotonic()
+        for message_id, channel, key, body in self.store.pending_for(peer):
+            link.conn.send(Message(channel, key, body, message_id), now)  # resent at once
+        link.flush()
+
+    def _forget(self, link: _Link) -> None:
+        peer = link.conn.peer
+        if peer is not None and self.links.get(peer) is link:
+            del self.links[peer]
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def subscribe(self, channel: str, key: str = "") -> None:
+        self.subscriptions.add((channel, key))
+        for link in list(self.links.values()):
+            link.conn.subscribe(channel, key)
+            link.flush()
+
+    def unsubscribe(self, channel: str, key: str = "") -> None:
+        self.subscriptions.discard((channel, key))
+        for link in list(self.links.values()):
+            link.conn.unsubscribe(channel, key)
+            link.flush()
+
+    # ------------------------------------------------------------------ sending, receiving
+
+    async def send(self, channel: str, key: str, body: bytes, *, reliable: bool = True) -> int:
+        """Send to every connected remote subscribed to (channel, key); the message's id."""
+        await self._sendable.wait()
+        links = [
+            link for link in self.links.values()
+            if link.conn.established and matches(link.conn.peer_subscriptions, channel, key)
+        ]  # fmt: skip
+        if reliable:
+            peers = [link.conn.peer for link in links if link.conn.peer is not None]
+            message_id = self.store.add(channel, key, body, peers)
+        else:
+            message_id = UNRELIABLE
+        message = Message(channel, key, body, message_id)
+        now = time.monotonic()
+        for link in links:
+            link.conn.send(message, now)
+            link.flush()
+        return message_id
+
+    def _deliver(self, link: _Link, message: Message) -> None:
+        sender = link.conn.peer
+        assert sender is not None
+        if self.dedupe and message.reliable:
+            seen = (sender, message.id)
+            if seen in self._seen:
+                link.conn.ack(message.id)  # handed over before: just ack it again
+                return
+            self._seen[seen] = None
+            if len(self._seen) > 100_000:
+                self._seen.popitem(last=False)
+        delivery = Delivery(sender, message.channel, message.key, message.body, message.id)
+        try:
+            self._inbox.put_nowait(delivery)
+        except asyncio.QueueFull:  # not acked: the sender resends it later
+            log.warning("tolliver: the application is not reading; a delivery of %s/%s waits "
+                        "for the sender's resend", message.channel, message.key)  # fmt: skip
+            return
+        if message.reliable:
+            link.conn.ack(message.id)
+
+    async def messages(self) -> AsyncIterator[Delivery]:
+        """Every message received, as it comes (reliable ones possibly more than once)."""
+        while True:
+            yield await self._inbox.get()
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for link in list(self.links.values()):
+            if link.transport is not None:
+                link.transport.close()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self.store.close()
