@@ -237,14 +237,10 @@ class Instance:
     def _deliver(self, link: _Link, message: Message) -> None:
         sender = link.conn.peer
         assert sender is not None
-        if self.dedupe and message.reliable:
-            seen = (sender, message.id)
-            if seen in self._seen:
-                link.conn.ack(message.id)  # handed over before: just ack it again
-                return
-            self._seen[seen] = None
-            if len(self._seen) > 100_000:
-                self._seen.popitem(last=False)
+        seen = (sender, message.id)
+        if self.dedupe and message.reliable and seen in self._seen:
+            link.conn.ack(message.id)  # handed over before: just ack it again
+            return
         delivery = Delivery(sender, message.channel, message.key, message.body, message.id)
         try:
             self._inbox.put_nowait(delivery)
@@ -253,6 +249,10 @@ class Instance:
                         "for the sender's resend", message.channel, message.key)  # fmt: skip
             return
         if message.reliable:
+            if self.dedupe:
+                self._seen[seen] = None
+                if len(self._seen) > 100_000:
+                    self._seen.popitem(last=False)
             link.conn.ack(message.id)
 
     async def messages(self) -> AsyncIterator[Delivery]:

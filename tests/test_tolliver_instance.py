@@ -1,0 +1,140 @@
+"""Stand-alone Tolliver instances over real sockets on 127.0.0.1: reliable delivery with acks,
+resends until acked, a sender restarted with unacked messages, reconnects, de-duplication."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from tidewire.tolliver import Delivery, Instance
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(30):
+            await coro
+
+    asyncio.run(bounded())
+
+
+async def take(instance: Instance, n: int) -> list[Delivery]:
+    got: list[Delivery] = []
+    async for delivery in instance.messages():
+        got.append(delivery)
+        if len(got) >= n:
+            break
+    return got
+
+
+async def until(condition: Any) -> None:
+    while not condition():  # noqa: ASYNC110 - polling a store, bounded by run()'s timeout
+        await asyncio.sleep(0.005)
+
+
+def test_reliable_messages_reach_subscribers_and_are_forgotten_once_acked(tmp_path: Path) -> None:
+    async def main() -> None:
+        a = Instance(str(tmp_path / "a.db"), resend_interval=0.05)
+        b = Instance(str(tmp_path / "b.db"), resend_interval=0.05)
+        b.subscribe("orders")  # every key
+        b.subscribe("prices", "eur")  # one key
+        try:
+            peer = await a.connect("127.0.0.1", await b.listen())
+            assert peer == b.instance_id
+            await a.send("orders", "k1", b"one")
+            await a.send("prices", "usd", b"not for b")  # b has only prices/eur
+            await a.send("prices", "eur", b"two")
+            await a.send("orders", "", b"three", reliable=False)
+            got = await take(b, 3)
+            assert [(d.channel, d.key, d.body) for d in got] == [
+                ("orders", "k1", b"one"), ("prices", "eur", b"two"), ("orders", "", b"three"),
+            ]  # fmt: skip
+            assert {d.sender for d in got} == {a.instance_id}
+            await until(lambda: a.store.unacked() == 0)
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main())
+
+
+def test_a_sender_restarted_with_unacked_messages_delivers_them_when_back(
+    tmp_path: Path,
+) -> None:
+    """b's inbox holds one message: the rest are not acked, so a keeps them (on disk). a
+    restarts (a new Instance on the same file, same UUID), reconnects, and resends them."""
+
+    async def main() -> None:
+        b = Instance(str(tmp_path / "b.db"), inbox_limit=1, resend_interval=60)
+        b.subscribe("jobs")
+        port = await b.listen()
+        a = Instance(str(tmp_path / "a.db"), resend_interval=60)
+        a_id = a.instance_id
+        await a.connect("127.0.0.1", port)
+        for i in range(4):
+            await a.send("jobs", "", b"job%d" % i)
+        await until(lambda: a.store.unacked() == 3)  # only the first fitted b's inbox
+        await a.close()
+        a = Instance(str(tmp_path / "a.db"), resend_interval=60)
+        try:
+            assert a.instance_id == a_id
+            assert a.store.unacked() == 3
+            (first,) = await take(b, 1)  # make room in b's inbox
+            assert first.body == b"job0"
+            b._inbox = asyncio.Queue()  # and let it hold the rest now
+            await a.connect("127.0.0.1", port)  # the pending ones are resent at once
+            rest = await take(b, 3)
+            assert [d.body for d in rest] == [b"job1", b"job2", b"job3"]
+            await until(lambda: a.store.unacked() == 0)
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main())
+
+
+def test_unacked_messages_are_resent_at_the_interval_and_deduplicated_on_request(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        b = Instance(str(tmp_path / "b.db"), inbox_limit=1, dedupe=True)
+        b.subscribe("t")
+        port = await b.listen()
+        a = Instance(str(tmp_path / "a.db"), resend_interval=0.05)
+        try:
+            await a.connect("127.0.0.1", port)
+            await a.send("t", "", b"x")
+            await a.send("t", "", b"y")  # not acked while b's inbox is full: resent
+            (x,) = await take(b, 1)
+            (y,) = await take(b, 1)  # arrives by a resend
+            assert (x.body, y.body) == (b"x", b"y")
+            await until(lambda: a.store.unacked() == 0)
+            assert b._inbox.empty()  # with dedupe, no copy of x or y came out again
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main())
+
+
+def test_a_reconnect_replaces_the_stale_connection(tmp_path: Path) -> None:
+    async def main() -> None:
+        b = Instance(str(tmp_path / "b.db"))
+        b.subscribe("t")
+        port = await b.listen()
+        a = Instance(str(tmp_path / "a.db"))
+        try:
+            await a.connect("127.0.0.1", port)
+            await until(lambda: a.instance_id in b.links)
+            first = b.links[a.instance_id]
+            await a.connect("127.0.0.1", port)  # the same instance again
+            await until(lambda: b.links.get(a.instance_id) not in (None, first))
+            await a.send("t", "", b"after")
+            (got,) = await take(b, 1)
+            assert got.body == b"after"
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main())
