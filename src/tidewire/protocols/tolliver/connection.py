@@ -294,8 +294,9 @@ class Connection:
     def _request(
         self, version: int, instance: uuid.UUID, entries: tuple[SubscriptionEntry, ...]
     ) -> None:
-        if self.role is not Role.ACCEPTOR:
-            raise RemoteProtocolError("a handshake request sent to the side that opened")
+        if self.role is not Role.ACCEPTOR and self.state is not _State.OPEN:
+            raise RemoteProtocolError("a handshake request to the side that opened, before "
+                                      "its own handshake completed")  # fmt: skip
         self.peer = instance
         self.peer_subscriptions = set()
         for entry in entries:  # registered before the response (the seed)
