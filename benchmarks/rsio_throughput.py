@@ -329,7 +329,8 @@ def start_tidewire(procs: Processes, data_dir: str) -> TidewireServer:
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0"},
+        env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0",
+             "TIDEWIRE_TOLLIVER_PORT": "0"},
     )
     pump = LinePump(proc.stdout)
     url = pump.wait_for(r"(rsio://\S+)", proc, 60).group(1)

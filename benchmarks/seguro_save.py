@@ -261,7 +261,7 @@ def tidewire_server(procs: Processes, parent: str) -> Iterator[str]:
         proc = procs.start(
             [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
              "--host", "127.0.0.1", "--http-port", "0", "--rsio-port", "0",
-             "--seguro-port", "0", "--set", "log.fsync=true"],
+             "--seguro-port", "0", "--tolliver-port", "0", "--set", "log.fsync=true"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -86,7 +86,7 @@ def fill(data_dir: str, parquet: str, n: int) -> None:
 def start_hub(data_dir: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
-         "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0",
+         "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0", "--tolliver-port", "0",
          "--set", "log_level=warning"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

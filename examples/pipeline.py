@@ -40,7 +40,7 @@ def start_hub(data_dir: str) -> tuple[subprocess.Popen[str], str]:
     """``tidewire serve`` on free ports; returns the process and its rsio:// URL."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
-         "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0"],
+         "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0", "--tolliver-port", "0"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None

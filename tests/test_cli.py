@@ -55,7 +55,8 @@ def server(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0", **(env or {})},
+        env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0",
+             "TIDEWIRE_TOLLIVER_PORT": "0", **(env or {})},
     )
     try:
         yield proc
@@ -139,7 +140,7 @@ def test_serve_refuses_a_second_server_on_the_same_directory(tmp_path: Path) -> 
         read_until(first, "ready")
         second = subprocess.run(
             [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(tmp_path),
-             "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0"],
+             "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0", "--tolliver-port", "0"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert second.returncode == 1
@@ -156,7 +157,7 @@ def test_serve_refuses_a_corrupt_log_naming_file_and_offset(tmp_path: Path) -> N
     segment.write_bytes(bytes(data))
     result = subprocess.run(
         [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(tmp_path),
-         "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0"],
+         "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0", "--tolliver-port", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1

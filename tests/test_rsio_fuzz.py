@@ -154,7 +154,8 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
     fill(data)
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEWIRE_")}
-    env.update(TIDEWIRE_RSIO_PORT="0", TIDEWIRE_HTTP_PORT="0", TIDEWIRE_SEGURO_PORT="0")
+    env.update(TIDEWIRE_RSIO_PORT="0", TIDEWIRE_HTTP_PORT="0", TIDEWIRE_SEGURO_PORT="0",
+               TIDEWIRE_TOLLIVER_PORT="0")
     # Files, not pipes: the server logs a line per breach, and a full pipe would stall it.
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(

@@ -53,7 +53,8 @@ def serve(root: Path, *, timeout: float = 60.0) -> Iterator[Served]:
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", str(root / "data"),
-             "--host", "127.0.0.1", "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0"],
+             "--host", "127.0.0.1", "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0",
+             "--tolliver-port", "0"],
             stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
         )  # fmt: skip
     served = Served(proc, "", out, err)

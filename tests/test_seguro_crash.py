@@ -104,7 +104,8 @@ def serving(data_dir: Path, stderr_path: Path) -> Iterator[Served]:
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0"},
+            env={**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0",
+                 "TIDEWIRE_TOLLIVER_PORT": "0"},
         )  # fmt: skip
     try:
         try:

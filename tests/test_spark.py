@@ -89,7 +89,7 @@ class HubProcess:
                  "--host", "127.0.0.1", "--http-port", "0"],
                 stdout=stdout, stderr=stderr,
                 env={**os.environ, "TIDEWIRE_RSIO_PORT": str(self.port),
-                     "TIDEWIRE_SEGURO_PORT": "0"},
+                     "TIDEWIRE_SEGURO_PORT": "0", "TIDEWIRE_TOLLIVER_PORT": "0"},
             )  # fmt: skip
 
         def ready() -> bool:

@@ -76,6 +76,8 @@ def _settings_help() -> str:
 @click.option("--rsio-port", type=int, help="RS.io TCP port (default 7400; 0 = any free port)")
 @click.option("--seguro-port", type=int,
               help="Seguro TCP port (default 7403; 0 = any free port)")  # fmt: skip
+@click.option("--tolliver-port", type=int,
+              help="Tolliver TCP port (default 7402; 0 = any free port)")  # fmt: skip
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="any setting")
 def serve(
     config_path: str | None,
@@ -84,6 +86,7 @@ def serve(
     http_port: int | None,
     rsio_port: int | None,
     seguro_port: int | None,
+    tolliver_port: int | None,
     sets: tuple[str, ...],
 ) -> None:
     """Run the hub: config file < TIDEWIRE_* variables < flags."""
@@ -95,6 +98,7 @@ def serve(
         "http.port": http_port,
         "rsio.port": rsio_port,
         "seguro.port": seguro_port,
+        "tolliver.port": tolliver_port,
     }
     for item in sets:
         key, sep, value = item.partition("=")

@@ -33,6 +33,7 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "log_level": (str, "info", "debug, info, warning or error"),
     "http.port": (int, 7480, "HTTP listener (admin endpoints; 0 = any free port)"),
     "rsio.port": (int, 7400, "RS.io over TCP listener (0 = any free port)"),
+    "tolliver.port": (int, 7402, "Tolliver listener, the hub's instance (0 = any free port)"),
     "seguro.port": (int, 7403, "Seguro listener (0 = any free port)"),
     "seguro.max_event_bytes": (int, 64 * 1024 * 1024, "largest Seguro event"),
     "seguro.max_many_events": (int, 2**32, "most events one SAVE MANY may declare"),
@@ -83,6 +84,10 @@ class ServerConfig:
     @property
     def rsio_port(self) -> int:
         return int(self.values["rsio.port"])
+
+    @property
+    def tolliver_port(self) -> int:
+        return int(self.values["tolliver.port"])
 
     @property
     def seguro_port(self) -> int:
@@ -170,6 +175,7 @@ def load_config(
 _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric settings
     "http.port": (0, 65535),
     "rsio.port": (0, 65535),
+    "tolliver.port": (0, 65535),
     "seguro.port": (0, 65535),
     "seguro.max_event_bytes": (1, 2**32),
     "seguro.max_many_events": (2, 2**63),

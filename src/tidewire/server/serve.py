@@ -23,6 +23,7 @@ from ..protocols.seguro import Limits as SeguroLimits
 from .app import build_app
 from .rsio import RsioServer, RsioSettings, start_rsio_server
 from .seguro import SeguroServer, start_seguro_server
+from .tolliver import TolliverServer, start_tolliver_server
 
 __all__ = ["Endpoint", "run_server", "serve"]
 
@@ -60,6 +61,7 @@ async def serve(
     runner: web.AppRunner | None = None
     rsio: RsioServer | None = None
     seguro: SeguroServer | None = None
+    tolliver: TolliverServer | None = None
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -70,6 +72,7 @@ async def serve(
         await site.start()
         port = _bound_port(runner)
         rsio = await start_rsio_server(hub, config.host, config.rsio_port, rsio_settings(config))
+        tolliver = await start_tolliver_server(hub, config.host, config.tolliver_port)
         seguro = await start_seguro_server(
             hub, config.host, config.seguro_port,
             SeguroLimits(max_event_bytes=int(config.values["seguro.max_event_bytes"]),
@@ -77,6 +80,8 @@ async def serve(
         )  # fmt: skip
         endpoints = [
             Endpoint("rsio", f"rsio://{config.host}:{rsio.port}", "RS.io over TCP"),
+            Endpoint("tolliver", f"tolliver://{config.host}:{tolliver.port}",
+                     "Tolliver (the hub's instance)"),
             Endpoint("seguro", f"seguro://{config.host}:{seguro.port}", "Seguro (event log)"),
             Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
             Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
@@ -101,6 +106,8 @@ async def serve(
                 await rsio.close()
             if seguro is not None:
                 await seguro.close()
+            if tolliver is not None:
+                await tolliver.close()
             if runner is not None:
                 await runner.cleanup()
             await hub.close()

@@ -1,0 +1,326 @@
+"""The hub as a Tolliver instance (seed 003; default port 7402).
+
+* A message on channel C with key K from a remote instance is appended to the stream C (with
+  key K; the empty key is "no key") and acked only once durable.
+* Every connected instance subscribed to (C, K), or to C with the empty key, gets the events of
+  stream C as reliable messages, whichever protocol wrote them: per remote and channel, a hub
+  subscription follows the stream. Where it starts: the offset this remote acked last time
+  (kept in the hub's stream ``_tidewire.tolliver``), else the stream's end as it was when the
+  remote's connection was accepted, so that what reaches the hub while a remote is still in its
+  handshake is delivered to it too (the seed's rule).
+* Acks move the remote's offset for the channel (up to the lowest id still unacked); on its next
+  connection the remote gets again everything after that offset: unacked deliveries are resent.
+  They are also resent every second while the connection lasts (the sans-IO machine's timer).
+* The hub subscribes to every channel (all keys) that any remote subscribes to, so instances
+  send it their messages on those channels; it never unsubscribes (**decision**).
+* A new connection from a UUID that has one replaces the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any, cast
+
+from ..hub import Hub, Subscription
+from ..model import Batch, TidewireError, validate_stream_name
+from ..protocols.tolliver import (
+    UNRELIABLE,
+    Acked,
+    Closed,
+    Connection,
+    Established,
+    Message,
+    PeerSubscriptions,
+    Received,
+    Role,
+)
+from ..tolliver.store import uuid7
+
+__all__ = ["TolliverServer", "start_tolliver_server"]
+
+log = logging.getLogger("tidewire.tolliver")
+
+STATE_STREAM = "_tidewire.tolliver"
+VERSION = 1
+DELIVERY_BYTES = 256 * 1024
+MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
+
+
+class _Channel:
+    """One remote's delivery of one stream: a hub subscription and what awaits acks."""
+
+    def __init__(self, link: _Link, channel: str, start: int) -> None:
+        self.link = link
+        self.channel = channel
+        self.sub: Subscription = link.server.hub.subscribe(
+            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True
+        )
+        self.sub.request(MAX_UNACKED)
+        self.inflight: dict[int, int] = {}  # tolliver id -> event id
+        self.acked_to = start - 1
+        self.task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        link = self.link
+        try:
+            while (batches := await self.sub.next()) is not None:
+                for batch in batches:
+                    for i in range(len(batch)):
+                        key = batch.key(i)
+                        link.deliver(self, batch.ids[i], (key or b"").decode("utf-8", "replace"),
+                                     batch.value(i))  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except TidewireError as exc:
+            log.warning("tolliver %s: delivering %r stopped: %s", link.conn.peer, self.channel, exc)
+
+    def acked(self, message_id: int) -> int | None:
+        """Record an ack; the new offset (next event id to deliver) if it moved."""
+        event_id = self.inflight.pop(message_id, None)
+        if event_id is None:
+            return None
+        self.sub.request(1)
+        low = min(self.inflight.values(), default=event_id + 1)
+        if low - 1 > self.acked_to:
+            self.acked_to = low - 1
+            return low
+        return None
+
+    def stop(self) -> None:
+        self.sub.cancel()
+        self.task.cancel()
+
+
+class _Link(asyncio.Protocol):
+    def __init__(self, server: TolliverServer) -> None:
+        self.server = server
+        self.conn = Connection(Role.ACCEPTOR, server.instance, VERSION, frozenset({VERSION}),
+                               set(server.wanted), auto_ack=False)  # fmt: skip
+        self.transport: asyncio.Transport | None = None
+        self.channels: dict[str, _Channel] = {}
+        self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
+        self._ids = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
+        self.server.links.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.receive_data(data)
+        self._events()
+
+    def eof_received(self) -> bool | None:
+        self.conn.receive_data(b"")
+        self._events()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.links.discard(self)
+        peer = self.conn.peer
+        if peer is not None and self.server.by_peer.get(peer) is self:
+            del self.server.by_peer[peer]
+        for channel in self.channels.values():
+            channel.stop()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.conn.next_deadline()
+        if deadline is not None:
+            delay = max(0.0, deadline - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._resend)
+
+    def _resend(self) -> None:
+        self._timer = None
+        self.conn.handle_timer(time.monotonic())
+        self.flush()
+
+    # ------------------------------------------------------------------ events
+
+    def _events(self) -> None:
+        while (event := self.conn.next_event()) is not None:
+            match event:
+                case Established(peer):
+                    old = self.server.by_peer.get(peer)
+                    self.server.by_peer[peer] = self
+                    if old is not None and old is not self and old.transport is not None:
+                        old.transport.close()  # a reconnect replaces the stale connection
+                case PeerSubscriptions(subscriptions):
+                    if self.conn.established:
+                        self._follow({c for c, _ in subscriptions})
+                case Received(message):
+                    self.server.spawn(self._store(message))
+                case Acked(message_id):
+                    self._acked(message_id)
+                case Closed(reason, error):
+                    if error:
+                        log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
+                    if self.transport is not None:
+                        self.transport.close()
+        self.flush()
+
+    def _follow(self, channels: set[str]) -> None:
+        """Follow the streams of the channels subscribed to; stop the others. The hub itself
+        subscribes to every channel a remote wants, so that instances send it their messages
+        (it stores and relays them)."""
+        self.server.want(channels)
+        for name in list(self.channels):
+            if name not in channels:
+                self.channels.pop(name).stop()
+        peer = self.conn.peer
+        assert peer is not None
+        for name in channels - set(self.channels):
+            try:
+                validate_stream_name(name)
+            except TidewireError:
+                continue  # no stream can have that name: nothing to deliver
+            start = self.server.offsets.get((peer, name)) or self.starts.get(name, 1)
+            self.channels[name] = _Channel(self, name, start)
+
+    def deliver(self, channel: _Channel, event_id: int, key: str, value: bytes) -> None:
+        if not self.conn.established:
+            return
+        wanted = self.conn.peer_subscriptions
+        if (channel.channel, "") not in wanted and (channel.channel, key) not in wanted:
+            channel.sub.request(1)  # a key not subscribed to: skipped
+            return
+        message_id = self._next_id()
+        channel.inflight[message_id] = event_id
+        self.conn.send(Message(channel.channel, key, value, message_id), time.monotonic())
+        self.flush()
+
+    def _next_id(self) -> int:
+        while True:
+            candidate = self._ids
+            self._ids = (self._ids + 1) % 2**32
+            if candidate != UNRELIABLE:
+                return candidate
+
+    def _acked(self, message_id: int) -> None:
+        peer = self.conn.peer
+        for channel in self.channels.values():
+            if message_id in channel.inflight:
+                moved = channel.acked(message_id)
+                if moved is not None and peer is not None:
+                    self.server.remember(peer, channel.channel, moved)
+                return
+
+    async def _store(self, message: Message) -> None:
+        """Append to stream C (key K), then ack (an ack says: durable in the hub)."""
+        try:
+            key = message.key.encode() if message.key else None
+            await self.server.hub.append(Batch.build(message.channel, [message.body],
+                                                     keys=[key]), assign_ids=True)  # fmt: skip
+        except TidewireError as exc:
+            log.warning("tolliver %s: message on %r refused: %s", self.conn.peer,
+                        message.channel, exc)  # fmt: skip
+            return  # not acked: the sender keeps it
+        if message.reliable and self.conn.established and not self.conn.closed:
+            self.conn.ack(message.id)
+            self.flush()
+
+
+class TolliverServer:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.links: set[_Link] = set()
+        self.by_peer: dict[uuid.UUID, _Link] = {}
+        self.offsets: dict[tuple[uuid.UUID, str], int] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
+        self.instance = uuid7()
+        self.server: asyncio.Server | None = None
+        self._load()
+
+    def _load(self) -> None:
+        """The hub's UUID and the remotes' offsets, from ``_tidewire.tolliver``."""
+        log_ = self.hub.log
+        found = False
+        if STATE_STREAM in log_:
+            next_id = log_.start_id(STATE_STREAM)
+            while batches := log_.read(STATE_STREAM, next_id, 4 * 1024 * 1024):
+                for batch in batches:
+                    for i in range(len(batch)):
+                        record = json.loads(batch.value(i))
+                        if "instance" in record:
+                            self.instance = uuid.UUID(record["instance"])
+                            found = True
+                        else:
+                            key = (uuid.UUID(record["remote"]), record["channel"])
+                            self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
+                    next_id = batch.last_id + 1
+        self._needs_instance = not found
+
+    async def start(self, host: str, port: int) -> None:
+        if self._needs_instance:
+            await self._record({"instance": str(self.instance)})
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: _Link(self), host, port)
+
+    def want(self, channels: set[str]) -> None:
+        """Subscribe the hub to ``channels`` (every key), telling every connected remote."""
+        new = {(c, "") for c in channels} - self.wanted
+        if not new:
+            return
+        self.wanted |= new
+        for link in list(self.links):
+            for channel, key in sorted(new):
+                if link.conn.established:
+                    link.conn.subscribe(channel, key)
+                else:
+                    link.conn.subscriptions.add((channel, key))
+            link.flush()
+
+    def remember(self, peer: uuid.UUID, channel: str, next_id: int) -> None:
+        """A remote's new offset for a channel (kept in the hub's stream, in the background)."""
+        key = (peer, channel)
+        if next_id <= self.offsets.get(key, 0):
+            return
+        self.offsets[key] = next_id
+        self.spawn(self._record({"remote": str(peer), "channel": channel, "next": next_id}))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, keeping a reference until it is done."""
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _record(self, record: dict[str, object]) -> None:
+        data = json.dumps(record, separators=(",", ":")).encode()
+        await self.hub.log.append(Batch.build(STATE_STREAM, [data]), assign_ids=True)
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for link in list(self.links):
+            if link.transport is not None:
+                link.transport.close()
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+async def start_tolliver_server(hub: Hub, host: str, port: int) -> TolliverServer:
+    """The hub's Tolliver instance, listening on ``host:port`` (0 = any free port)."""
+    server = TolliverServer(hub)
+    await server.start(host, port)
+    return server
