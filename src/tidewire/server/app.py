@@ -4,7 +4,9 @@ here in later releases.
 aiohttp is the library for HTTP and WebSocket, server and client, throughout tidewire.
 
 * ``GET /healthz`` -> ``200 ok`` (text/plain)
-* ``GET /streams`` -> JSON list of ``{name, events, first_id, latest_id, bytes, segments}``
+* ``GET /streams`` -> JSON list of ``{name, events, first_id, latest_id, bytes, segments}``;
+  the hub's own streams (``_tidewire.*``: transactions, Tolliver state) only with
+  ``?internal=1``
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import asdict
 from aiohttp import web
 
 from ..hub import Hub
+from ..hub.hub import RESERVED_PREFIX
 
 __all__ = ["HUB_KEY", "build_app"]
 
@@ -26,7 +29,9 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _streams(request: web.Request) -> web.Response:
     hub = request.app[HUB_KEY]
-    return web.json_response([asdict(s) for s in hub.streams()])
+    internal = request.query.get("internal") in ("1", "true")
+    return web.json_response([asdict(s) for s in hub.streams()
+                              if internal or not s.name.startswith(RESERVED_PREFIX)])  # fmt: skip
 
 
 def build_app(hub: Hub) -> web.Application:

@@ -92,7 +92,7 @@ async def serve(
             file=out,
         )
         for e in endpoints:
-            print(f"  {e.protocol:<6} {e.url:<40} {e.what}", file=out)
+            print(f"  {e.protocol:<8} {e.url:<40} {e.what}", file=out)
         print("ready (Ctrl-C or SIGTERM to stop)", file=out, flush=True)
         if on_ready is not None:
             on_ready(endpoints)
