@@ -85,7 +85,8 @@ def test_a_sender_restarted_with_unacked_messages_delivers_them_when_back(
             b._inbox = asyncio.Queue()  # and let it hold the rest now
             await a.connect("127.0.0.1", port)  # the pending ones are resent at once
             rest = await take(b, 3)
-            assert [d.body for d in rest] == [b"job1", b"job2", b"job3"]
+            # (a message still in flight when a stopped may come before the resent ones)
+            assert sorted(d.body for d in rest) == [b"job1", b"job2", b"job3"]
             await until(lambda: a.store.unacked() == 0)
         finally:
             await a.close()

@@ -129,7 +129,7 @@ class _Link(asyncio.Protocol):
                     instance._deliver(self, message)
                 case Acked(message_id):
                     if self.conn.peer is not None:
-                        instance.store.ack(message_id, self.conn.peer)
+                        instance.acked(message_id, self.conn.peer)
                 case PeerSubscriptions():
                     pass
                 case Closed(reason, error):
@@ -156,6 +156,10 @@ class Instance:
         self._handshakes = 0
         self._sendable = asyncio.Event()
         self._sendable.set()
+        # group commit of the store: new messages (with the future of their id) and acks
+        self._adds: list[tuple[tuple[str, str, bytes, list[uuid.UUID]], asyncio.Future[int]]] = []
+        self._acks: list[tuple[int, uuid.UUID]] = []
+        self._flush_scheduled = False
 
     @property
     def instance_id(self) -> uuid.UUID:
@@ -224,7 +228,10 @@ class Instance:
         ]  # fmt: skip
         if reliable:
             peers = [link.conn.peer for link in links if link.conn.peer is not None]
-            message_id = self.store.add(channel, key, body, peers)
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._adds.append(((channel, key, body, peers), future))
+            self._schedule()
+            message_id = await future  # kept on disk before it goes out
         else:
             message_id = UNRELIABLE
         message = Message(channel, key, body, message_id)
@@ -233,6 +240,32 @@ class Instance:
             link.conn.send(message, now)
             link.flush()
         return message_id
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """One store transaction for everything queued since the last one (group commit)."""
+        self._flush_scheduled = False
+        adds, self._adds = self._adds, []
+        acks, self._acks = self._acks, []
+        try:
+            ids = self.store.apply([row for row, _ in adds], acks)
+        except Exception as exc:
+            for _, future in adds:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), message_id in zip(adds, ids, strict=True):
+            if not future.done():
+                future.set_result(message_id)
+
+    def acked(self, message_id: int, peer: uuid.UUID) -> None:
+        """Record an ack (with the next group commit: losing one only means a resend)."""
+        self._acks.append((message_id, peer))
+        self._schedule()
 
     def _deliver(self, link: _Link, message: Message) -> None:
         sender = link.conn.peer
@@ -261,6 +294,8 @@ class Instance:
             yield await self._inbox.get()
 
     async def close(self) -> None:
+        if self._adds or self._acks:
+            self._flush()
         for server in self._servers:
             server.close()
         for link in list(self.links.values()):

@@ -7,7 +7,8 @@
   an unreliable message), taken in turn and wrapping around.
 
 Every change is committed before it returns (``synchronous=FULL``, WAL), so what a caller was
-told is stored survives a crash of the process.
+told is stored survives a crash of the process. :meth:`Store.apply` commits many new messages
+and acks in one transaction: the instance groups what arrives while the previous commit runs.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Store:
             self.instance = uuid.UUID(bytes=bytes(row[0]))
         row = db.execute("SELECT value FROM meta WHERE name = 'next_id'").fetchone()
         self._next = int(row[0]) if row is not None else 0
+        self._last_acked = 0
 
     @classmethod
     def open(cls, path: str) -> Store:
@@ -79,29 +81,46 @@ class Store:
 
     def add(self, channel: str, key: str, body: bytes, remotes: Iterable[uuid.UUID]) -> int:
         """Keep a reliable message until every one of ``remotes`` acks it; its id."""
-        waiting = [r.bytes for r in remotes]
-        with self.db:
-            message_id = self._take_id()
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
-            if not waiting:
-                return message_id  # nobody subscribed: nothing to keep
-            self.db.execute("INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
-                            (message_id, channel, key, body))  # fmt: skip
-            self.db.executemany("INSERT INTO pending VALUES (?, ?)",
-                                [(message_id, r) for r in waiting])  # fmt: skip
+        (message_id,) = self.apply([(channel, key, body, list(remotes))], [])
         return message_id
 
     def ack(self, message_id: int, remote: uuid.UUID) -> bool:
         """``remote`` acked ``message_id``; whether it was awaited."""
+        self.apply([], [(message_id, remote)])
+        return self._last_acked > 0
+
+    def apply(
+        self,
+        adds: list[tuple[str, str, bytes, list[uuid.UUID]]],
+        acks: list[tuple[int, uuid.UUID]],
+    ) -> list[int]:
+        """Several new messages and acks in one transaction (one fsync: group commit); the
+        new messages' ids."""
+        ids = []
+        self._last_acked = 0
         with self.db:
-            cursor = self.db.execute("DELETE FROM pending WHERE id = ? AND remote = ?",
-                                     (message_id, remote.bytes))  # fmt: skip
-            if not cursor.rowcount:
-                return False
-            left = self.db.execute("SELECT 1 FROM pending WHERE id = ?", (message_id,))
-            if left.fetchone() is None:
-                self.db.execute("DELETE FROM outbox WHERE id = ?", (message_id,))
-        return True
+            for channel, key, body, remotes in adds:
+                message_id = self._take_id()
+                ids.append(message_id)
+                if not remotes:
+                    continue  # nobody subscribed: nothing to keep
+                self.db.execute("INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
+                                (message_id, channel, key, body))  # fmt: skip
+                self.db.executemany("INSERT INTO pending VALUES (?, ?)",
+                                    [(message_id, r.bytes) for r in remotes])  # fmt: skip
+            if adds:
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)",
+                                (self._next,))  # fmt: skip
+            for message_id, remote in acks:
+                cursor = self.db.execute("DELETE FROM pending WHERE id = ? AND remote = ?",
+                                         (message_id, remote.bytes))  # fmt: skip
+                if not cursor.rowcount:
+                    continue
+                self._last_acked += 1
+                left = self.db.execute("SELECT 1 FROM pending WHERE id = ?", (message_id,))
+                if left.fetchone() is None:
+                    self.db.execute("DELETE FROM outbox WHERE id = ?", (message_id,))
+        return ids
 
     def pending_for(self, remote: uuid.UUID) -> list[tuple[int, str, str, bytes]]:
         """The messages ``remote`` has not acked, oldest first (to resend on reconnect)."""
