@@ -49,6 +49,7 @@ STATE_STREAM = "_tidewire.tolliver"
 VERSION = 1
 DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
+MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
 
 
 class _Channel:
@@ -265,6 +266,9 @@ class TolliverServer:
                             self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
                     next_id = batch.last_id + 1
         self._needs_instance = not found
+        # The channels remotes followed: the hub keeps taking messages on them for remotes that
+        # are away (their offsets say where they resume).
+        self.wanted = {(channel, "") for _, channel in self.offsets}
 
     async def start(self, host: str, port: int) -> None:
         if self._needs_instance:
@@ -275,6 +279,11 @@ class TolliverServer:
     def want(self, channels: set[str]) -> None:
         """Subscribe the hub to ``channels`` (every key), telling every connected remote."""
         new = {(c, "") for c in channels} - self.wanted
+        room = MAX_HUB_SUBSCRIPTIONS - len(self.wanted)
+        if len(new) > room:  # every remote must be able to take the hub's handshake
+            log.warning("tolliver: the hub follows %d channels already; not %d more",
+                        len(self.wanted), len(new) - room)  # fmt: skip
+            new = set(sorted(new)[: max(0, room)])
         if not new:
             return
         self.wanted |= new

@@ -10,7 +10,9 @@ durable :class:`~.store.Store`:
   remote's next connection, also after a restart of this instance. While a connection is being
   established, sending waits (the seed), so a new remote gets every message sent after it came.
 * Received messages come out of :meth:`messages` (an async iterator), every time they arrive
-  (at-least-once); ``dedupe=True`` drops repeats of (sender, id) seen lately.
+  (at-least-once), and a reliable one is acked only when the application asks for the next
+  (so one it was handling when it died is resent); ``dedupe=True`` drops repeats of (sender,
+  id) handed over lately.
 * A new connection from a remote UUID that already has one replaces the old one.
 """
 
@@ -150,7 +152,7 @@ class Instance:
         self.dedupe = dedupe
         self.subscriptions: set[tuple[str, str]] = set()
         self.links: dict[uuid.UUID, _Link] = {}
-        self._inbox: asyncio.Queue[Delivery] = asyncio.Queue(inbox_limit)
+        self._inbox: asyncio.Queue[tuple[Delivery, _Link]] = asyncio.Queue(inbox_limit)
         self._seen: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
         self._servers: list[asyncio.Server] = []
         self._handshakes = 0
@@ -276,22 +278,40 @@ class Instance:
             return
         delivery = Delivery(sender, message.channel, message.key, message.body, message.id)
         try:
-            self._inbox.put_nowait(delivery)
+            self._inbox.put_nowait((delivery, link))
         except asyncio.QueueFull:  # not acked: the sender resends it later
             log.warning("tolliver: the application is not reading; a delivery of %s/%s waits "
                         "for the sender's resend", message.channel, message.key)  # fmt: skip
             return
-        if message.reliable:
-            if self.dedupe:
-                self._seen[seen] = None
-                if len(self._seen) > 100_000:
-                    self._seen.popitem(last=False)
-            link.conn.ack(message.id)
+        if self.dedupe and message.reliable:
+            self._seen[seen] = None
+            if len(self._seen) > 100_000:
+                self._seen.popitem(last=False)
 
     async def messages(self) -> AsyncIterator[Delivery]:
-        """Every message received, as it comes (reliable ones possibly more than once)."""
-        while True:
-            yield await self._inbox.get()
+        """Every message received, as it comes (reliable ones possibly more than once). A
+        reliable message is acked when the application asks for the next one (or stops
+        reading): one it was handling when it died is resent."""
+        handled: tuple[_Link, int] | None = None
+
+        def ack() -> None:
+            nonlocal handled
+            if handled is not None:
+                link, message_id = handled
+                handled = None
+                if link.conn.established:
+                    link.conn.ack(message_id)
+                    link.flush()
+
+        try:
+            while True:
+                ack()
+                delivery, link = await self._inbox.get()
+                if delivery.id != UNRELIABLE:
+                    handled = (link, delivery.id)
+                yield delivery
+        finally:  # the application stopped reading: it is done with the last one
+            ack()
 
     async def close(self) -> None:
         if self._adds or self._acks:

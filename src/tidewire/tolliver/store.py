@@ -98,7 +98,9 @@ class Store:
         new messages' ids."""
         ids = []
         self._last_acked = 0
-        with self.db:
+        next_before = self._next
+        self.db.execute("BEGIN")  # (autocommit mode: the transaction is explicit)
+        try:
             for channel, key, body, remotes in adds:
                 message_id = self._take_id()
                 ids.append(message_id)
@@ -120,6 +122,11 @@ class Store:
                 left = self.db.execute("SELECT 1 FROM pending WHERE id = ?", (message_id,))
                 if left.fetchone() is None:
                     self.db.execute("DELETE FROM outbox WHERE id = ?", (message_id,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            self._next = next_before
+            raise
         return ids
 
     def pending_for(self, remote: uuid.UUID) -> list[tuple[int, str, str, bytes]]:
