@@ -8,8 +8,9 @@
   (kept in the hub's stream ``_tidewire.tolliver``), else the stream's end as it was when the
   remote's connection was accepted, so that what reaches the hub while a remote is still in its
   handshake is delivered to it too (the seed's rule).
-* Acks move the remote's offset for the channel (up to the lowest id still unacked); on its next
-  connection the remote gets again everything after that offset: unacked deliveries are resent.
+* Acks move the remote's offset for the channel (up to the lowest id still unacked), recorded at
+  most every 0.1 s; on its next connection the remote gets again everything after the recorded
+  offset: unacked deliveries (and at most 0.1 s of acked ones) are resent.
   They are also resent every second while the connection lasts (the sans-IO machine's timer).
 * The hub subscribes to every channel (all keys) that any remote subscribes to, so instances
   send it their messages on those channels; it never unsubscribes (**decision**).
@@ -23,6 +24,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, cast
 
@@ -49,6 +51,7 @@ STATE_STREAM = "_tidewire.tolliver"
 VERSION = 1
 DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
+OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
 
 
@@ -62,7 +65,7 @@ class _Channel:
             channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True
         )
         self.sub.request(MAX_UNACKED)
-        self.inflight: dict[int, int] = {}  # tolliver id -> event id
+        self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
         self.acked_to = start - 1
         self.task = asyncio.create_task(self._pump())
 
@@ -86,7 +89,7 @@ class _Channel:
         if event_id is None:
             return None
         self.sub.request(1)
-        low = min(self.inflight.values(), default=event_id + 1)
+        low = next(iter(self.inflight.values()), event_id + 1)  # (in event order)
         if low - 1 > self.acked_to:
             self.acked_to = low - 1
             return low
@@ -244,6 +247,7 @@ class TolliverServer:
         self.offsets: dict[tuple[uuid.UUID, str], int] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
+        self._dirty: dict[tuple[uuid.UUID, str], asyncio.TimerHandle] = {}  # not yet kept
         self.instance = uuid7()
         self.server: asyncio.Server | None = None
         self._load()
@@ -296,12 +300,23 @@ class TolliverServer:
             link.flush()
 
     def remember(self, peer: uuid.UUID, channel: str, next_id: int) -> None:
-        """A remote's new offset for a channel (kept in the hub's stream, in the background)."""
+        """A remote's new offset for a channel: kept in the hub's stream, at most every
+        ``OFFSET_INTERVAL`` seconds per remote and channel (a crash in between only means
+        resending what was acked since)."""
         key = (peer, channel)
         if next_id <= self.offsets.get(key, 0):
             return
         self.offsets[key] = next_id
-        self.spawn(self._record({"remote": str(peer), "channel": channel, "next": next_id}))
+        if key not in self._dirty:
+            self._dirty[key] = asyncio.get_running_loop().call_later(
+                OFFSET_INTERVAL, self._save, key
+            )
+
+    def _save(self, key: tuple[uuid.UUID, str]) -> None:
+        self._dirty.pop(key, None)
+        peer, channel = key
+        self.spawn(self._record({"remote": str(peer), "channel": channel,
+                                 "next": self.offsets[key]}))  # fmt: skip
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it is done."""
@@ -326,6 +341,11 @@ class TolliverServer:
                 link.transport.close()
         if self.server is not None:
             await self.server.wait_closed()
+        for key, handle in list(self._dirty.items()):  # keep the offsets not yet kept
+            handle.cancel()
+            self._save(key)
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 async def start_tolliver_server(hub: Hub, host: str, port: int) -> TolliverServer:

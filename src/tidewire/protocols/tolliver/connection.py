@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -133,7 +133,8 @@ class Connection:
     _decoder: Decoder = field(init=False)
     _out: bytearray = field(default_factory=bytearray)
     _events: deque[Event] = field(default_factory=deque)
-    _unacked: dict[int, _Outgoing] = field(default_factory=dict)
+    # in order of due time (a resend moves an entry to the end): the first is the next due
+    _unacked: OrderedDict[int, _Outgoing] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self._decoder = Decoder(self.limits)
@@ -176,6 +177,7 @@ class Connection:
         self._out += frame
         if message.reliable:
             self._unacked[message.id] = _Outgoing(frame, now + self.resend_interval)
+            self._unacked.move_to_end(message.id)
 
     def subscribe(self, channel: str, key: str = "", *, op: int = 0) -> None:
         """Change this side's subscriptions; told to the peer now if established (else in the
@@ -209,16 +211,22 @@ class Connection:
         """When :meth:`handle_timer` has something to resend (``None``: nothing)."""
         if not self._unacked or not self.established:
             return None
-        return min(o.due for o in self._unacked.values())
+        return next(iter(self._unacked.values())).due
 
     def handle_timer(self, now: float) -> None:
         """Resend every reliable message still unacked whose time has come."""
         if not self.established:
             return
-        for outgoing in self._unacked.values():
-            if outgoing.due <= now:
-                self._out += outgoing.frame
-                outgoing.due = now + self.resend_interval
+        due = []
+        for message_id, outgoing in self._unacked.items():
+            if outgoing.due > now:
+                break
+            due.append(message_id)
+        for message_id in due:
+            outgoing = self._unacked[message_id]
+            self._out += outgoing.frame
+            outgoing.due = now + self.resend_interval
+            self._unacked.move_to_end(message_id)
 
     # ------------------------------------------------------------------ input
 
