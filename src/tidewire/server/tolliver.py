@@ -157,6 +157,7 @@ class _Link(asyncio.Protocol):
     # ------------------------------------------------------------------ events
 
     def _events(self) -> None:
+        arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
         while (event := self.conn.next_event()) is not None:
             match event:
                 case Established(peer):
@@ -168,7 +169,7 @@ class _Link(asyncio.Protocol):
                     if self.conn.established:
                         self._follow({c for c, _ in subscriptions})
                 case Received(message):
-                    self.server.spawn(self._store(message))
+                    arrived.setdefault(message.channel, []).append(message)
                 case Acked(message_id):
                     self._acked(message_id)
                 case Closed(reason, error):
@@ -176,6 +177,8 @@ class _Link(asyncio.Protocol):
                         log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
                     if self.transport is not None:
                         self.transport.close()
+        for messages in arrived.values():
+            self.server.spawn(self._store(messages))
         self.flush()
 
     def _follow(self, channels: set[str]) -> None:
@@ -224,18 +227,22 @@ class _Link(asyncio.Protocol):
                     self.server.remember(peer, channel.channel, moved)
                 return
 
-    async def _store(self, message: Message) -> None:
-        """Append to stream C (key K), then ack (an ack says: durable in the hub)."""
+    async def _store(self, messages: list[Message]) -> None:
+        """Append to stream C (keys K) in one batch, then ack each (an ack says: durable in the
+        hub)."""
+        channel = messages[0].channel
         try:
-            key = message.key.encode() if message.key else None
-            await self.server.hub.append(Batch.build(message.channel, [message.body],
-                                                     keys=[key]), assign_ids=True)  # fmt: skip
+            keys = [m.key.encode() if m.key else None for m in messages]
+            await self.server.hub.append(Batch.build(channel, [m.body for m in messages],
+                                                     keys=keys), assign_ids=True)  # fmt: skip
         except TidewireError as exc:
-            log.warning("tolliver %s: message on %r refused: %s", self.conn.peer,
-                        message.channel, exc)  # fmt: skip
-            return  # not acked: the sender keeps it
-        if message.reliable and self.conn.established and not self.conn.closed:
-            self.conn.ack(message.id)
+            log.warning("tolliver %s: %d message(s) on %r refused: %s", self.conn.peer,
+                        len(messages), channel, exc)  # fmt: skip
+            return  # not acked: the sender keeps them
+        if self.conn.established and not self.conn.closed:
+            for message in messages:
+                if message.reliable:
+                    self.conn.ack(message.id)
             self.flush()
 
 
