@@ -78,6 +78,7 @@ class _Channel:
                         key = batch.key(i)
                         link.deliver(self, batch.ids[i], (key or b"").decode("utf-8", "replace"),
                                      batch.value(i))  # fmt: skip
+                link.flush()  # once per delivery, not per message
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
@@ -209,7 +210,6 @@ class _Link(asyncio.Protocol):
         message_id = self._next_id()
         channel.inflight[message_id] = event_id
         self.conn.send(Message(channel.channel, key, value, message_id), time.monotonic())
-        self.flush()
 
     def _next_id(self) -> int:
         while True:
