@@ -48,17 +48,15 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sqlite3
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
 from tidewire.log import Log, LogConfig
 from tidewire.model import Batch
 
@@ -73,7 +71,6 @@ SQLITE_READ_CHUNK = 8192
 TIMESTAMP = 1_700_000_000_000
 READ_GOAL = 2_000_000.0
 MAX_BYTES_PER_MEASUREMENT = 1 << 30  # bounds the disk used by one measurement
-RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
 
 CREATE_TABLE = "CREATE TABLE t (id INTEGER PRIMARY KEY, key BLOB, value BLOB, ts INTEGER)"
 INSERT = "INSERT INTO t (key, value, ts) VALUES (?, ?, ?)"
@@ -91,47 +88,7 @@ FULL = Settings(rounds=3, budget_s=2.5, read_events=1_500_000)
 QUICK = Settings(rounds=2, budget_s=0.5, read_events=200_000)
 
 
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- places and data
-
-
-def fs_type(path: str) -> str:
-    """The file-system type of the mount holding ``path`` (from /proc/self/mounts)."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, fields[2]
-    except OSError:
-        pass
-    return kind
-
-
-def choose_base(requested: str | None) -> str:
-    if requested is not None:
-        return requested
-    if fs_type("/tmp") not in RAM_FILE_SYSTEMS:
-        return "/tmp"
-    return os.getcwd()
-
-
-@contextmanager
-def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_values(size: int, count: int) -> list[bytes]:

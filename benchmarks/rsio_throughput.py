@@ -67,16 +67,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
 import tidewire
+from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
 from tidewire.log import Log, LogConfig
 from tidewire.model import Batch
 
@@ -96,11 +95,6 @@ NATS_ACK_SUBJECT = "bench.ack"
 SOCKET_CHUNK = 1 * MiB
 RSOCKET_READ_BUFFER = 256 * KiB
 PEER_TIMEOUT_S = 300.0  # one measurement taking longer than this is a failure
-RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
-
-
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- settings
@@ -154,42 +148,6 @@ def prefetch_for(size: int) -> int:
 
 
 # --------------------------------------------------------------------------- places
-
-
-def fs_type(path: str) -> str:
-    """The file-system type of the mount holding ``path`` (from /proc/self/mounts)."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, fields[2]
-    except OSError:
-        pass
-    return kind
-
-
-def choose_base(requested: str | None) -> str:
-    if requested is not None:
-        return requested
-    if fs_type("/tmp") not in RAM_FILE_SYSTEMS:
-        return "/tmp"
-    return os.getcwd()
-
-
-@contextmanager
-def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- processes

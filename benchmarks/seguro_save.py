@@ -62,7 +62,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -70,6 +69,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
 from tidewire.client.seguro import connect
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,7 +82,6 @@ WARMUP_SAMPLES = 50
 MAX_BYTES_PER_MEASUREMENT = 1 << 30  # bounds the disk (and Redis's memory) one round uses
 START_TIMEOUT_S = 60.0
 SETTLE_S = 0.5  # a pause before each measurement, after os.sync()
-RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,47 +95,7 @@ FULL = Settings(rounds=5, budget_s=4.0, samples=4000)
 QUICK = Settings(rounds=2, budget_s=1.5, samples=1000)
 
 
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- places
-
-
-def fs_type(path: str) -> str:
-    """The file-system type of the mount holding ``path`` (from /proc/self/mounts)."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, fields[2]
-    except OSError:
-        pass
-    return kind
-
-
-def choose_base(requested: str | None) -> str:
-    if requested is not None:
-        return requested
-    if fs_type("/tmp") not in RAM_FILE_SYSTEMS:
-        return "/tmp"
-    return os.getcwd()
-
-
-@contextmanager
-def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- processes

@@ -63,14 +63,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
 from tidewire.tolliver import Instance
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,7 +84,6 @@ WARMUP = 200
 POLL_S = 0.002  # tidewire: how often the sender looks at its store's unacked count when waiting
 GOAL_RATIO = 3.0
 ROUND_TIMEOUT_S = 300.0
-RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,47 +97,7 @@ FULL = Settings(rounds=3, tidewire_messages=20_000, nats_messages=60_000)
 QUICK = Settings(rounds=2, tidewire_messages=4_000, nats_messages=15_000)
 
 
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- places
-
-
-def fs_type(path: str) -> str:
-    """The file-system type of the mount holding ``path`` (from /proc/self/mounts)."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, fields[2]
-    except OSError:
-        pass
-    return kind
-
-
-def choose_base(requested: str | None) -> str:
-    if requested is not None:
-        return requested
-    if fs_type("/tmp") not in RAM_FILE_SYSTEMS:
-        return "/tmp"
-    return os.getcwd()
-
-
-@contextmanager
-def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- processes
