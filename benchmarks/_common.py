@@ -1,17 +1,40 @@
-"""What the benchmarks share: progress output, and where their temporary directories go (a
-real disk: fsync on a RAM file system costs nothing, which would flatter every durable write).
+"""What the benchmarks share: progress output, where their temporary directories go (a real
+disk: fsync on a RAM file system costs nothing, which would flatter every durable write), the
+subprocesses they start (all stopped at exit) and the peer libraries they load.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextlib
+import importlib
 import os
+import queue
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["RAM_FILE_SYSTEMS", "choose_base", "fresh_dir", "fs_type", "note"]
+__all__ = [
+    "RAM_FILE_SYSTEMS",
+    "LinePump",
+    "Processes",
+    "choose_base",
+    "distribution_version",
+    "fresh_dir",
+    "fs_type",
+    "loop_factory",
+    "module",
+    "note",
+]
 
 RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
 
@@ -54,3 +77,92 @@ def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+class Processes:
+    """Every subprocess this benchmark starts; all are stopped at exit, whatever happens."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        atexit.register(self.stop_all)
+
+    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(args, text=True, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[str], timeout: float = 30.0) -> int:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if proc in self.procs:
+            self.procs.remove(proc)
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc, timeout=10)
+
+
+class LinePump:
+    """Reads a subprocess's output lines in a thread (so that its pipe never fills)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self._stream = stream
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            for line in self._stream:
+                self.lines.put(line.rstrip("\n"))
+        self.lines.put("\0eof")
+
+    def wait_for(self, pattern: str, proc: subprocess.Popen[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line == "\0eof":
+                break
+            self.seen.append(line)
+            if match := regex.search(line):
+                return match
+        tail = "\n".join(self.seen[-20:])
+        raise RuntimeError(
+            f"{proc.args!r}: no line matching {pattern!r} (exit {proc.poll()}):\n{tail}"
+        )
+
+
+def module(name: str) -> Any:
+    """Import a peer library (untyped here: mypy runs without the peers installed)."""
+    return importlib.import_module(name)
+
+
+def distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
+def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    try:
+        import uvloop
+    except ImportError:
+        return None, "asyncio"
+    return uvloop.new_event_loop, "uvloop"

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
+from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, loop_factory, note
 from tidewire.log import Log, LogConfig
 from tidewire.model import Batch
 
@@ -423,14 +423,6 @@ async def run(settings: Settings, parent: str) -> list[Figure]:
             conn.close()
             await log.close()
     return figures
-
-
-def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
-    try:
-        import uvloop
-    except ImportError:
-        return None, "asyncio"
-    return uvloop.new_event_loop, "uvloop"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,12 +50,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
-import contextlib
-import importlib
 import json
 import os
-import queue
 import re
 import shutil
 import signal
@@ -69,7 +65,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
+from _common import (
+    RAM_FILE_SYSTEMS,
+    LinePump,
+    Processes,
+    choose_base,
+    distribution_version,
+    fresh_dir,
+    fs_type,
+    loop_factory,
+    module,
+    note,
+)
 from tidewire.client.seguro import connect
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,90 +108,9 @@ QUICK = Settings(rounds=2, budget_s=1.5, samples=1000)
 # --------------------------------------------------------------------------- processes
 
 
-class Processes:
-    """Every subprocess this benchmark starts; all are stopped at exit, whatever happens."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        atexit.register(self.stop_all)
-
-    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(args, text=True, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen[str], timeout: float = 30.0) -> int:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        if proc in self.procs:
-            self.procs.remove(proc)
-        return proc.returncode
-
-    def stop_all(self) -> None:
-        for proc in reversed(list(self.procs)):
-            self.stop(proc, timeout=10)
-
-
-class LinePump:
-    """Reads a subprocess's output lines in a thread (so that its pipe never fills)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        self._stream = stream
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            for line in self._stream:
-                self.lines.put(line.rstrip("\n"))
-        self.lines.put("\0eof")
-
-    def wait_for(self, pattern: str, proc: subprocess.Popen[str], timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        regex = re.compile(pattern)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line == "\0eof":
-                break
-            self.seen.append(line)
-            if match := regex.search(line):
-                return match
-        tail = "\n".join(self.seen[-20:])
-        raise RuntimeError(
-            f"{proc.args!r}: no line matching {pattern!r} (exit {proc.poll()}):\n{tail}"
-        )
-
-
 def install_peers() -> None:
     script = os.path.join(HERE, "redis_peer.sh")
     subprocess.run(["bash", script, sys.executable], check=True)
-
-
-def module(name: str) -> Any:
-    """Import a peer library (untyped here: mypy runs without the peers installed)."""
-    return importlib.import_module(name)
-
-
-def distribution_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "?"
 
 
 def redis_binary() -> str:
@@ -563,14 +489,6 @@ async def run(settings: Settings, parent: str, procs: Processes) -> list[dict[st
         )
         print(json.dumps(lines[-1]), flush=True)
     return lines
-
-
-def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
-    try:
-        import uvloop
-    except ImportError:
-        return None, "asyncio"
-    return uvloop.new_event_loop, "uvloop"
 
 
 def main(argv: list[str] | None = None) -> int:

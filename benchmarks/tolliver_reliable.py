@@ -52,13 +52,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
-import importlib
 import json
 import os
-import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -69,7 +65,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, note
+from _common import (
+    RAM_FILE_SYSTEMS,
+    LinePump,
+    Processes,
+    choose_base,
+    distribution_version,
+    fresh_dir,
+    fs_type,
+    loop_factory,
+    module,
+    note,
+)
 from tidewire.tolliver import Instance
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,89 +110,8 @@ QUICK = Settings(rounds=2, tidewire_messages=4_000, nats_messages=15_000)
 # --------------------------------------------------------------------------- processes
 
 
-class Processes:
-    """Every subprocess this benchmark starts; all are stopped at exit, whatever happens."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        atexit.register(self.stop_all)
-
-    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(args, text=True, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen[str], timeout: float = 30.0) -> int:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        if proc in self.procs:
-            self.procs.remove(proc)
-        return proc.returncode
-
-    def stop_all(self) -> None:
-        for proc in reversed(list(self.procs)):
-            self.stop(proc, timeout=10)
-
-
-class LinePump:
-    """Reads a subprocess's output lines in a thread (so that its pipe never fills)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        self._stream = stream
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            for line in self._stream:
-                self.lines.put(line.rstrip("\n"))
-        self.lines.put("\0eof")
-
-    def wait_for(self, pattern: str, proc: subprocess.Popen[str], timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        regex = re.compile(pattern)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line == "\0eof":
-                break
-            self.seen.append(line)
-            if match := regex.search(line):
-                return match
-        tail = "\n".join(self.seen[-20:])
-        raise RuntimeError(
-            f"{proc.args!r}: no line matching {pattern!r} (exit {proc.poll()}):\n{tail}"
-        )
-
-
 def install_peers() -> None:
     subprocess.run(["bash", os.path.join(HERE, "peers.sh"), sys.executable], check=True)
-
-
-def module(name: str) -> Any:
-    """Import a peer library (untyped here: mypy runs without the peers installed)."""
-    return importlib.import_module(name)
-
-
-def distribution_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "?"
 
 
 def start_tidewire(procs: Processes, data_dir: str) -> tuple[str, int, subprocess.Popen[str]]:
@@ -410,14 +336,6 @@ def on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM: stop as Ctrl-C does (``asyncio.Runner`` cancels the running round)."""
     STOP.set()
     os.kill(os.getpid(), signal.SIGINT)
-
-
-def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
-    try:
-        import uvloop
-    except ImportError:
-        return None, "asyncio"
-    return uvloop.new_event_loop, "uvloop"
 
 
 def settle() -> None:
