@@ -14,13 +14,13 @@ acked to the broker by the receiver. Sender and receiver run in this process, on
 - tidewire: ``tidewire serve`` (``log.fsync=true``) as a subprocess, fresh data directory per
   round. A receiver :class:`tidewire.tolliver.Instance` subscribes to the channel and connects
   to the hub's Tolliver port; a sender ``Instance`` connects after it (the hub, subscribed to
-  every channel a remote wants, tells it so in the handshake). The sender starts ``SEND_CHUNK``
-  ``inst.send(channel, "", body)`` calls at once and gathers them (each returns once its message
-  is committed to the sender's SQLite store, which commits concurrent sends together, and
-  written to the socket), then the next chunk, keeping at most ``WINDOW`` messages unacked by
-  the hub (``inst.store.unacked()``). The hub appends each message to the stream named after the
-  channel and acks it once durable; it delivers the stream's events to the receiver as reliable
-  messages, which the receiver acks once they are in its inbox. The clock stops when the
+  every channel a remote wants, tells it so in the handshake). The sender sends ``SEND_CHUNK``
+  messages with one ``inst.send_many(channel, "", bodies)`` (it returns once they are committed
+  to the sender's SQLite store and written to the socket), then the next chunk, keeping at most
+  ``WINDOW`` messages unacked by the hub (``inst.store.unacked()``). The hub appends the
+  messages to the stream named after the channel and acks each once durable; it delivers the
+  stream's events to the receiver as reliable messages; the receiver reads them with
+  ``inst.batches()``, which acks a list once the next is asked for. The clock stops when the
   receiver has all N distinct messages (a sequence number
   in the body; repeats are counted apart) AND the sender's store holds 0 unacked messages.
 - JetStream: Debian's ``nats-server -js`` (config file: ``jetstream { store_dir }`` in a fresh
@@ -85,7 +85,7 @@ NATS_STREAM = "BENCH"
 NATS_SUBJECT = "bench.reliable"
 BODY_BYTES = 100
 WINDOW = 1000  # messages unacked by the broker, at most (both sides)
-SEND_CHUNK = 250  # tidewire: sends started together (gathered), one store commit for them
+SEND_CHUNK = 250  # tidewire: messages per send_many (one store commit, one write)
 PUSH_PENDING = 65_536  # JetStream: messages the push subscription may buffer
 WARMUP = 200
 POLL_S = 0.002  # tidewire: how often the sender looks at its store's unacked count when waiting
@@ -100,8 +100,8 @@ class Settings:
     nats_messages: int
 
 
-FULL = Settings(rounds=3, tidewire_messages=20_000, nats_messages=60_000)
-QUICK = Settings(rounds=2, tidewire_messages=4_000, nats_messages=15_000)
+FULL = Settings(rounds=3, tidewire_messages=60_000, nats_messages=60_000)
+QUICK = Settings(rounds=2, tidewire_messages=15_000, nats_messages=15_000)
 
 
 # --------------------------------------------------------------------------- places
@@ -225,8 +225,9 @@ async def tidewire_round(host: str, port: int, directory: str, n: int) -> Measur
             await poll_until(hub_subscribed)
 
         async def read() -> None:
-            async for delivery in receiver.messages():
-                tally.add(delivery.body)
+            async for deliveries in receiver.batches():
+                for delivery in deliveries:
+                    tally.add(delivery.body)
 
         reader = asyncio.create_task(read())
 
@@ -239,8 +240,8 @@ async def tidewire_round(host: str, port: int, directory: str, n: int) -> Measur
             for i in range(0, len(messages), SEND_CHUNK):
                 chunk = messages[i : i + SEND_CHUNK]
                 await poll_until(room_for(len(chunk)))
-                # concurrent sends: the Instance commits them to its store together
-                await asyncio.gather(*(sender.send(CHANNEL, "", body) for body in chunk))
+                # one store commit and one write for the chunk
+                await sender.send_many(CHANNEL, "", chunk)
 
         def all_acked() -> bool:
             return sender.store.unacked() == 0

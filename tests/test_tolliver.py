@@ -176,9 +176,10 @@ def test_golden_entry_and_reliability() -> None:
         lambda: SubscriptionEntry(2, "c"),
     ],
 )
-def test_unencodable_frames_are_refused(make: Callable[[], object]) -> None:
+def test_unencodable_frames_are_refused(make: Callable[[], Frame]) -> None:
+    """Refused when built or, for the hot-path frames (message, ack), when encoded."""
     with pytest.raises(LocalProtocolError):
-        make()
+        encode(make())
 
 
 # --------------------------------------------------------------------------- round trips

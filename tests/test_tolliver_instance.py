@@ -88,7 +88,7 @@ def test_a_sender_restarted_with_unacked_messages_delivers_them_when_back(
         try:
             assert a.instance_id == a_id
             assert a.store.unacked() == 4
-            b._inbox = asyncio.Queue()  # room for everything now
+            b._inbox.limit = 100  # room for everything now
             await a.connect("127.0.0.1", port)  # the pending ones are resent at once
             # Every one arrives (some twice: an ack that went out on the old connection, or
             # none), and a forgets each once b's application has taken it.

@@ -73,24 +73,24 @@ class _Channel:
         link = self.link
         try:
             while (batches := await self.sub.next()) is not None:
-                for batch in batches:
-                    for i in range(len(batch)):
-                        key = batch.key(i)
-                        link.deliver(self, batch.ids[i], (key or b"").decode("utf-8", "replace"),
-                                     batch.value(i))  # fmt: skip
+                link.deliver(self, batches)
                 link.flush()  # once per delivery, not per message
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
             log.warning("tolliver %s: delivering %r stopped: %s", link.conn.peer, self.channel, exc)
 
-    def acked(self, message_id: int) -> int | None:
-        """Record an ack; the new offset (next event id to deliver) if it moved."""
-        event_id = self.inflight.pop(message_id, None)
-        if event_id is None:
+    def acked(self, message_ids: list[int]) -> int | None:
+        """Record acks (of this channel's deliveries); the new offset (next event id to
+        deliver) if it moved."""
+        inflight = self.inflight
+        last = None
+        for message_id in message_ids:
+            last = inflight.pop(message_id)
+        if last is None:
             return None
-        self.sub.request(1)
-        low = next(iter(self.inflight.values()), event_id + 1)  # (in event order)
+        self.sub.request(len(message_ids))
+        low = next(iter(inflight.values()), last + 1)  # (in event order)
         if low - 1 > self.acked_to:
             self.acked_to = low - 1
             return low
@@ -111,6 +111,7 @@ class _Link(asyncio.Protocol):
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
         self._ids = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when it fires (time.monotonic())
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -142,13 +143,14 @@ class _Link(asyncio.Protocol):
         data = self.conn.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
-        if self._timer is not None:
+        deadline = self.conn.next_deadline()
+        if self._timer is not None and (deadline is None or deadline < self._timer_at):
             self._timer.cancel()
             self._timer = None
-        deadline = self.conn.next_deadline()
-        if deadline is not None:
+        if deadline is not None and self._timer is None:  # (one that fires early re-arms)
             delay = max(0.0, deadline - time.monotonic())
             self._timer = asyncio.get_running_loop().call_later(delay, self._resend)
+            self._timer_at = deadline
 
     def _resend(self) -> None:
         self._timer = None
@@ -159,7 +161,11 @@ class _Link(asyncio.Protocol):
 
     def _events(self) -> None:
         arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
+        acks: list[int] = []  # handled together
         while (event := self.conn.next_event()) is not None:
+            if isinstance(event, Acked):  # (the hot path first)
+                acks.append(event.id)
+                continue
             match event:
                 case Established(peer):
                     old = self.server.by_peer.get(peer)
@@ -171,13 +177,13 @@ class _Link(asyncio.Protocol):
                         self._follow({c for c, _ in subscriptions})
                 case Received(message):
                     arrived.setdefault(message.channel, []).append(message)
-                case Acked(message_id):
-                    self._acked(message_id)
                 case Closed(reason, error):
                     if error:
                         log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
                     if self.transport is not None:
                         self.transport.close()
+        if acks:
+            self._acked(acks)
         for messages in arrived.values():
             self.server.spawn(self._store(messages))
         self.flush()
@@ -200,32 +206,55 @@ class _Link(asyncio.Protocol):
             start = self.server.offsets.get((peer, name)) or self.starts.get(name, 1)
             self.channels[name] = _Channel(self, name, start)
 
-    def deliver(self, channel: _Channel, event_id: int, key: str, value: bytes) -> None:
+    def deliver(self, channel: _Channel, batches: list[Batch]) -> None:
+        """The events of ``batches`` (stream ``channel.channel``) as reliable messages, those
+        with a key the remote subscribed to (or all, subscribed to the channel with the empty
+        key); the others are skipped."""
         if not self.conn.established:
             return
         wanted = self.conn.peer_subscriptions
-        if (channel.channel, "") not in wanted and (channel.channel, key) not in wanted:
-            channel.sub.request(1)  # a key not subscribed to: skipped
-            return
-        message_id = self._next_id()
-        channel.inflight[message_id] = event_id
-        self.conn.send(Message(channel.channel, key, value, message_id), time.monotonic())
+        name = channel.channel
+        every = (name, "") in wanted
+        inflight = channel.inflight
+        items: list[tuple[bytes, bytes, int]] = []
+        skipped = 0
+        next_id = self._ids
+        for batch in batches:
+            ids = batch.ids
+            for i in range(len(ids)):
+                key = _utf8_key(batch.key(i))
+                if not every and (name, key.decode()) not in wanted:
+                    skipped += 1
+                    continue
+                message_id = next_id
+                next_id = (next_id + 1) & 0xFFFFFFFF
+                if message_id == UNRELIABLE:  # never a reliable message's id
+                    message_id, next_id = next_id, next_id + 1
+                inflight[message_id] = ids[i]
+                items.append((key, batch.value(i), message_id))
+        self._ids = next_id
+        if skipped:
+            channel.sub.request(skipped)
+        if items:
+            self.conn.send_many(name, items, time.monotonic())
 
-    def _next_id(self) -> int:
-        while True:
-            candidate = self._ids
-            self._ids = (self._ids + 1) % 2**32
-            if candidate != UNRELIABLE:
-                return candidate
-
-    def _acked(self, message_id: int) -> None:
+    def _acked(self, message_ids: list[int]) -> None:
         peer = self.conn.peer
-        for channel in self.channels.values():
-            if message_id in channel.inflight:
-                moved = channel.acked(message_id)
+        channels = list(self.channels.values())
+        if len(channels) == 1:
+            by_channel = {channels[0]: [m for m in message_ids if m in channels[0].inflight]}
+        else:
+            by_channel = {}
+            for message_id in message_ids:
+                for channel in channels:
+                    if message_id in channel.inflight:
+                        by_channel.setdefault(channel, []).append(message_id)
+                        break
+        for channel, acked in by_channel.items():
+            if acked:
+                moved = channel.acked(acked)
                 if moved is not None and peer is not None:
                     self.server.remember(peer, channel.channel, moved)
-                return
 
     async def _store(self, messages: list[Message]) -> None:
         """Append to stream C (keys K) in one batch, then ack each (an ack says: durable in the
@@ -244,6 +273,17 @@ class _Link(asyncio.Protocol):
                 if message.reliable:
                     self.conn.ack(message.id)
             self.flush()
+
+
+def _utf8_key(key: bytes | None) -> bytes:
+    """An event's key as a Tolliver key: UTF-8 ("" for none; invalid bytes replaced)."""
+    if not key:
+        return b""
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return key.decode("utf-8", "replace").encode()
+    return key
 
 
 class TolliverServer:

@@ -23,12 +23,15 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import cast
 
+from ..model import LocalProtocolError
 from ..protocols.tolliver import (
+    CONTROL_CHANNEL,
     UNRELIABLE,
     Acked,
     Closed,
@@ -43,6 +46,18 @@ from ..protocols.tolliver import (
 from .store import Store
 
 __all__ = ["Delivery", "Instance"]
+
+
+def _ack(handled: list[tuple[_Link, int]]) -> None:
+    """Ack what the application has handled (one write per connection), and forget it."""
+    by_link: dict[_Link, list[int]] = {}
+    for link, message_id in handled:
+        by_link.setdefault(link, []).append(message_id)
+    for link, message_ids in by_link.items():
+        if link.conn.established:
+            link.conn.ack_many(message_ids)
+            link.soon()
+    handled.clear()
 
 log = logging.getLogger("tidewire.tolliver")
 
@@ -60,6 +75,43 @@ class Delivery:
     id: int
 
 
+class _Inbox:
+    """Messages received and not yet taken by the application: bounded in count and bytes
+    (one over either bound is not acked, so its sender resends it later)."""
+
+    def __init__(self, limit: int, limit_bytes: int) -> None:
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self.nbytes = 0
+        self._items: deque[tuple[Delivery, _Link]] = deque()
+        self._ready = asyncio.Event()
+
+    def full(self) -> bool:
+        return len(self._items) >= self.limit or self.nbytes >= self.limit_bytes
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: tuple[Delivery, _Link]) -> None:
+        size = len(item[0].body)
+        over = self._items and self.nbytes + size > self.limit_bytes  # (one always fits)
+        if len(self._items) >= self.limit or over:
+            raise asyncio.QueueFull
+        self._items.append(item)
+        self.nbytes += size
+        self._ready.set()
+
+    async def take(self, most: int) -> list[tuple[Delivery, _Link]]:
+        """At least one and at most ``most`` items, oldest first (waits for one)."""
+        items = self._items
+        while not items:
+            self._ready.clear()
+            await self._ready.wait()
+        taken = [items.popleft() for _ in range(min(most, len(items)))]
+        self.nbytes -= sum(len(delivery.body) for delivery, _ in taken)
+        return taken
+
+
 class _Link(asyncio.Protocol):
     """One connection to a remote: the sans-IO machine, its transport, its resend timer."""
 
@@ -72,6 +124,8 @@ class _Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.ready = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when it fires (time.monotonic())
+        self._flush_soon = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -99,19 +153,28 @@ class _Link(asyncio.Protocol):
             self._timer.cancel()
 
     def flush(self) -> None:
+        self._flush_soon = False
         data = self.conn.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
         self._arm()
 
+    def soon(self) -> None:
+        """Flush once the event loop is done with what is ready now (one write for the sends
+        and acks of one turn)."""
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
     def _arm(self) -> None:
-        if self._timer is not None:
+        deadline = self.conn.next_deadline()
+        if self._timer is not None and (deadline is None or deadline < self._timer_at):
             self._timer.cancel()
             self._timer = None
-        deadline = self.conn.next_deadline()
-        if deadline is not None:
+        if deadline is not None and self._timer is None:  # (one that fires early re-arms)
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._resend)
+            self._timer_at = deadline
 
     def _resend(self) -> None:
         self._timer = None
@@ -121,6 +184,13 @@ class _Link(asyncio.Protocol):
     def pump(self) -> None:
         instance = self.instance
         while (event := self.conn.next_event()) is not None:
+            if isinstance(event, Received):  # (the hot paths first)
+                instance._deliver(self, event.message)
+                continue
+            if isinstance(event, Acked):
+                if self.conn.peer is not None:
+                    instance.acked(event.id, self.conn.peer)
+                continue
             match event:
                 case Established(peer):
                     instance._adopt(self, peer)
@@ -146,22 +216,26 @@ class Instance:
     """A Tolliver instance whose state lives in the SQLite file ``path``."""
 
     def __init__(self, path: str, *, resend_interval: float = 1.0, dedupe: bool = False,
-                 inbox_limit: int = 10_000) -> None:  # fmt: skip
+                 inbox_limit: int = 10_000,
+                 inbox_bytes: int = 64 * 1024 * 1024) -> None:  # fmt: skip
         self.store = Store.open(path)
         self.resend_interval = resend_interval
         self.dedupe = dedupe
         self.subscriptions: set[tuple[str, str]] = set()
         self.links: dict[uuid.UUID, _Link] = {}
-        self._inbox: asyncio.Queue[tuple[Delivery, _Link]] = asyncio.Queue(inbox_limit)
+        self._inbox = _Inbox(inbox_limit, inbox_bytes)
         self._seen: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
         self._servers: list[asyncio.Server] = []
         self._handshakes = 0
         self._sendable = asyncio.Event()
         self._sendable.set()
-        # group commit of the store: new messages (with the future of their id) and acks
-        self._adds: list[tuple[tuple[str, str, bytes, list[uuid.UUID]], asyncio.Future[int]]] = []
+        # group commit of the store: new messages (with the future of their ids) and acks
+        self._adds: list[tuple[list[tuple[str, str, bytes, list[uuid.UUID]]],
+                               asyncio.Future[list[int]]]] = []  # fmt: skip
         self._acks: list[tuple[int, uuid.UUID]] = []
         self._flush_scheduled = False
+        self._commit: asyncio.Future[list[int]] | None = None  # the one running, in a thread
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="tolliver-store")
 
     @property
     def instance_id(self) -> uuid.UUID:
@@ -222,47 +296,85 @@ class Instance:
     # ------------------------------------------------------------------ sending, receiving
 
     async def send(self, channel: str, key: str, body: bytes, *, reliable: bool = True) -> int:
-        """Send to every connected remote subscribed to (channel, key); the message's id."""
+        """Send to every connected remote subscribed to (channel, key); the message's id
+        (returns once it is in the store and written to the remotes' connections)."""
+        (message_id,) = await self.send_many(channel, key, [body], reliable=reliable)
+        return message_id
+
+    async def send_many(
+        self, channel: str, key: str, bodies: Sequence[bytes], *, reliable: bool = True
+    ) -> list[int]:
+        """:meth:`send` of many messages at once, in order (one store commit, one write per
+        remote); their ids."""
+        if channel == CONTROL_CHANNEL:
+            raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
+        try:
+            raw_key = key.encode()
+        except UnicodeEncodeError as exc:
+            raise LocalProtocolError(f"the key is not UTF-8: {exc}") from None
         await self._sendable.wait()
         links = [
             link for link in self.links.values()
             if link.conn.established and matches(link.conn.peer_subscriptions, channel, key)
         ]  # fmt: skip
+        if not bodies:
+            return []
         if reliable:
             peers = [link.conn.peer for link in links if link.conn.peer is not None]
-            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._adds.append(((channel, key, body, peers), future))
+            future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+            self._adds.append(([(channel, key, body, peers) for body in bodies], future))
             self._schedule()
-            message_id = await future  # kept on disk before it goes out
+            ids = await future  # kept on disk before it goes out
         else:
-            message_id = UNRELIABLE
-        message = Message(channel, key, body, message_id)
+            ids = [UNRELIABLE] * len(bodies)
         now = time.monotonic()
         for link in links:
-            link.conn.send(message, now)
-            link.flush()
-        return message_id
+            if link.conn.established:
+                items = [(raw_key, b, i) for b, i in zip(bodies, ids, strict=True)]
+                link.conn.send_many(channel, items, now)
+                link.soon()
+        return ids
 
     def _schedule(self) -> None:
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and self._commit is None:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """One store transaction for everything queued since the last one (group commit)."""
+        """One store transaction, in the committer thread, for everything queued since the last
+        one (group commit: what comes while it runs waits for the next)."""
         self._flush_scheduled = False
+        if self._commit is not None or not (self._adds or self._acks):
+            return
         adds, self._adds = self._adds, []
         acks, self._acks = self._acks, []
-        try:
-            ids = self.store.apply([row for row, _ in adds], acks)
-        except Exception as exc:
+        rows = [row for rows, _ in adds for row in rows]
+        loop = asyncio.get_running_loop()
+        self._commit = commit = asyncio.ensure_future(
+            loop.run_in_executor(self._committer, self.store.apply, rows, acks)
+        )
+        commit.add_done_callback(lambda _: self._committed(adds, commit))
+
+    def _committed(
+        self,
+        adds: list[tuple[list[tuple[str, str, bytes, list[uuid.UUID]]], asyncio.Future[list[int]]]],
+        commit: asyncio.Future[list[int]],
+    ) -> None:
+        self._commit = None
+        if commit.cancelled() or commit.exception() is not None:
+            exc = commit.exception() if not commit.cancelled() else asyncio.CancelledError()
+            assert exc is not None
             for _, future in adds:
                 if not future.done():
                     future.set_exception(exc)
-            return
-        for (_, future), message_id in zip(adds, ids, strict=True):
-            if not future.done():
-                future.set_result(message_id)
+        else:
+            ids, at = commit.result(), 0
+            for rows, future in adds:
+                if not future.done():
+                    future.set_result(ids[at : at + len(rows)])
+                at += len(rows)
+        if self._adds or self._acks:
+            self._schedule()
 
     def acked(self, message_id: int, peer: uuid.UUID) -> None:
         """Record an ack (with the next group commit: losing one only means a resend)."""
@@ -292,30 +404,38 @@ class Instance:
         """Every message received, as it comes (reliable ones possibly more than once). A
         reliable message is acked when the application asks for the next one (or stops
         reading): one it was handling when it died is resent."""
-        handled: tuple[_Link, int] | None = None
-
-        def ack() -> None:
-            nonlocal handled
-            if handled is not None:
-                link, message_id = handled
-                handled = None
-                if link.conn.established:
-                    link.conn.ack(message_id)
-                    link.flush()
-
+        handled: list[tuple[_Link, int]] = []
         try:
             while True:
-                ack()
-                delivery, link = await self._inbox.get()
+                _ack(handled)
+                ((delivery, link),) = await self._inbox.take(1)
                 if delivery.id != UNRELIABLE:
-                    handled = (link, delivery.id)
+                    handled.append((link, delivery.id))
                 yield delivery
         finally:  # the application stopped reading: it is done with the last one
-            ack()
+            _ack(handled)
+
+    async def batches(self, most: int = 1024) -> AsyncIterator[list[Delivery]]:
+        """:meth:`messages` a list at a time (up to ``most``, what has arrived): the reliable
+        ones of a list are acked together when the application asks for the next list (or
+        stops reading)."""
+        handled: list[tuple[_Link, int]] = []
+        try:
+            while True:
+                _ack(handled)
+                taken = await self._inbox.take(most)
+                handled += [(link, d.id) for d, link in taken if d.id != UNRELIABLE]
+                yield [delivery for delivery, _ in taken]
+        finally:
+            _ack(handled)
 
     async def close(self) -> None:
-        if self._adds or self._acks:
-            self._flush()
+        while self._commit is not None or self._adds or self._acks:  # what is queued is kept
+            if self._commit is None:
+                self._flush()
+            if self._commit is not None:
+                await asyncio.wait([self._commit])  # (after its done callback, added first)
+        self._committer.shutdown(wait=False)
         for server in self._servers:
             server.close()
         for link in list(self.links.values()):

@@ -8,13 +8,16 @@
 
 Every change is committed before it returns (``synchronous=FULL``, WAL), so what a caller was
 told is stored survives a crash of the process. :meth:`Store.apply` commits many new messages
-and acks in one transaction: the instance groups what arrives while the previous commit runs.
+and acks in one transaction: the instance runs it in a thread of its own (the event loop goes on
+meanwhile) and groups what arrives while the previous commit runs. A lock serialises the
+store's methods, so they may be called from any thread.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -36,10 +39,10 @@ def uuid7(now_ms: int | None = None) -> uuid.UUID:
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id INTEGER NOT NULL UNIQUE,
+    seq INTEGER PRIMARY KEY, id INTEGER NOT NULL UNIQUE,
     channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
-    id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote));
+    id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote)) WITHOUT ROWID;
 """
 
 
@@ -56,6 +59,8 @@ class Store:
         row = db.execute("SELECT value FROM meta WHERE name = 'next_id'").fetchone()
         self._next = int(row[0]) if row is not None else 0
         self._last_acked = 0
+        self._unacked = int(db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str) -> Store:
@@ -66,18 +71,25 @@ class Store:
         return cls(db)
 
     def close(self) -> None:
-        self.db.close()
+        with self._lock:
+            self.db.close()
 
-    def _take_id(self) -> int:
-        for _ in range(2**16):
-            candidate = self._next
-            self._next = (self._next + 1) % 2**32
-            if candidate == UNRELIABLE:
-                continue
-            if self.db.execute("SELECT 1 FROM outbox WHERE id = ?", (candidate,)).fetchone():
-                continue  # still awaiting acks after a wrap-around
-            return candidate
-        raise RuntimeError("no free reliable message id")
+    def _take_ids(self, n: int) -> list[int]:
+        """``n`` ids in turn, skipping 2**31-1 and those still awaiting acks after a
+        wrap-around (one range query per run of ids)."""
+        ids: list[int] = []
+        looked = 0
+        while len(ids) < n:
+            if looked > n + 2**16:
+                raise RuntimeError("no free reliable message id")
+            start = self._next
+            end = min(start + n - len(ids), 2**32)
+            used = {row[0] for row in self.db.execute(
+                "SELECT id FROM outbox WHERE id >= ? AND id < ?", (start, end))}  # fmt: skip
+            ids += [i for i in range(start, end) if i != UNRELIABLE and i not in used]
+            looked += end - start
+            self._next = end % 2**32
+        return ids
 
     def add(self, channel: str, key: str, body: bytes, remotes: Iterable[uuid.UUID]) -> int:
         """Keep a reliable message until every one of ``remotes`` acks it; its id."""
@@ -96,33 +108,43 @@ class Store:
     ) -> list[int]:
         """Several new messages and acks in one transaction (one fsync: group commit); the
         new messages' ids."""
-        ids = []
+        with self._lock:
+            return self._apply(adds, acks)
+
+    def _apply(
+        self,
+        adds: list[tuple[str, str, bytes, list[uuid.UUID]]],
+        acks: list[tuple[int, uuid.UUID]],
+    ) -> list[int]:
+        db = self.db
         self._last_acked = 0
         next_before = self._next
-        self.db.execute("BEGIN")  # (autocommit mode: the transaction is explicit)
+        unacked = self._unacked
+        db.execute("BEGIN")  # (autocommit mode: the transaction is explicit)
         try:
-            for channel, key, body, remotes in adds:
-                message_id = self._take_id()
-                ids.append(message_id)
-                if not remotes:
-                    continue  # nobody subscribed: nothing to keep
-                self.db.execute("INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
-                                (message_id, channel, key, body))  # fmt: skip
-                self.db.executemany("INSERT INTO pending VALUES (?, ?)",
-                                    [(message_id, r.bytes) for r in remotes])  # fmt: skip
+            ids = self._take_ids(len(adds)) if adds else []
+            kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
+            if kept:  # (a message nobody subscribed to is not kept)
+                db.executemany("INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
+                               [(i, c, k, b) for i, (c, k, b, _) in kept])  # fmt: skip
+                raw = {r: r.bytes for r in {r for add in adds for r in add[3]}}
+                db.executemany("INSERT INTO pending VALUES (?, ?)",
+                               [(i, raw[r]) for i, add in kept for r in add[3]])  # fmt: skip
+                unacked += len(kept)
             if adds:
-                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)",
-                                (self._next,))  # fmt: skip
-            for message_id, remote in acks:
-                cursor = self.db.execute("DELETE FROM pending WHERE id = ? AND remote = ?",
-                                         (message_id, remote.bytes))  # fmt: skip
-                if not cursor.rowcount:
-                    continue
-                self._last_acked += 1
-                left = self.db.execute("SELECT 1 FROM pending WHERE id = ?", (message_id,))
-                if left.fetchone() is None:
-                    self.db.execute("DELETE FROM outbox WHERE id = ?", (message_id,))
-            self.db.execute("COMMIT")
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
+            if acks:
+                raw = {r: r.bytes for r in {r for _, r in acks}}
+                cursor = db.executemany("DELETE FROM pending WHERE id = ? AND remote = ?",
+                                        [(i, raw[r]) for i, r in acks])  # fmt: skip
+                self._last_acked = max(0, cursor.rowcount)
+                cursor = db.executemany(
+                    "DELETE FROM outbox WHERE id = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM pending WHERE pending.id = outbox.id)",
+                    [(i,) for i in dict.fromkeys(i for i, _ in acks)])  # fmt: skip
+                unacked -= max(0, cursor.rowcount)
+            db.execute("COMMIT")
+            self._unacked = unacked
         except BaseException:
             self.db.execute("ROLLBACK")
             self._next = next_before
@@ -131,11 +153,13 @@ class Store:
 
     def pending_for(self, remote: uuid.UUID) -> list[tuple[int, str, str, bytes]]:
         """The messages ``remote`` has not acked, oldest first (to resend on reconnect)."""
-        rows = self.db.execute(
-            "SELECT o.id, o.channel, o.key, o.body FROM outbox o JOIN pending p ON o.id = p.id "
-            "WHERE p.remote = ? ORDER BY o.seq", (remote.bytes,),
-        ).fetchall()  # fmt: skip
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT o.id, o.channel, o.key, o.body FROM outbox o JOIN pending p "
+                "ON o.id = p.id WHERE p.remote = ? ORDER BY o.seq", (remote.bytes,),
+            ).fetchall()  # fmt: skip
         return [(int(i), str(c), str(k), bytes(b)) for i, c, k, b in rows]
 
     def unacked(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        """Messages kept until some remote acks them (counted in memory: no query)."""
+        return self._unacked

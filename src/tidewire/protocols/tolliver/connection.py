@@ -23,6 +23,7 @@ A breach by the peer closes the connection (Tolliver has no error message outsid
 from __future__ import annotations
 
 import enum
+import struct
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from ...model import LocalProtocolError, RemoteProtocolError
 from .codec import (
+    _ACK,
     CONTROL_CHANNEL,
     UNRELIABLE,
     Ack,
@@ -40,8 +42,10 @@ from .codec import (
     Limits,
     Message,
     SubscriptionEntry,
+    _check_name,
     encode,
     encode_entry,
+    encode_message,
     parse_entry,
 )
 
@@ -111,12 +115,6 @@ def matches(subscriptions: Iterable[tuple[str, str]], channel: str, key: str) ->
 
 
 @dataclass(slots=True)
-class _Outgoing:
-    frame: bytes
-    due: float
-
-
-@dataclass(slots=True)
 class Connection:
     role: Role
     instance: uuid.UUID
@@ -133,8 +131,9 @@ class Connection:
     _decoder: Decoder = field(init=False)
     _out: bytearray = field(default_factory=bytearray)
     _events: deque[Event] = field(default_factory=deque)
-    # in order of due time (a resend moves an entry to the end): the first is the next due
-    _unacked: OrderedDict[int, _Outgoing] = field(default_factory=OrderedDict)
+    # id -> (frame, due), in order of due time (a resend moves an entry to the end): the first
+    # is the next due
+    _unacked: OrderedDict[int, tuple[bytes, float]] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self._decoder = Decoder(self.limits)
@@ -171,13 +170,35 @@ class Connection:
         self._send(message, now)
 
     def _send(self, message: Message, now: float) -> None:
-        if not self.established:
+        if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before the handshake completes")
         frame = bytes(encode(message))
         self._out += frame
-        if message.reliable:
-            self._unacked[message.id] = _Outgoing(frame, now + self.resend_interval)
-            self._unacked.move_to_end(message.id)
+        if message.id != UNRELIABLE:
+            self._unacked.pop(message.id, None)
+            self._unacked[message.id] = (frame, now + self.resend_interval)
+
+    def send_many(
+        self, channel: str, messages: Iterable[tuple[bytes, bytes, int]], now: float
+    ) -> None:
+        """Send many application messages on ``channel``, each ``(key, body, id)`` with the key
+        already UTF-8 (the bulk path: no :class:`Message` objects; an invalid key is the
+        caller's error and breaks the peer's decoder)."""
+        if channel == CONTROL_CHANNEL:
+            raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
+        if self.state is not _State.OPEN:
+            raise LocalProtocolError("no message before the handshake completes")
+        raw = _check_name("channel", channel)
+        due = now + self.resend_interval
+        out, unacked = self._out, self._unacked
+        frames = []
+        for key, body, message_id in messages:
+            frame = encode_message(raw, key, body, message_id)
+            frames.append(frame)
+            if message_id != UNRELIABLE:
+                unacked.pop(message_id, None)
+                unacked[message_id] = (frame, due)
+        out += b"".join(frames)
 
     def subscribe(self, channel: str, key: str = "", *, op: int = 0) -> None:
         """Change this side's subscriptions; told to the peer now if established (else in the
@@ -198,9 +219,16 @@ class Connection:
 
     def ack(self, message_id: int) -> None:
         """Ack a reliable message received (with ``auto_ack=False``: once it is safe)."""
-        if not self.established:
+        self.ack_many((message_id,))
+
+    def ack_many(self, message_ids: Iterable[int]) -> None:
+        """:meth:`ack` of each of ``message_ids``, in order."""
+        if self.state is not _State.OPEN:
             raise LocalProtocolError("no ack before the handshake completes")
-        encode(Ack(message_id), self._out)
+        try:
+            self._out += b"".join([_ACK.pack(4, message_id) for message_id in message_ids])
+        except struct.error:
+            raise LocalProtocolError("an ack's id is a u32") from None
 
     def unacked(self) -> list[int]:
         return sorted(self._unacked)
@@ -211,21 +239,21 @@ class Connection:
         """When :meth:`handle_timer` has something to resend (``None``: nothing)."""
         if not self._unacked or not self.established:
             return None
-        return next(iter(self._unacked.values())).due
+        return next(iter(self._unacked.values()))[1]
 
     def handle_timer(self, now: float) -> None:
         """Resend every reliable message still unacked whose time has come."""
         if not self.established:
             return
         due = []
-        for message_id, outgoing in self._unacked.items():
-            if outgoing.due > now:
+        for message_id, (frame, when) in self._unacked.items():
+            if when > now:
                 break
-            due.append(message_id)
-        for message_id in due:
-            outgoing = self._unacked[message_id]
-            self._out += outgoing.frame
-            outgoing.due = now + self.resend_interval
+            due.append((message_id, frame))
+        later = now + self.resend_interval
+        for message_id, frame in due:
+            self._out += frame
+            self._unacked[message_id] = (frame, later)
             self._unacked.move_to_end(message_id)
 
     # ------------------------------------------------------------------ input
@@ -242,15 +270,26 @@ class Connection:
             self._close(str(exc), error=True)
 
     def next_event(self) -> Event | None:
-        while not self._events and not self.closed:
+        events, decoder, unacked = self._events, self._decoder, self._unacked
+        while not events and self.state is not _State.CLOSED:
             try:
-                frame = self._decoder.next_frame()
+                frame = decoder.next_frame()
                 if frame is None:
                     break
+                # the hot paths first: messages and acks on an open connection
+                if self.state is _State.OPEN:
+                    if isinstance(frame, Message) and frame.channel != CONTROL_CHANNEL:
+                        if self.auto_ack and frame.id != UNRELIABLE:
+                            self._out += _ACK.pack(4, frame.id)
+                        return Received(frame)
+                    if isinstance(frame, Ack):
+                        if unacked.pop(frame.id, None) is not None:
+                            return Acked(frame.id)
+                        continue  # an ack for an id not awaited: ignored
                 self._receive(frame)
             except RemoteProtocolError as exc:
                 self._close(f"protocol error: {exc}", error=True)
-        return self._events.popleft() if self._events else None
+        return events.popleft() if events else None
 
     def _close(self, reason: str, *, error: bool) -> None:
         if self.state is not _State.CLOSED:
