@@ -3,6 +3,7 @@ messages kept (on disk) until every subscribed remote acked them, ids never 2**3
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -65,3 +66,74 @@ def test_ids_skip_the_unreliable_marker_and_wrap(tmp_path: Path) -> None:
     store._next = 2**32 - 1
     assert [store.add("c", "", b"y", [a]) for _ in range(2)] == [2**32 - 1, 0]
     store.close()
+
+
+# The schema of the first release (git history): outbox.seq AUTOINCREMENT, pending with a rowid.
+OLD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id INTEGER NOT NULL UNIQUE,
+    channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS pending (
+    id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote));
+"""
+
+
+def test_a_file_with_the_old_schema_opens_as_it_is_and_works(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    instance, a, b = uuid7(), uuid7(), uuid7()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(OLD_SCHEMA)
+    with db:
+        db.execute("INSERT INTO meta VALUES ('instance', ?)", (instance.bytes,))
+        db.execute("INSERT INTO meta VALUES ('next_id', ?)", (10,))
+        db.executemany(
+            "INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
+            [(7, "c", "", b"seven"), (9, "c", "k", b"nine"), (8, "d", "", b"eight")],
+        )
+        db.executemany(
+            "INSERT INTO pending VALUES (?, ?)",
+            [(7, a.bytes), (9, a.bytes), (9, b.bytes), (8, b.bytes)],
+        )
+    db.close()
+
+    def count(store: Store) -> int:
+        return int(store.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+
+    store = Store.open(path)
+    assert store.instance == instance
+    assert store.unacked() == count(store) == 3
+    seven, eight, nine = (7, "c", "", b"seven"), (8, "d", "", b"eight"), (9, "c", "k", b"nine")
+    assert store.pending_for(a) == [seven, nine]
+    assert store.pending_for(b) == [nine, eight]  # in the order stored, not by id
+    ids = store.apply([("c", "", b"ten", [a, b]), ("e", "", b"eleven", [b])], [(7, a), (9, b)])
+    assert ids == [10, 11]  # the stored counter goes on
+    assert store.unacked() == count(store) == 4
+    assert store.ack(9, a)
+    assert store.unacked() == count(store) == 3
+    store.close()
+    db = sqlite3.connect(path)
+    tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    db.close()
+    assert "AUTOINCREMENT" in tables["outbox"]  # kept as it was
+    assert "WITHOUT ROWID" not in tables["pending"]
+    store = Store.open(path)
+    assert store.unacked() == count(store) == 3
+    ten, eleven = (10, "c", "", b"ten"), (11, "e", "", b"eleven")
+    assert store.pending_for(a) == [ten]
+    assert store.pending_for(b) == [eight, ten, eleven]
+    assert store.add("c", "", b"twelve", [a]) == 12
+    store.apply([], [(10, a), (10, b), (8, b), (11, b), (12, a)])
+    assert store.unacked() == count(store) == 0
+    store.close()
+
+
+def test_a_new_file_has_the_new_schema(tmp_path: Path) -> None:
+    path = str(tmp_path / "new.db")
+    Store.open(path).close()
+    db = sqlite3.connect(path)
+    tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    db.close()
+    assert "AUTOINCREMENT" not in tables["outbox"]
+    assert "WITHOUT ROWID" in tables["pending"]

@@ -126,6 +126,7 @@ class _Link(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # when it fires (time.monotonic())
         self._flush_soon = False
+        self.lost = False  # the connection is gone: nothing to resend on it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -149,8 +150,10 @@ class _Link(asyncio.Protocol):
             self.ready.set_exception(ConnectionError(f"connection lost: {exc}"))
             self.instance._handshake_done()
         self.instance._forget(self)
+        self.lost = True
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
 
     def flush(self) -> None:
         self._flush_soon = False
@@ -167,7 +170,7 @@ class _Link(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self.flush)
 
     def _arm(self) -> None:
-        deadline = self.conn.next_deadline()
+        deadline = None if self.lost else self.conn.next_deadline()
         if self._timer is not None and (deadline is None or deadline < self._timer_at):
             self._timer.cancel()
             self._timer = None
@@ -325,6 +328,9 @@ class Instance:
             self._adds.append(([(channel, key, body, peers) for body in bodies], future))
             self._schedule()
             ids = await future  # kept on disk before it goes out
+            # on the remotes' connections as they are now: one that reconnected meanwhile
+            # asked the store for its pending messages before these were in it
+            links = [link for peer in peers if (link := self.links.get(peer)) is not None]
         else:
             ids = [UNRELIABLE] * len(bodies)
         now = time.monotonic()

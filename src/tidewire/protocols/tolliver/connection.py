@@ -189,16 +189,16 @@ class Connection:
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before the handshake completes")
         raw = _check_name("channel", channel)
+        # every frame first: one refused leaves nothing written and nothing awaiting an ack
+        encoded = [(message_id, encode_message(raw, key, body, message_id))
+                   for key, body, message_id in messages]  # fmt: skip
         due = now + self.resend_interval
-        out, unacked = self._out, self._unacked
-        frames = []
-        for key, body, message_id in messages:
-            frame = encode_message(raw, key, body, message_id)
-            frames.append(frame)
+        unacked = self._unacked
+        for message_id, frame in encoded:
             if message_id != UNRELIABLE:
                 unacked.pop(message_id, None)
                 unacked[message_id] = (frame, due)
-        out += b"".join(frames)
+        self._out += b"".join([frame for _, frame in encoded])
 
     def subscribe(self, channel: str, key: str = "", *, op: int = 0) -> None:
         """Change this side's subscriptions; told to the peer now if established (else in the
