@@ -1,5 +1,5 @@
-"""The hub's aiohttp application. For now the admin endpoints; RS.io over HTTP and Tube mount
-here in later releases.
+"""The hub's aiohttp application: the admin endpoints and RS.io over HTTP (``/rsio/...``,
+:mod:`.rsio_http`); Tube mounts here in a later release.
 
 aiohttp is the library for HTTP and WebSocket, server and client, throughout tidewire.
 
@@ -17,10 +17,12 @@ from aiohttp import web
 
 from ..hub import Hub
 from ..hub.hub import RESERVED_PREFIX
+from .rsio_http import HttpSettings, RsioHttp
 
-__all__ = ["HUB_KEY", "build_app"]
+__all__ = ["HUB_KEY", "RSIO_HTTP_KEY", "build_app"]
 
 HUB_KEY = web.AppKey("hub", Hub)
+RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -34,9 +36,11 @@ async def _streams(request: web.Request) -> web.Response:
                               if internal or not s.name.startswith(RESERVED_PREFIX)])  # fmt: skip
 
 
-def build_app(hub: Hub) -> web.Application:
+def build_app(hub: Hub, rsio_http: HttpSettings | None = None) -> web.Application:
     app = web.Application(client_max_size=1024 * 1024)
     app[HUB_KEY] = hub
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/streams", _streams)
+    app[RSIO_HTTP_KEY] = subscriptions = RsioHttp(hub, rsio_http)
+    subscriptions.add_routes(app)
     return app

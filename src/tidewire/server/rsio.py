@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
@@ -60,6 +59,7 @@ from ..protocols.rsio.publisher import (
     decode_envelopes,
     envelope_frames,
     envelope_parts,
+    fixed_size_values,
 )
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
@@ -536,16 +536,8 @@ class RsioServerProtocol(asyncio.Protocol):
 
     def _send_batch(self, subscriber: int, batch: Batch, name: PublisherName) -> None:
         if name.size:
-            n, size = len(batch), name.size
-            base = batch.value_offsets[0]
-            if batch.values.nbytes != n * size or (  # then every offset fits in 32 bits
-                batch.value_offsets.tobytes()
-                != array("I", range(base, base + n * size + 1, size)).tobytes()  # no loop
-            ):
-                raise TidewireError(
-                    f"stream {batch.stream!r} holds a value that is not {size} bytes"
-                )
-            self.conn.send(OnNextPacked(subscriber, n, bytes(batch.values)))
+            packed = fixed_size_values(batch, name.size)
+            self.conn.send(OnNextPacked(subscriber, len(batch), bytes(packed)))
         elif name.format == "records":  # one log record per batch (docs/log.md)
             self.conn.send_elements(subscriber, [memoryview(encode_record(batch).data)])
         elif name.format == "value":

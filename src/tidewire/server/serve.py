@@ -22,6 +22,7 @@ from ..protocols.rsio import Limits
 from ..protocols.seguro import Limits as SeguroLimits
 from .app import build_app
 from .rsio import RsioServer, RsioSettings, start_rsio_server
+from .rsio_http import HttpSettings
 from .seguro import SeguroServer, start_seguro_server
 from .tolliver import TolliverServer, start_tolliver_server
 
@@ -66,7 +67,8 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         await hub.start()
-        runner = web.AppRunner(build_app(hub), access_log=None, handle_signals=False)
+        runner = web.AppRunner(build_app(hub, http_settings(config)), access_log=None,
+                               handle_signals=False)  # fmt: skip
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
         await site.start()
@@ -85,6 +87,8 @@ async def serve(
             Endpoint("seguro", f"seguro://{config.host}:{seguro.port}", "Seguro (event log)"),
             Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
             Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
+            Endpoint("http", f"http://{config.host}:{port}/rsio/pub/<stream>",
+                     "RS.io over HTTP (PUT)"),
         ]
         streams = hub.log.streams()
         print(
@@ -141,6 +145,17 @@ def run_server(config: ServerConfig) -> None:
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(serve(config))
+
+
+def http_settings(config: ServerConfig) -> HttpSettings:
+    """RS.io over HTTP's bounds from the ``http.*`` settings."""
+    v = config.values
+    return HttpSettings(
+        poll_seconds=float(v["http.poll_seconds"]),
+        idle_seconds=float(v["http.idle_seconds"]),
+        max_subscriptions=int(v["http.max_subscriptions"]),
+        max_response_bytes=int(v["http.max_response_bytes"]),
+    )
 
 
 def rsio_settings(config: ServerConfig) -> RsioSettings:

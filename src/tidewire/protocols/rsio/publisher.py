@@ -55,6 +55,7 @@ __all__ = [
     "envelope_parts",
     "envelope_run_decoder",
     "envelopes_to_batch",
+    "fixed_size_values",
 ]
 
 Format = Literal["envelope", "value", "records"]
@@ -525,6 +526,19 @@ def _envelope_frames_to_batch(
         return _columns_to_batch(stream, ids, stamps, values, keyed), pos, count
     except (ValueError, TidewireError):
         return None, start, 0  # decoded frame by frame instead, where it is reported
+
+
+def fixed_size_values(batch: Batch, size: int) -> memoryview:
+    """``batch``'s values back to back, each checked to be ``size`` bytes (one comparison of
+    the offsets, no loop per event); :class:`TidewireError` when one is not."""
+    n = len(batch)
+    base = batch.value_offsets[0]
+    if batch.values.nbytes != n * size or (  # (then every offset below fits in 32 bits)
+        batch.value_offsets.tobytes()
+        != array("I", range(base, base + n * size + 1, size)).tobytes()
+    ):
+        raise TidewireError(f"stream {batch.stream!r} holds a value that is not {size} bytes")
+    return batch.values
 
 
 def envelope_parts(batch: Batch) -> tuple[list[bytes], list[memoryview]]:

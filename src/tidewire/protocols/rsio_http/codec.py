@@ -1,0 +1,148 @@
+"""RS.io over HTTP (seed 002 and shared/seeds/README.md): the parts that are bytes and strings,
+with no HTTP library: the query's ``request`` argument, demand, and the two batched bodies.
+
+* ``X-Rsio-LengthPrefixedElements``: ``[length u32 BE][element]...``
+* ``X-Rsio-FixedSizeElements``: ``[N u32 BE][element of N bytes]...``
+
+A response without ``Content-Encoding`` is one element, its body as it is.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Sequence
+
+from ...model import RemoteProtocolError
+
+__all__ = [
+    "ERROR_HEADER",
+    "FIXED_SIZE",
+    "LENGTH_PREFIXED",
+    "MAX_DEMAND",
+    "SEQUENCE_HEADER",
+    "BadRequest",
+    "decode_body",
+    "decode_fixed_size",
+    "decode_length_prefixed",
+    "encode_fixed_size",
+    "encode_length_prefixed",
+    "length_prefixed_values",
+    "parse_count",
+    "split_query",
+]
+
+LENGTH_PREFIXED = "X-Rsio-LengthPrefixedElements"
+FIXED_SIZE = "X-Rsio-FixedSizeElements"
+ERROR_HEADER = "X-Rsio-Error"
+# tidewire's own (a **decision**, docs/protocols/rsio-http.md): the sequence number (from 0) on
+# this subscription of a response's first element, so that a client drops what it got twice
+SEQUENCE_HEADER = "X-Tidewire-Sequence"
+MAX_DEMAND = 2**63 - 1  # Reactive Streams: a Long; demand saturates here
+
+_U32 = struct.Struct(">I")
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+class BadRequest(ValueError):
+    """A request that does not parse (answered 400)."""
+
+
+def parse_count(text: str, what: str = "request") -> int:
+    """A demand count: decimal digits only, 0 to 2**63-1."""
+    if not _DIGITS.fullmatch(text):
+        raise BadRequest(f"{what}={text[:40]!r}: not a count (decimal digits, 0 to 2^63-1)")
+    value = int(text)
+    if value > MAX_DEMAND:
+        raise BadRequest(f"{what}={text}: over 2^63-1")
+    return value
+
+
+def split_query(raw_query: str) -> tuple[str, int]:
+    """``raw_query`` (still percent-encoded) without its ``request`` argument, and that
+    argument's value (0 when absent). Every argument must be ``name=value`` (the seed)."""
+    kept = []
+    demand: int | None = None
+    for param in raw_query.split("&") if raw_query else ():
+        name, eq, value = param.partition("=")
+        if not eq or not name:
+            raise BadRequest(f"the query argument {param[:40]!r} is not name=value")
+        if name == "request":
+            if demand is not None:
+                raise BadRequest("request= given twice")
+            demand = parse_count(value)
+        else:
+            kept.append(param)
+    return "&".join(kept), demand or 0
+
+
+def encode_length_prefixed(elements: Sequence[bytes | bytearray | memoryview]) -> bytes:
+    parts: list[bytes | bytearray | memoryview] = []
+    for element in elements:
+        parts.append(_U32.pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def length_prefixed_values(values: memoryview, offsets: memoryview) -> bytes:
+    """The length-prefixed body of the values ``values`` cut at ``offsets`` (a batch's value
+    columns: ``n + 1`` offsets, possibly starting above 0), without one object per value."""
+    base = offsets[0]
+    bounds = offsets.tolist()
+    pack = _U32.pack
+    parts: list[bytes | memoryview] = []
+    append = parts.append
+    start = bounds[0]
+    for end in bounds[1:]:
+        append(pack(end - start))
+        append(values[start - base : end - base])
+        start = end
+    return b"".join(parts)
+
+
+def encode_fixed_size(size: int, packed: bytes | bytearray | memoryview) -> bytes:
+    """``packed``: whole elements of ``size`` bytes each, back to back."""
+    if size < 1 or len(packed) % size:
+        raise ValueError(f"{len(packed)} bytes are not whole elements of {size}")
+    return _U32.pack(size) + bytes(packed)
+
+
+def decode_length_prefixed(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+    view = memoryview(body)
+    out: list[bytes] = []
+    pos, end = 0, len(body)
+    while pos < end:
+        if end - pos < 4:
+            raise RemoteProtocolError("a length-prefixed body cut inside a length")
+        (size,) = _U32.unpack_from(body, pos)
+        pos += 4
+        if end - pos < size:
+            raise RemoteProtocolError(f"a length-prefixed element of {size} bytes cut short")
+        out.append(bytes(view[pos : pos + size]))
+        pos += size
+        if len(out) > max_elements:
+            raise RemoteProtocolError(f"more than {max_elements} elements in one body")
+    return out
+
+
+def decode_fixed_size(body: bytes) -> tuple[int, memoryview]:
+    """``(N, packed)``: the element size and the elements back to back."""
+    if len(body) < 4:
+        raise RemoteProtocolError("a fixed-size body without its size")
+    (size,) = _U32.unpack_from(body, 0)
+    packed = memoryview(body)[4:]
+    if size == 0 or len(packed) % size:
+        raise RemoteProtocolError(f"{len(packed)} bytes are not whole elements of {size}")
+    return size, packed
+
+
+def decode_body(content_encoding: str | None, body: bytes) -> list[bytes]:
+    """The elements of a 200 response (one, when it has no ``Content-Encoding``)."""
+    if not content_encoding:
+        return [body]
+    if content_encoding.lower() == LENGTH_PREFIXED.lower():
+        return decode_length_prefixed(body)
+    if content_encoding.lower() == FIXED_SIZE.lower():
+        size, packed = decode_fixed_size(body)
+        return [bytes(packed[i : i + size]) for i in range(0, len(packed), size)]
+    raise RemoteProtocolError(f"unknown Content-Encoding {content_encoding!r}")
