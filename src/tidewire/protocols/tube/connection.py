@@ -1,0 +1,337 @@
+"""One Tube connection, sans-IO (seed 001 and shared/seeds/README.md): WebSocket message
+payloads in (:meth:`Connection.receive_message`), events out (:meth:`Connection.next_event`),
+payloads to send out (:meth:`Connection.messages_to_send`); time is an argument (``now``).
+
+* **Fragment sizes.** The client sends its fragment size first; the server answers with its own
+  once it has read the client's. Each side splits what it sends so that every WebSocket message
+  is at most the size the *peer* asked for (0: do not split); the header shares the first
+  message with the first fragment, and counts against its size.
+* **Two readings of a header.** A WebSocket message that holds a data header and nothing after
+  it starts a message whose first fragment is the *next* WebSocket message (the seed's literal
+  reading); one with bytes after the header carries the first fragment (the README's reading).
+  This side sends an empty message as a header alone followed by an empty fragment, so that
+  both readings agree on everything it sends (**decision**, docs/protocols/tube.md).
+* **Limits.** A message over ``max_message_bytes`` is refused as soon as that is known: at its
+  header when ``count`` fragments of this side's fragment size cannot fit, else when the bytes
+  received pass it; a deflated message is inflated at most to the limit. A breach closes the
+  connection (Tube has no error message): :class:`Closed` with a WebSocket close code.
+* **Compression.** ``"never"``, ``"always"`` or ``"smart"`` (deflate only when the message is at
+  least 256 bytes and shrinks by an eighth). A compressed message with an id this side does not
+  support is answered with control code ``8 + id`` and dropped; when the peer says it does not
+  support deflate, this side stops compressing.
+* **Keepalive.** With ``keepalive=N``, a ping goes out after N seconds without sending anything,
+  and a peer silent for 3N seconds is closed (:meth:`next_deadline`, :meth:`handle_timer`).
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ...model import LocalProtocolError, RemoteProtocolError
+from .codec import (
+    CODE_DEFLATE,
+    CODE_PING,
+    CODE_PLAIN,
+    CODE_PONG,
+    MAX_FRAGMENTS,
+    encode_header,
+    pull_varint,
+    push_varint,
+    split_header,
+)
+
+__all__ = [
+    "Closed",
+    "CompressionRefused",
+    "Connection",
+    "Established",
+    "Event",
+    "Limits",
+    "MessageReceived",
+    "Ping",
+    "Pong",
+    "Role",
+]
+
+CLOSE_PROTOCOL_ERROR = 1002  # WebSocket close codes (RFC 6455 7.4.1)
+CLOSE_TOO_BIG = 1009
+CLOSE_GOING_AWAY = 1001
+SMART_MIN_BYTES = 256
+
+
+class Role(enum.Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class _State(enum.Enum):
+    AWAIT_SIZE = "await_size"  # the peer's fragment size has not come yet
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_message_bytes: int = 128 * 1024 * 1024
+    max_fragments: int = MAX_FRAGMENTS
+
+
+@dataclass(frozen=True, slots=True)
+class Established:
+    peer_fragment_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    data: bytes
+    compressed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionRefused:
+    """The peer does not support ``compression_id`` (and dropped a message that used it)."""
+
+    compression_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    reason: str
+    code: int  # the WebSocket close code to send (1000 normal, 1002 breach, 1009 too big)
+    error: bool
+
+
+Event = Established | MessageReceived | Ping | Pong | CompressionRefused | Closed
+
+
+@dataclass(slots=True)
+class _Incoming:
+    code: int
+    count: int
+    received: int = 0
+    size: int = 0
+    parts: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Connection:
+    role: Role
+    fragment_size: int = 0  # what this side asks the peer to split at (0: no splitting)
+    limits: Limits = field(default_factory=Limits)
+    compression: Literal["never", "always", "smart"] = "smart"
+    keepalive: float | None = None  # seconds
+    now: float = 0.0  # when the connection started
+    state: _State = _State.AWAIT_SIZE
+    peer_fragment_size: int | None = None
+    _out: list[bytes] = field(default_factory=list)
+    _events: deque[Event] = field(default_factory=deque)
+    _incoming: _Incoming | None = None
+    _literal: bool = False  # a header came alone: its first fragment is the next message
+    _last_sent: float = 0.0
+    _last_received: float = 0.0
+    _deflate_ok: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.fragment_size < 2**31:
+            raise LocalProtocolError("a fragment size is 0 to 2**31-1")
+        if self.fragment_size and self.fragment_size < 8:
+            raise LocalProtocolError("a fragment size below 8 bytes cannot hold a header")
+        self._last_sent = self._last_received = self.now
+        if self.role is Role.CLIENT:  # the client speaks first (the seed)
+            self._queue(push_varint(self.fragment_size), self.now)
+
+    # ------------------------------------------------------------------ output
+
+    def messages_to_send(self) -> list[bytes]:
+        out, self._out = self._out, []
+        return out
+
+    def _queue(self, payload: bytes, now: float) -> None:
+        self._out.append(payload)
+        self._last_sent = now
+
+    @property
+    def established(self) -> bool:
+        return self.state is _State.OPEN
+
+    def send(self, data: bytes | bytearray | memoryview, now: float, *,
+             compress: bool | None = None) -> None:  # fmt: skip
+        """Send one message (compressed per :attr:`compression` unless ``compress`` says)."""
+        if self.state is not _State.OPEN:
+            raise LocalProtocolError("no message before both fragment sizes are exchanged")
+        payload = bytes(data)
+        code = CODE_PLAIN
+        smart = compress is None and self.compression == "smart"
+        if compress is None:
+            compress = self.compression == "always" or (smart and len(payload) >= SMART_MIN_BYTES)
+        if compress and self._deflate_ok:
+            packed = zlib.compress(payload, 6)
+            if not smart or len(packed) <= len(payload) - len(payload) // 8:  # smart: if it pays
+                payload, code = packed, CODE_DEFLATE
+        self._send_fragments(code, payload, now)
+
+    def _send_fragments(self, code: int, payload: bytes, now: float) -> None:
+        size = self.peer_fragment_size or 0
+        if not payload:  # header alone, then an empty fragment: both readings agree
+            self._queue(encode_header(code, 1), now)
+            self._queue(b"", now)
+            return
+        if not size or len(payload) + 1 <= size:
+            self._queue(encode_header(code, 1) + payload, now)
+            return
+        # The first fragment shares its WebSocket message with the header; find the count
+        # whose header leaves room for a first fragment of the right length.
+        count = 1
+        while True:
+            head = len(encode_header(code, count if count > 1 else 1))
+            first = size - head
+            rest = len(payload) - first
+            needed = 1 + -(-rest // size) if rest > 0 else 1
+            if needed == count:
+                break
+            count = needed
+            if count > MAX_FRAGMENTS:
+                raise LocalProtocolError("a message needs more than 2**31-1 fragments")
+        self._queue(encode_header(code, count) + payload[:first], now)
+        for start in range(first, len(payload), size):
+            self._queue(payload[start : start + size], now)
+
+    def ping(self, now: float) -> None:
+        if self.state is not _State.OPEN:
+            raise LocalProtocolError("no ping before both fragment sizes are exchanged")
+        self._queue(encode_header(CODE_PING, 0), now)
+
+    def close(self, reason: str = "closed", code: int = 1000) -> None:
+        """This side ends the connection (the adapter closes the WebSocket with ``code``)."""
+        self._close(reason, code, error=False)
+
+    # ------------------------------------------------------------------ time
+
+    def next_deadline(self) -> float | None:
+        if self.keepalive is None or self.state is _State.CLOSED:
+            return None
+        return min(self._last_sent + self.keepalive, self._last_received + 3 * self.keepalive)
+
+    def handle_timer(self, now: float) -> None:
+        if self.keepalive is None or self.state is _State.CLOSED:
+            return
+        if now >= self._last_received + 3 * self.keepalive:
+            self._close(f"the peer was silent for {now - self._last_received:.1f} s",
+                        CLOSE_GOING_AWAY, error=True)  # fmt: skip
+        elif now >= self._last_sent + self.keepalive and self.state is _State.OPEN:
+            self.ping(now)
+
+    # ------------------------------------------------------------------ input
+
+    def receive_message(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """One WebSocket message's payload from the peer."""
+        if self.state is _State.CLOSED:
+            return
+        self._last_received = now
+        try:
+            self._receive(memoryview(data), now)
+        except RemoteProtocolError as exc:
+            code = CLOSE_TOO_BIG if "over" in str(exc) and "bytes" in str(exc) else (
+                CLOSE_PROTOCOL_ERROR)  # fmt: skip
+            self._close(f"protocol error: {exc}", code, error=True)
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    def _close(self, reason: str, code: int, *, error: bool) -> None:
+        if self.state is not _State.CLOSED:
+            self.state = _State.CLOSED
+            self._incoming = None
+            self._events.append(Closed(reason, code, error))
+
+    def _receive(self, data: memoryview, now: float) -> None:
+        if self.state is _State.AWAIT_SIZE:
+            size, end = pull_varint(data, 0)
+            if end != len(data):
+                raise RemoteProtocolError("bytes after the fragment-size request")
+            if size < 0:
+                raise RemoteProtocolError(f"a negative fragment size ({size})")
+            self.peer_fragment_size = size
+            if self.role is Role.SERVER:  # answered once the client's has been read
+                self._queue(push_varint(self.fragment_size), now)
+            self.state = _State.OPEN
+            self._events.append(Established(size))
+            return
+        incoming = self._incoming
+        if incoming is not None:  # a further fragment (or, after a lone header, the first)
+            self._literal = False
+            self._fragment(incoming, data)
+            return
+        code, count, offset = split_header(data)
+        if code >= 8:
+            self._control(code, now)
+            return
+        limits = self.limits
+        if count > limits.max_fragments:
+            raise RemoteProtocolError(f"{count} fragments, over {limits.max_fragments}")
+        if self.fragment_size and (count - 1) * self.fragment_size > limits.max_message_bytes:
+            raise RemoteProtocolError(f"a message of {count} fragments of up to "
+                                      f"{self.fragment_size} bytes: over "
+                                      f"{limits.max_message_bytes} bytes")  # fmt: skip
+        incoming = _Incoming(code, count)
+        self._incoming = incoming
+        if offset == len(data):  # the header alone: the first fragment is the next message
+            self._literal = True
+            return
+        self._fragment(incoming, data[offset:])
+
+    def _fragment(self, incoming: _Incoming, data: memoryview) -> None:
+        incoming.received += 1
+        incoming.size += len(data)
+        if incoming.size > self.limits.max_message_bytes:
+            raise RemoteProtocolError(f"a message over {self.limits.max_message_bytes} bytes")
+        incoming.parts.append(bytes(data))
+        if incoming.received < incoming.count:
+            return
+        self._incoming = None
+        payload = b"".join(incoming.parts)
+        if incoming.code == CODE_PLAIN:
+            self._events.append(MessageReceived(payload, False))
+        elif incoming.code == CODE_DEFLATE:
+            self._events.append(MessageReceived(self._inflate(payload), True))
+        else:  # a compression this side does not know: say so, drop the message (README)
+            self._queue(encode_header(8 + incoming.code, 0), self._last_received)
+
+    def _inflate(self, payload: bytes) -> bytes:
+        limit = self.limits.max_message_bytes
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(payload, limit + 1)
+        except zlib.error as exc:
+            raise RemoteProtocolError(f"a deflated message that does not inflate: {exc}") from None
+        if len(data) > limit or inflater.unconsumed_tail:
+            raise RemoteProtocolError(f"a deflated message inflating over {limit} bytes")
+        if not inflater.eof:
+            raise RemoteProtocolError("a deflated message cut short")
+        return data
+
+    def _control(self, code: int, now: float) -> None:
+        if code == CODE_PING:
+            self._queue(encode_header(CODE_PONG, 0), now)  # at once (README)
+            self._events.append(Ping())
+        elif code == CODE_PONG:
+            self._events.append(Pong())
+        elif 9 <= code <= 15:
+            if code == 8 + CODE_DEFLATE:
+                self._deflate_ok = False
+            self._events.append(CompressionRefused(code - 8))
+        # 8 (unused) and 18-31 (reserved): ignored (**decision**)
