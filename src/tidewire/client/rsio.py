@@ -19,7 +19,7 @@ import json
 from collections import deque
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import quote, urlsplit
 
 from ..log.record import decode_body, parse_header
@@ -52,7 +52,16 @@ from ..protocols.rsio.publisher import (
     envelopes_to_batch,
 )
 
-__all__ = ["Publisher", "Receipt", "RsioClient", "RsioError", "Values", "connect"]
+__all__ = [
+    "ByteReader",
+    "ByteWriter",
+    "Publisher",
+    "Receipt",
+    "RsioClient",
+    "RsioError",
+    "Values",
+    "connect",
+]
 
 
 class RsioError(TidewireError):
@@ -106,10 +115,27 @@ class _Inbox:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class ByteReader(Protocol):
+    """Where the client reads the hub's bytes: an ``asyncio.StreamReader`` over TCP, or the
+    messages of a Tube connection (``tidewire.client.tube``); ``b""`` at the end."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    """Where the client writes: an ``asyncio.StreamWriter``, or a Tube connection."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 class RsioClient:
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, reader: ByteReader, writer: ByteWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.conn = Connection(Role.CLIENT, extensions=(EXT_PUBLISH,), runs=True)

@@ -1,5 +1,5 @@
-"""The hub's aiohttp application: the admin endpoints and RS.io over HTTP (``/rsio/...``,
-:mod:`.rsio_http`); Tube mounts here in a later release.
+"""The hub's aiohttp application: the admin endpoints, RS.io over HTTP (``/rsio/...``,
+:mod:`.rsio_http`) and Tube over WebSocket carrying RS.io (``/tube``, :mod:`.tube`).
 
 aiohttp is the library for HTTP and WebSocket, server and client, throughout tidewire.
 
@@ -17,12 +17,15 @@ from aiohttp import web
 
 from ..hub import Hub
 from ..hub.hub import RESERVED_PREFIX
+from .rsio import RsioServerProtocol, RsioSettings
 from .rsio_http import HttpSettings, RsioHttp
+from .tube import TubeSettings, add_tube_route
 
-__all__ = ["HUB_KEY", "RSIO_HTTP_KEY", "build_app"]
+__all__ = ["HUB_KEY", "RSIO_HTTP_KEY", "TUBE_CONNECTIONS_KEY", "build_app"]
 
 HUB_KEY = web.AppKey("hub", Hub)
 RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
+TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioServerProtocol])
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -36,11 +39,21 @@ async def _streams(request: web.Request) -> web.Response:
                               if internal or not s.name.startswith(RESERVED_PREFIX)])  # fmt: skip
 
 
-def build_app(hub: Hub, rsio_http: HttpSettings | None = None) -> web.Application:
+def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSettings | None = None,
+              rsio: RsioSettings | None = None) -> web.Application:  # fmt: skip
     app = web.Application(client_max_size=1024 * 1024)
     app[HUB_KEY] = hub
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/streams", _streams)
     app[RSIO_HTTP_KEY] = subscriptions = RsioHttp(hub, rsio_http)
     subscriptions.add_routes(app)
+    connections: set[RsioServerProtocol] = set()
+    app[TUBE_CONNECTIONS_KEY] = connections
+    add_tube_route(app, hub, connections, tube, rsio)
+
+    async def goodbye(app: web.Application) -> None:  # RS.io over Tube, as over TCP
+        for protocol in list(connections):
+            protocol.shutdown("server shutting down")
+
+    app.on_shutdown.append(goodbye)
     return app

@@ -67,8 +67,8 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         await hub.start()
-        runner = web.AppRunner(build_app(hub, http_settings(config)), access_log=None,
-                               handle_signals=False)  # fmt: skip
+        app = build_app(hub, http_settings(config), rsio=rsio_settings(config))
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
         await site.start()
@@ -89,6 +89,7 @@ async def serve(
             Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
             Endpoint("http", f"http://{config.host}:{port}/rsio/pub/<stream>",
                      "RS.io over HTTP (PUT)"),
+            Endpoint("ws", f"ws://{config.host}:{port}/tube", "RS.io over Tube (WebSocket)"),
         ]
         streams = hub.log.streams()
         print(

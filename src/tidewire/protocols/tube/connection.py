@@ -156,6 +156,11 @@ class Connection:
 
     # ------------------------------------------------------------------ output
 
+    @property
+    def buffered(self) -> int:
+        """Bytes waiting in :meth:`messages_to_send`."""
+        return sum(len(m) for m in self._out)
+
     def messages_to_send(self) -> list[bytes]:
         out, self._out = self._out, []
         return out

@@ -1,0 +1,183 @@
+"""RS.io over Tube over WebSocket, from Python: ``async with tidewire.client.tube.connect(
+"ws://127.0.0.1:7480/tube") as hub`` gives the same :class:`~tidewire.client.rsio.RsioClient`
+as ``tidewire.connect("rsio://...")`` (subscribe with demand, publish), its bytes carried as Tube
+messages (seed 001) over aiohttp's WebSocket client.
+
+:class:`TubeStream` is the adapter: the RS.io client reads the payloads of Tube messages and
+each of its writes is one Tube message; a writer task sends them in order, and ``drain()``
+waits while more than ``WRITE_HIGH_WATER`` bytes are queued. Tube's keepalive (ping after
+``keepalive`` seconds of quiet, close a peer silent for three times that) runs on the read
+side's timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Generator
+from typing import Any, Literal
+
+import aiohttp
+
+from ..protocols.tube import Closed, Connection, Limits, MessageReceived, Role
+from .rsio import RsioClient
+
+__all__ = ["TubeStream", "connect"]
+
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class TubeStream:
+    """A byte stream (``read`` / ``write`` / ``drain`` / ``close``) over one Tube connection."""
+
+    def __init__(self, session: aiohttp.ClientSession | None,
+                 ws: aiohttp.ClientWebSocketResponse, tube: Connection) -> None:  # fmt: skip
+        self.session = session  # closed with the stream when this side made it
+        self.ws = ws
+        self.tube = tube
+        self.closed_reason: str | None = None
+        self._loop = asyncio.get_running_loop()
+        self._received: deque[bytes] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._queued = 0
+        self._writer = asyncio.create_task(self._write_loop())
+
+    @classmethod
+    async def open(cls, url: str, *, fragment_size: int = 64 * 1024,
+                   compression: Literal["never", "always", "smart"] = "smart",
+                   keepalive: float | None = 30.0,
+                   max_message_bytes: int = 128 * 1024 * 1024,
+                   session: aiohttp.ClientSession | None = None) -> TubeStream:  # fmt: skip
+        """Connect and exchange fragment sizes."""
+        own = session is None
+        session = session or aiohttp.ClientSession()
+        try:
+            ws = await session.ws_connect(url, max_msg_size=fragment_size + 16 if fragment_size
+                                          else max_message_bytes + 16, autoping=True)  # fmt: skip
+            tube = Connection(Role.CLIENT, fragment_size=fragment_size,
+                              limits=Limits(max_message_bytes=max_message_bytes),
+                              compression=compression, keepalive=keepalive,
+                              now=asyncio.get_running_loop().time())  # fmt: skip
+            stream = cls(session if own else None, ws, tube)
+            stream._kick()
+            while not tube.established:  # the server's fragment size
+                if not await stream._receive_one():
+                    raise ConnectionError(f"the Tube handshake failed: {stream.closed_reason}")
+            return stream
+        except BaseException:
+            if own:
+                await session.close()
+            raise
+
+    # ------------------------------------------------------------------ reading
+
+    async def read(self, n: int = -1) -> bytes:
+        """The next Tube message's payload (``b""`` once the connection is closed)."""
+        while not self._received:
+            if not await self._receive_one():
+                return b""
+        return self._received.popleft()
+
+    async def _receive_one(self) -> bool:
+        """Take one WebSocket message (or a timer); False once closed."""
+        tube, loop = self.tube, self._loop
+        if self.closed_reason is not None:
+            return False
+        deadline = tube.next_deadline()
+        timeout = None if deadline is None else max(0.0, deadline - loop.time())
+        try:
+            message = await self.ws.receive(timeout=timeout)
+        except TimeoutError:
+            tube.handle_timer(loop.time())
+        else:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                tube.receive_message(message.data, loop.time())
+            elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
+                                  aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):  # fmt: skip
+                self.closed_reason = f"the WebSocket closed ({message.data!r})"
+            else:
+                tube.close("a text WebSocket message (Tube is binary)", 1003)
+        while (event := tube.next_event()) is not None:
+            if isinstance(event, MessageReceived):
+                self._received.append(event.data)
+            elif isinstance(event, Closed):
+                self.closed_reason = event.reason
+                await self.ws.close(code=event.code, message=event.reason[:120].encode())
+        self._kick()
+        return self.closed_reason is None or bool(self._received)
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, data: bytes) -> None:
+        if self.closed_reason is None and data:
+            self.tube.send(data, self._loop.time())
+            self._kick()
+
+    def _kick(self) -> None:
+        self._queued = self.tube.buffered
+        if self._queued:
+            self._idle.clear()
+            self._wake.set()
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                for message in self.tube.messages_to_send():
+                    await self.ws.send_bytes(message)
+                self._queued = self.tube.buffered
+                if not self._queued:
+                    self._idle.set()
+        except (ConnectionError, RuntimeError) as exc:
+            self.closed_reason = self.closed_reason or f"writing failed: {exc}"
+            self._idle.set()
+
+    async def drain(self) -> None:
+        if self._queued > WRITE_HIGH_WATER:
+            await self._idle.wait()
+
+    def close(self) -> None:
+        self.tube.close("client closing")
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 5)
+        self._writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer
+        if not self.ws.closed:
+            await self.ws.close()
+        if self.session is not None:
+            await self.session.close()
+
+
+class _Connect:
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self.url = url
+        self.options = options
+        self.client: RsioClient | None = None
+
+    async def _open(self) -> RsioClient:
+        stream = await TubeStream.open(self.url, **self.options)
+        return RsioClient(stream, stream)
+
+    def __await__(self) -> Generator[Any, None, RsioClient]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> RsioClient:
+        self.client = await self._open()
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+def connect(url: str, **options: Any) -> _Connect:
+    """RS.io over Tube at ``ws://host:port/tube``: ``async with connect(url) as hub`` (options:
+    ``fragment_size``, ``compression``, ``keepalive``, ``max_message_bytes``, ``session``)."""
+    return _Connect(url, options)
