@@ -12,6 +12,7 @@ aiohttp is the library for HTTP and WebSocket, server and client, throughout tid
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 from aiohttp import web
 
@@ -23,6 +24,7 @@ from .tube import TubeSettings, add_tube_route
 
 __all__ = ["HUB_KEY", "RSIO_HTTP_KEY", "TUBE_CONNECTIONS_KEY", "build_app"]
 
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the browser client and pages
 HUB_KEY = web.AppKey("hub", Hub)
 RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
 TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioServerProtocol])
@@ -56,4 +58,12 @@ def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSetting
             protocol.shutdown("server shutting down")
 
     app.on_shutdown.append(goodbye)
+    app.router.add_static("/static/", WEB_DIR, follow_symlinks=False)
+    app.router.add_get("/tail", _tail)
     return app
+
+
+async def _tail(request: web.Request) -> web.StreamResponse:
+    """The live-tail page (``/static/tail.html``), keeping the query (``?stream=...``)."""
+    query = request.rel_url.raw_query_string
+    raise web.HTTPFound("/static/tail.html" + (f"?{query}" if query else ""))
