@@ -178,13 +178,13 @@ class Connection:
         """Send one message (compressed per :attr:`compression` unless ``compress`` says)."""
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before both fragment sizes are exchanged")
-        payload = bytes(data)
+        payload = data if isinstance(data, bytes) else bytes(data)
         code = CODE_PLAIN
         smart = compress is None and self.compression == "smart"
         if compress is None:
             compress = self.compression == "always" or (smart and len(payload) >= SMART_MIN_BYTES)
         if compress and self._deflate_ok:
-            packed = zlib.compress(payload, 6)
+            packed = zlib.compress(payload, 1)  # (level 1: fast; see docs/protocols/tube.md)
             if not smart or len(packed) <= len(payload) - len(payload) // 8:  # smart: if it pays
                 payload, code = packed, CODE_DEFLATE
         self._send_fragments(code, payload, now)
@@ -248,7 +248,7 @@ class Connection:
             return
         self._last_received = now
         try:
-            self._receive(memoryview(data), now)
+            self._receive(data if isinstance(data, bytes) else bytes(data), now)
         except RemoteProtocolError as exc:
             code = CLOSE_TOO_BIG if "over" in str(exc) and "bytes" in str(exc) else (
                 CLOSE_PROTOCOL_ERROR)  # fmt: skip
@@ -263,7 +263,7 @@ class Connection:
             self._incoming = None
             self._events.append(Closed(reason, code, error))
 
-    def _receive(self, data: memoryview, now: float) -> None:
+    def _receive(self, data: bytes, now: float) -> None:
         if self.state is _State.AWAIT_SIZE:
             size, end = pull_varint(data, 0)
             if end != len(data):
@@ -299,16 +299,17 @@ class Connection:
             return
         self._fragment(incoming, data[offset:])
 
-    def _fragment(self, incoming: _Incoming, data: memoryview) -> None:
+    def _fragment(self, incoming: _Incoming, data: bytes) -> None:
         incoming.received += 1
         incoming.size += len(data)
         if incoming.size > self.limits.max_message_bytes:
             raise RemoteProtocolError(f"a message over {self.limits.max_message_bytes} bytes")
-        incoming.parts.append(bytes(data))
+        incoming.parts.append(data)  # (bytes: kept as they came, joined once at the end)
         if incoming.received < incoming.count:
             return
         self._incoming = None
-        payload = b"".join(incoming.parts)
+        parts = incoming.parts
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
         if incoming.code == CODE_PLAIN:
             self._events.append(MessageReceived(payload, False))
         elif incoming.code == CODE_DEFLATE:
