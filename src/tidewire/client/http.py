@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import yarl
 
 from ..model import Batch, TidewireError, validate_stream_name
 from ..protocols.rsio.publisher import PublisherName, envelopes_to_batch
@@ -122,6 +123,7 @@ class HttpHub:
         if not 1 <= demand <= MAX_DEMAND:
             raise ValueError("demand is 1 to 2^63-1")
         path, _, query = publisher.partition("?")
+        path = {".": "%2E", "..": "%2E%2E"}.get(path, path)  # (not dot segments of the URL)
         url = f"{self.base_url}/rsio/pub/{path}?{query + '&' if query else ''}request={demand}"
         response = await self._put(url)
         if response.status != 201 or "Location" not in response.headers:
@@ -174,7 +176,8 @@ class HttpHub:
         attempt = 0
         while True:
             try:
-                async with self.session.put(url, headers=headers) as response:
+                target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
+                async with self.session.put(target, headers=headers) as response:
                     body = await response.read()
                     answer = _Answer(response.status, response.headers, body)
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:

@@ -61,7 +61,7 @@ log = logging.getLogger("tidewire.rsio_http")
 
 PUB_PREFIX = "/rsio/pub/"
 SUB_PREFIX = "/rsio/sub/"
-_ELEMENTS = "tidewire.rsio_elements"  # marks a response whose Content-Type aiohttp must drop
+_ELEMENTS = web.ResponseKey("tidewire.rsio_elements", bool)  # Content-Type to drop
 _CONDITIONAL = ("If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
                 "If-Range")  # fmt: skip
 
@@ -216,6 +216,11 @@ class RsioHttp:
             expects = None if seen is None else parse_count(seen, SEQUENCE_HEADER)
         except BadRequest as exc:  # the subscription carries on
             return self._refuse(request, 400, str(exc), rsio=False)
+        sub.last_seen = self.clock()
+        state = sub.state
+        if demand and state.state is State.OPEN:  # (first: a resend below spends none of it)
+            state.request(demand)
+            sub.source.request(demand)
         if expects is not None and sub.state.unsent is None:
             try:
                 again = sub.state.received_up_to(expects)
@@ -223,23 +228,26 @@ class RsioHttp:
                 return self._refuse(request, 400, str(exc), rsio=False)
             if again is not None:  # written in full, and lost all the same: once more
                 return await self._deliver(request, sub, again)
-        sub.last_seen = self.clock()
         sub.fetching += 1
         try:
-            return await self._answer(request, sub, demand)
+            return await self._answer(request, sub)
         finally:
             sub.fetching -= 1
             sub.last_seen = self.clock()
 
-    async def _answer(self, request: web.Request, sub: _Sub, demand: int) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, sub: _Sub) -> web.StreamResponse:
         state = sub.state
-        if demand and state.state is State.OPEN:
-            state.request(demand)
-            sub.source.request(demand)
         sub.polls += 1
         mine = sub.polls
+        sub.touch()  # an older fetch still waiting answers 204 at once
         deadline = self.clock() + self.settings.poll_seconds
         while True:
+            if sub.polls != mine:  # a newer fetch took over (it gets what there is)
+                return web.Response(status=204)
+            if state.state is State.FAILED:  # (before anything ready: nothing is skipped)
+                assert state.error is not None
+                self._drop(sub)
+                return _error(*state.error)
             if state.unsent is not None:
                 return await self._deliver(request, sub, state.unsent)
             if sub.ready and state.room > 0:
@@ -250,16 +258,10 @@ class RsioHttp:
                     state.fail(500, str(exc))
                     continue
                 return await self._deliver(request, sub, delivery)
-            if state.state is State.FAILED:
-                assert state.error is not None
-                self._drop(sub)
-                return _error(*state.error)
             if state.state is State.CANCELLED or sub.id not in self.subs:
                 return _error(404, "the subscription was cancelled")
             if state.state is State.COMPLETE and not sub.ready:
                 return web.Response(status=410)  # onComplete (kept until idle: 410 again)
-            if sub.polls != mine:  # a newer fetch took over
-                return web.Response(status=204)
             left = deadline - self.clock()
             if left <= 0:
                 return web.Response(status=204, headers={"Retry-After": "0"})

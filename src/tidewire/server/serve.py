@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..config import ServerConfig
@@ -56,6 +57,7 @@ async def serve(
     """Run the hub until ``stop`` is set (or SIGINT/SIGTERM arrives)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    quiet_bad_requests()
     hub = Hub.open(
         config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s
     )
@@ -123,6 +125,30 @@ async def serve(
         print("stopped: every acknowledged event is on disk", file=out, flush=True)
     else:
         print("stopped (log.fsync is off: recent events may not be on disk)", file=out, flush=True)
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs a request its parser refuses (a line too long, a malformed header) as an
+    ERROR with a traceback, after answering it 400: any client could fill the log with them.
+    Such a record becomes one warning line naming the peer and the reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            what = record.getMessage()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "%s (answered %s): %s"
+            record.args = (what, exc.code, str(exc.message).strip()[:200])
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_bad_requests() -> None:
+    """Install :class:`_QuietBadRequests` on aiohttp's server logger (once)."""
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietBadRequests) for f in logger.filters):
+        logger.addFilter(_QuietBadRequests())
 
 
 def raise_open_files_limit() -> None:

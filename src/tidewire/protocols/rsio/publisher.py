@@ -26,6 +26,7 @@ Element formats:
 
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -78,7 +79,7 @@ class PublisherName:
     def parse(cls, text: str) -> PublisherName:
         raw_stream, _, query = text.partition("?")
         try:
-            stream = validate_stream_name(unquote(raw_stream, errors="strict"))
+            stream = validate_stream_name(_unquote_strict(raw_stream))
         except (InvalidStreamName, UnicodeDecodeError) as exc:
             raise PublisherNameError(f"bad stream in publisher {text!r}: {exc}") from None
         fields: dict[str, str] = {}
@@ -98,6 +99,9 @@ class PublisherName:
             elif name == "until":
                 until = _id(value, text)
             elif name == "key":
+                if _BAD_PERCENT.search(value):
+                    raise PublisherNameError(f"a '%' not followed by two hex digits in the key "
+                                             f"of {text!r} (write %25)")  # fmt: skip
                 key = unquote_to_bytes(value)
             elif name == "format":
                 if value not in ("envelope", "value", "records"):
@@ -157,7 +161,7 @@ class OfferName:
     def parse(cls, text: str) -> OfferName:
         raw_stream, _, query = text.partition("?")
         try:
-            stream = validate_stream_name(unquote(raw_stream, errors="strict"))
+            stream = validate_stream_name(_unquote_strict(raw_stream))
         except (InvalidStreamName, UnicodeDecodeError) as exc:
             raise PublisherNameError(f"bad stream in offer {text!r}: {exc}") from None
         fmt: Format = "envelope"
@@ -172,6 +176,9 @@ class OfferName:
             if name == "format" and value in ("envelope", "value"):
                 fmt = value  # type: ignore[assignment]
             elif name == "key":
+                if _BAD_PERCENT.search(value):
+                    raise PublisherNameError(f"a '%' not followed by two hex digits in the key "
+                                             f"of {text!r} (write %25)")  # fmt: skip
                 key = unquote_to_bytes(value)
             elif name == "txn" and value:
                 try:
@@ -194,6 +201,17 @@ class OfferName:
             params.append("txn=" + quote(self.txn, safe=""))
         name = quote(self.stream, safe="")
         return name + ("?" + "&".join(params) if params else "")
+
+
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _unquote_strict(raw: str) -> str:
+    """Percent-decoding that refuses a ``%`` not followed by two hex digits (urllib keeps
+    those as text) and bytes that are not UTF-8."""
+    if _BAD_PERCENT.search(raw):
+        raise InvalidStreamName(f"a '%' not followed by two hex digits in {raw!r} (write %25)")
+    return unquote(raw, errors="strict")
 
 
 def _id(value: str, text: str) -> int:

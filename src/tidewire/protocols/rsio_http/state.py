@@ -77,9 +77,13 @@ class ServerSubscription:
             raise LocalProtocolError("the unsent delivery goes first")
         if not elements or len(elements) > self.demand:
             raise LocalProtocolError(f"{len(elements)} elements for a demand of {self.demand}")
+        if self.element_size and len(elements[0]) != self.element_size:
+            raise LocalProtocolError(f"an element that is not {self.element_size} bytes")
         if len(elements) == 1:
             body, encoding = bytes(elements[0]), None
         elif self.element_size:
+            if any(len(e) != self.element_size for e in elements):
+                raise LocalProtocolError(f"an element that is not {self.element_size} bytes")
             body = encode_fixed_size(self.element_size, b"".join(elements))
             encoding = FIXED_SIZE
         else:
