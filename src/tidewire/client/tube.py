@@ -55,8 +55,8 @@ class TubeStream:
         own = session is None
         session = session or aiohttp.ClientSession()
         try:
-            ws = await session.ws_connect(url, max_msg_size=fragment_size + 16 if fragment_size
-                                          else max_message_bytes + 16, autoping=True)  # fmt: skip
+            limit = fragment_size + 1 if fragment_size else max_message_bytes + 16
+            ws = await session.ws_connect(url, max_msg_size=limit, autoping=True)
             tube = Connection(Role.CLIENT, fragment_size=fragment_size,
                               limits=Limits(max_message_bytes=max_message_bytes),
                               compression=compression, keepalive=keepalive,
@@ -102,7 +102,8 @@ class TubeStream:
                 tube.close("a text WebSocket message (Tube is binary)", 1003)
         while (event := tube.next_event()) is not None:
             if isinstance(event, MessageReceived):
-                self._received.append(event.data)
+                if event.data:  # (an empty message is no end of stream)
+                    self._received.append(event.data)
             elif isinstance(event, Closed):
                 self.closed_reason = event.reason
                 await self.ws.close(code=event.code, message=event.reason[:120].encode())

@@ -145,11 +145,11 @@ def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioServerProto
     settings = settings or TubeSettings()
 
     async def tube(request: web.Request) -> web.StreamResponse:
-        # WebSocket messages are Tube fragments: the hub asked for fragment_size, plus the
-        # header's at most 6 bytes; aiohttp closes with 1009 past that.
-        ws = web.WebSocketResponse(max_msg_size=settings.fragment_size + 16 if
-                                   settings.fragment_size else settings.max_message_bytes + 16,
-                                   compress=False, autoping=True)  # fmt: skip
+        # WebSocket messages are Tube fragments, at most the fragment size the hub asked for
+        # (the header counts against it); aiohttp closes with 1009 past that.
+        limit = settings.fragment_size + 1 if settings.fragment_size else (
+            settings.max_message_bytes + 16)  # (aiohttp refuses a message of exactly its limit)
+        ws = web.WebSocketResponse(max_msg_size=limit, compress=False, autoping=True)
         await ws.prepare(request)
         return await _serve(ws, request, hub, registry, settings, rsio)
 
@@ -189,7 +189,8 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
         nonlocal started
         while (event := tube.next_event()) is not None:
             if isinstance(event, MessageReceived):
-                protocol.data_received(event.data)
+                if event.data:  # (an empty message is no end of stream)
+                    protocol.data_received(event.data)
             elif isinstance(event, Established):
                 started = True
                 protocol.connection_made(transport)

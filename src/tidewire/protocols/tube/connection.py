@@ -63,6 +63,10 @@ CLOSE_GOING_AWAY = 1001
 SMART_MIN_BYTES = 256
 
 
+class TooBig(RemoteProtocolError):
+    """The peer sent more than a limit allows (WebSocket close 1009)."""
+
+
 class Role(enum.Enum):
     CLIENT = "client"
     SERVER = "server"
@@ -229,7 +233,10 @@ class Connection:
     def next_deadline(self) -> float | None:
         if self.keepalive is None or self.state is _State.CLOSED:
             return None
-        return min(self._last_sent + self.keepalive, self._last_received + 3 * self.keepalive)
+        silence = self._last_received + 3 * self.keepalive
+        if self.state is not _State.OPEN:  # no ping before the exchange: only the silence
+            return silence
+        return min(self._last_sent + self.keepalive, silence)
 
     def handle_timer(self, now: float) -> None:
         if self.keepalive is None or self.state is _State.CLOSED:
@@ -250,8 +257,7 @@ class Connection:
         try:
             self._receive(data if isinstance(data, bytes) else bytes(data), now)
         except RemoteProtocolError as exc:
-            code = CLOSE_TOO_BIG if "over" in str(exc) and "bytes" in str(exc) else (
-                CLOSE_PROTOCOL_ERROR)  # fmt: skip
+            code = CLOSE_TOO_BIG if isinstance(exc, TooBig) else CLOSE_PROTOCOL_ERROR
             self._close(f"protocol error: {exc}", code, error=True)
 
     def next_event(self) -> Event | None:
@@ -264,12 +270,17 @@ class Connection:
             self._events.append(Closed(reason, code, error))
 
     def _receive(self, data: bytes, now: float) -> None:
+        if self.fragment_size and len(data) > self.fragment_size and self.state is _State.OPEN:
+            raise TooBig(f"a WebSocket message of {len(data)} bytes, over the fragment size "
+                         f"{self.fragment_size} this side asked for")  # fmt: skip
         if self.state is _State.AWAIT_SIZE:
             size, end = pull_varint(data, 0)
             if end != len(data):
                 raise RemoteProtocolError("bytes after the fragment-size request")
             if size < 0:
                 raise RemoteProtocolError(f"a negative fragment size ({size})")
+            if 0 < size < 8:  # (**decision**: no room for a header with a varint count)
+                raise RemoteProtocolError(f"a fragment size of {size} (0, or at least 8)")
             self.peer_fragment_size = size
             if self.role is Role.SERVER:  # answered once the client's has been read
                 self._queue(push_varint(self.fragment_size), now)
@@ -285,13 +296,16 @@ class Connection:
         if code >= 8:
             self._control(code, now)
             return
-        limits = self.limits
+        limits, size = self.limits, self.fragment_size
         if count > limits.max_fragments:
             raise RemoteProtocolError(f"{count} fragments, over {limits.max_fragments}")
-        if self.fragment_size and (count - 1) * self.fragment_size > limits.max_message_bytes:
-            raise RemoteProtocolError(f"a message of {count} fragments of up to "
-                                      f"{self.fragment_size} bytes: over "
-                                      f"{limits.max_message_bytes} bytes")  # fmt: skip
+        # The smallest message a peer splitting at our size sends in `count` fragments: the
+        # first fills its WebSocket message after the header, the middle ones are whole, the
+        # last holds at least a byte. Past the limit, it is refused before any is buffered.
+        least = (size - offset) + (count - 2) * size + 1
+        if size and count > 1 and least > limits.max_message_bytes:
+            raise TooBig(f"a message of {count} fragments of {size} bytes: over "
+                         f"{limits.max_message_bytes} bytes")  # fmt: skip
         incoming = _Incoming(code, count)
         self._incoming = incoming
         if offset == len(data):  # the header alone: the first fragment is the next message
@@ -300,10 +314,13 @@ class Connection:
         self._fragment(incoming, data[offset:])
 
     def _fragment(self, incoming: _Incoming, data: bytes) -> None:
+        if not data and incoming.count > 1:  # (**decision**: it would let a peer grow a
+            # message's bookkeeping without sending bytes; no sender needs one)
+            raise RemoteProtocolError("an empty fragment in a message of several")
         incoming.received += 1
         incoming.size += len(data)
         if incoming.size > self.limits.max_message_bytes:
-            raise RemoteProtocolError(f"a message over {self.limits.max_message_bytes} bytes")
+            raise TooBig(f"a message over {self.limits.max_message_bytes} bytes")
         incoming.parts.append(data)  # (bytes: kept as they came, joined once at the end)
         if incoming.received < incoming.count:
             return
@@ -325,7 +342,7 @@ class Connection:
         except zlib.error as exc:
             raise RemoteProtocolError(f"a deflated message that does not inflate: {exc}") from None
         if len(data) > limit or inflater.unconsumed_tail:
-            raise RemoteProtocolError(f"a deflated message inflating over {limit} bytes")
+            raise TooBig(f"a deflated message inflating over {limit} bytes")
         if not inflater.eof:
             raise RemoteProtocolError("a deflated message cut short")
         return data
