@@ -23,7 +23,6 @@ import contextlib
 import random
 from collections.abc import AsyncGenerator
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 import yarl
@@ -37,6 +36,7 @@ from ..protocols.rsio_http import (
     decode_body,
 )
 from ..protocols.rsio_http.codec import MAX_DEMAND
+from .rsio import _start
 
 __all__ = ["HttpHub", "HttpRsioError"]
 
@@ -209,16 +209,3 @@ def _retry_after(value: str | None) -> float:
     if value is None or not value.strip().isdigit():
         return 0.0
     return min(30.0, float(value.strip()))
-
-
-def _start(from_id: int | str) -> Any:
-    if not isinstance(from_id, int) and from_id not in ("earliest", "latest"):
-        raise ValueError(f"from_id must be an id, 'earliest' or 'latest', not {from_id!r}")
-    return from_id
-
-
-def publisher_url(base_url: str, stream: str, **params: str) -> str:
-    """``base_url``'s publisher URL for ``stream`` with publisher arguments ``params``."""
-    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
-    return f"{base_url.rstrip('/')}/rsio/pub/{quote(stream, safe='')}" + (f"?{query}" if query
-                                                                          else "")  # fmt: skip
