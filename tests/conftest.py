@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from certs import Pki
     from pyspark.sql import SparkSession
 
 
@@ -41,3 +42,11 @@ def spark() -> Iterator[SparkSession]:
             yield session
         finally:
             session.stop()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, the hub's certificate and client certificates on demand (tests/certs.py)."""
+    from certs import Pki
+
+    return Pki(tmp_path_factory.mktemp("pki"))

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from tidewire.model import LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.rsio import (
+    Authenticate,
+    Authenticated,
     Cancel,
     ClientHello,
     Committed,
@@ -136,27 +138,30 @@ EXT_GOLDEN: list[tuple[str, Message, bytes]] = [
      _h("41 01 01 ff ff ff ff ff ff ff ff 7f ff ff ff ff ff ff ff ff 7f")),
     ("offerEnded-ok", OfferEnded(3, ""), _h("42 03 00")),
     ("offerEnded-error", OfferEnded(2, "no"), _h("42 02 02 6e 6f")),
+    # extension 2: authenticate("ci.s3cr3t"), authenticated("token:ci")
+    ("authenticate", Authenticate("ci.s3cr3t"), _h("43 09 63 69 2e 73 33 63 72 33 74")),
+    ("authenticated", Authenticated("token:ci"), _h("44 08 74 6f 6b 65 6e 3a 63 69")),
 ]
 
 
 def test_golden_vectors_cover_every_message_type() -> None:
     covered = {frame[0] for _, _, _, frame in GOLDEN} | {f[0] for _, _, f in EXT_GOLDEN}
     assert covered == {int(kind) for kind in MessageType}
-    assert len(MessageType) == 14
+    assert len(MessageType) == 16
 
 
 @pytest.mark.parametrize(("name", "message", "frame"), EXT_GOLDEN, ids=[c[0] for c in EXT_GOLDEN])
 def test_extension_golden_vectors(name: str, message: Message, frame: bytes) -> None:
     assert bytes(encode(message)) == frame
     for chunk in (len(frame), 1):
-        decoder = Decoder(publishing=True)
+        decoder = Decoder(publishing=True, auth=True)
         got: list[Decoded] = []
         for start in range(0, len(frame), chunk):
             decoder.feed(frame[start : start + chunk])
             got += _drain(decoder)
         assert got == [message]
         assert decoder.buffered == 0
-    decoder = Decoder(publishing=True)
+    decoder = Decoder(publishing=True, auth=True)
     decoder.feed(frame + TAIL_FRAME)
     assert _drain(decoder) == [message, TAIL_MESSAGE]
 
@@ -167,6 +172,14 @@ def test_extension_types_are_unknown_until_negotiated(frame: bytes) -> None:
     decoder.feed(frame)
     with pytest.raises(RemoteProtocolError, match="unknown message type"):
         decoder.next_message()
+
+
+def test_each_extension_is_decoded_only_when_it_is_negotiated() -> None:
+    for publishing, auth, frame in ((True, False, _h("43 01 78")), (False, True, _h("42 03 00"))):
+        decoder = Decoder(publishing=publishing, auth=auth)
+        decoder.feed(frame)
+        with pytest.raises(RemoteProtocolError, match="unknown message type"):
+            decoder.next_message()
 
 
 def test_committed_that_cannot_hold_is_a_breach() -> None:
@@ -349,6 +362,10 @@ def _message(draw: st.DrawFn, kind: MessageType, fixed: Mapping[int, int]) -> Me
         return Committed(draw(ids), draw(st.integers(1, min(last - first + 1, 10**6))), first, last)
     if kind is MessageType.OFFER_ENDED:
         return OfferEnded(draw(ids), draw(texts))
+    if kind is MessageType.AUTHENTICATE:
+        return Authenticate(draw(texts))
+    if kind is MessageType.AUTHENTICATED:
+        return Authenticated(draw(texts))
     assert kind is MessageType.ON_ERROR
     return OnError(draw(ids), draw(texts))
 
@@ -381,7 +398,7 @@ def _split(data: bytes, cuts: Sequence[int]) -> list[bytes]:
 def _check_stream(fixed: dict[int, int], messages: list[Message], cut_data: st.DataObject) -> None:
     data = _encode_stream(fixed, messages)
     cuts = cut_data.draw(st.lists(st.integers(0, len(data)), max_size=12), label="cuts")
-    decoder = Decoder(element_size=_sizes(fixed), publishing=True)
+    decoder = Decoder(element_size=_sizes(fixed), publishing=True, auth=True)
     got: list[Decoded] = []
     for chunk in _split(data, cuts):
         decoder.feed(chunk)
@@ -415,7 +432,7 @@ def test_round_trip_mixed_streams(
 def test_round_trip_byte_by_byte(stream: tuple[dict[int, int], list[Message]]) -> None:
     fixed, messages = stream
     data = _encode_stream(fixed, messages)
-    decoder = Decoder(element_size=_sizes(fixed), publishing=True)
+    decoder = Decoder(element_size=_sizes(fixed), publishing=True, auth=True)
     got: list[Decoded] = []
     for i in range(len(data)):
         decoder.feed(data[i : i + 1])
@@ -830,7 +847,7 @@ def test_runs_carry_the_same_elements_as_single_frames(
     messages = messages + [OnNext(subscriber, e) for e in extra]
     data = _encode_stream(fixed, messages)
     cuts = cut_data.draw(st.lists(st.integers(0, len(data)), max_size=12), label="cuts")
-    decoder = Decoder(element_size=_sizes(fixed), publishing=True, runs=True)
+    decoder = Decoder(element_size=_sizes(fixed), publishing=True, auth=True, runs=True)
     got: list[object] = []
     for chunk in _split(data, cuts):
         decoder.feed(chunk)

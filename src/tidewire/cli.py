@@ -22,7 +22,7 @@ import click
 from . import __version__
 from .config import SETTINGS, ConfigError, env_name, load_config
 from .log import Log
-from .model import Batch, Event, LogError, TidewireError, UnknownStream
+from .model import Batch, Event, LogClosedError, LogError, TidewireError, UnknownStream
 
 __all__ = ["main"]
 
@@ -53,6 +53,34 @@ def _open_read_only(data_dir: str) -> Log:
         return Log.open(data_dir, read_only=True)
     except (LogError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _credentials(f: Any) -> Any:
+    """``--token``, ``--ca-file``, ``--cert-file``, ``--key-file`` (also from TIDEWIRE_*)."""
+    for option in reversed((
+        click.option("--token", envvar="TIDEWIRE_TOKEN", default=None,
+                     help="bearer token ($TIDEWIRE_TOKEN)"),
+        click.option("--ca-file", envvar="TIDEWIRE_CA_FILE", default=None,
+                     type=click.Path(exists=True, dir_okay=False),
+                     help="CA that signed the hub's certificate (TLS; $TIDEWIRE_CA_FILE)"),
+        click.option("--cert-file", envvar="TIDEWIRE_CERT_FILE", default=None,
+                     type=click.Path(exists=True, dir_okay=False),
+                     help="client certificate for mutual TLS ($TIDEWIRE_CERT_FILE)"),
+        click.option("--key-file", envvar="TIDEWIRE_KEY_FILE", default=None,
+                     type=click.Path(exists=True, dir_okay=False),
+                     help="its private key ($TIDEWIRE_KEY_FILE)"),
+    )):  # fmt: skip
+        f = option(f)
+    return f
+
+
+def _client_options(url: str, token: str | None, ca_file: str | None, cert_file: str | None,
+                    key_file: str | None) -> dict[str, Any]:  # fmt: skip
+    """``connect()`` keywords: the token, and a TLS context for rsios:// or any TLS file."""
+    from .server.guard import client_context
+
+    tls = url.startswith("rsios:") or ca_file is not None or cert_file is not None
+    return {"token": token, "ssl": client_context(ca_file, cert_file, key_file) if tls else None}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -187,7 +215,9 @@ def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_
               help="an id, earliest or latest")  # fmt: skip
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="stop after N events")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines; key and value in base64")
-def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) -> None:
+@_credentials
+def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool,
+         **credentials: Any) -> None:  # fmt: skip
     """Follow STREAM over RS.io: history from --from, then live (Ctrl-C stops)."""
     import asyncio
 
@@ -199,7 +229,7 @@ def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) 
 
     async def follow() -> None:
         remaining = sys.maxsize if limit is None else limit
-        async with connect(url) as hub, contextlib.aclosing(
+        async with connect(url, **_client_options(url, **credentials)) as hub, contextlib.aclosing(
             hub.subscribe(stream, from_id=start)
         ) as batches:
             async for batch in batches:
@@ -213,7 +243,7 @@ def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) 
         asyncio.run(follow())
     except KeyboardInterrupt:
         pass
-    except (RsioError, OSError, ValueError) as exc:
+    except (RsioError, LogClosedError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -226,9 +256,11 @@ def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool) 
 @click.option("--batch", "batch_size", type=click.IntRange(min=1), default=1000,
               show_default=True, help="at most N events per batch")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="report commits as JSON lines")
+@_credentials
 def publish(
-    stream: str, files: tuple[str, ...], url: str, key: str | None, batch_size: int, as_json: bool
-) -> None:
+    stream: str, files: tuple[str, ...], url: str, key: str | None, batch_size: int, as_json: bool,
+    **credentials: Any,
+) -> None:  # fmt: skip
     """Publish to STREAM over RS.io: each line of stdin is an event (the newline dropped), or
     each FILE is one event ("-" is all of stdin). Prints each commit as the hub makes it
     durable, then a summary; exits non-zero if the hub refuses or fails the publish."""
@@ -251,7 +283,8 @@ def publish(
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        async with connect(url) as hub, await hub.publisher(stream) as pub:
+        async with connect(url, **_client_options(url, **credentials)) as hub, \
+                await hub.publisher(stream) as pub:
             pending: list[asyncio.Future[Receipt]] = []
 
             async def submit(values: list[bytes]) -> None:
@@ -290,6 +323,31 @@ def publish(
         raise SystemExit(130) from None
     except (RsioError, OSError, ValueError, TidewireError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.group()
+def token() -> None:
+    """Bearer tokens for the hub (settings auth.tokens_file and auth.acl_file)."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--days", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="expire after this many days (default: never)")  # fmt: skip
+def token_create(name: str, days: float | None) -> None:
+    """Make a token for NAME: prints the token (give it to the client, it is shown only once)
+    and the table to add to the tokens file. The hub keeps only its SHA-256; the ACL names
+    the principal token:NAME."""
+    from .hub.access import mint_token
+
+    try:
+        secret, table = mint_token(name, days)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    click.echo(secret)
+    click.echo(f"# add to the tokens file (auth.tokens_file); the ACL names it token:{name}",
+               err=True)  # fmt: skip
+    click.echo(table, err=True, nl=False)
 
 
 @main.group()

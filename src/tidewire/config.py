@@ -52,6 +52,31 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
                              "per connection, received for offers and not yet committed"),
     "rsio.max_txn_bytes": (int, 64 * 1024 * 1024,
                            "per connection, held for transaction offers until complete"),
+    "tls.cert_file": (str, "", "the hub's certificate chain (PEM); set: every listener is TLS"),
+    "tls.key_file": (str, "", "the private key of tls.cert_file (PEM)"),
+    "tls.ca_file": (str, "", "CA certificates (PEM) that client certificates must chain to"),
+    "tls.client_auth": (str, "none", "client certificates: none, optional or required"),
+    "tls.min_version": (str, "1.2", "oldest TLS version accepted: 1.2 or 1.3"),
+    "http.tls": (bool, True, "the HTTP listener uses TLS when tls.cert_file is set"),
+    "rsio.tls": (bool, True, "the RS.io listener uses TLS when tls.cert_file is set"),
+    "seguro.tls": (bool, True, "the Seguro listener uses TLS when tls.cert_file is set"),
+    "tolliver.tls": (bool, True, "the Tolliver listener uses TLS (with client certificates)"),
+    "auth.tokens_file": (str, "", "bearer tokens the hub accepts (TOML; `tidewire token create`)"),
+    "auth.acl_file": (str, "", "who may read and write which streams (TOML); unset: everyone"),
+    "limits.max_connections": (int, 10_000, "connections at once, every listener together"),
+    "limits.max_connections_per_peer": (int, 256, "connections at once from one IP address"),
+    "limits.handshake_seconds": (float, 10.0,
+                                 "TLS plus the protocol's handshake must finish within it"),
+    "limits.idle_seconds": (float, 3600.0, "nothing received or sent this long: closed (0: never)"),
+    "limits.write_stall_seconds": (float, 60.0,
+                                   "a peer that reads none of its pending output this long: "
+                                   "dropped (0: never)"),
+    "http.header_seconds": (float, 10.0, "a request's headers must arrive within it (slowloris)"),
+    "http.body_seconds": (float, 60.0, "a request's body must arrive within it"),
+    "http.max_body_bytes": (int, 16 * 1024 * 1024, "largest request body (RS.io HTTP publish)"),
+    "tube.max_message_bytes": (int, 128 * 1024 * 1024, "largest Tube message, after inflation"),
+    "tolliver.max_message_bytes": (int, 16 * 1024 * 1024, "largest Tolliver message body"),
+    "tolliver.max_subscriptions": (int, 1024, "subscriptions one Tolliver remote may hold"),
     "log.segment_bytes": (int, 128 * 1024 * 1024, "roll a segment past this size"),
     "log.index_interval_bytes": (int, 4096, "bytes of records between sparse-index entries"),
     "log.retention_bytes": (int, -1, "keep at least this many bytes per stream (-1 = no limit)"),
@@ -197,6 +222,17 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "rsio.max_inlet_bytes": (4096, 2**40),
     "rsio.max_txn_bytes": (4096, 2**40),
     "log.max_record_bytes": (4096, 2**32 - 4096),
+    "limits.max_connections": (1, 2**24),
+    "limits.max_connections_per_peer": (1, 2**24),
+    "limits.handshake_seconds": (0, 10**6),
+    "limits.idle_seconds": (0, 10**9),
+    "limits.write_stall_seconds": (0, 10**9),
+    "http.header_seconds": (0.01, 10**6),
+    "http.body_seconds": (0.01, 10**6),
+    "http.max_body_bytes": (1024, 2**31),
+    "tube.max_message_bytes": (1024, 2**31),
+    "tolliver.max_message_bytes": (1024, 2**31 - 1),
+    "tolliver.max_subscriptions": (1, 2**20),
     "log.max_pending_bytes": (1, 2**62),
     "log.recent_bytes": (0, 2**62),
     "log.inline_commit_bytes": (0, 2**30),
@@ -212,6 +248,18 @@ def _check(values: Mapping[str, Any]) -> None:
             raise ConfigError(f"{key}: {values[key]} is outside {low:g}..{high:g}")
     for key in ("log.retention_bytes", "log.retention_ms"):
         _check_retention(key, values[key])
+    if values["tls.client_auth"] not in ("none", "optional", "required"):
+        raise ConfigError(f"tls.client_auth: {values['tls.client_auth']!r} is not "
+                          "none/optional/required")  # fmt: skip
+    if values["tls.min_version"] not in ("1.2", "1.3"):
+        raise ConfigError(f"tls.min_version: {values['tls.min_version']!r} is not 1.2 or 1.3")
+    if bool(values["tls.cert_file"]) != bool(values["tls.key_file"]):
+        raise ConfigError("tls.cert_file and tls.key_file go together")
+    if values["tls.client_auth"] != "none" and not values["tls.ca_file"]:
+        raise ConfigError("tls.client_auth needs tls.ca_file (the CA of client certificates)")
+    if values["tls.cert_file"] and values["tolliver.tls"] and not values["tls.ca_file"]:
+        raise ConfigError("Tolliver over TLS requires client certificates: set tls.ca_file "
+                          "(or tolliver.tls = false)")  # fmt: skip
 
 
 def _check_retention(key: str, value: int) -> None:

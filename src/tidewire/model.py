@@ -28,10 +28,12 @@ from functools import lru_cache
 
 __all__ = [
     "MAX_ID",
+    "AccessError",
     "Batch",
     "CorruptLogError",
     "DataLossError",
     "Event",
+    "Forbidden",
     "IdOrderError",
     "InvalidBatch",
     "InvalidStreamName",
@@ -42,6 +44,7 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "TidewireError",
+    "Unauthenticated",
     "UnknownStream",
     "now_ms",
     "validate_stream_name",
@@ -129,6 +132,24 @@ class CorruptLogError(LogError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class AccessError(TidewireError):
+    """A peer that may not do what it asked. ``status`` is the HTTP status it maps to."""
+
+    status = 403
+
+
+class Unauthenticated(AccessError):
+    """Credentials that are wrong, expired, or do not name who the peer claims to be."""
+
+    status = 401
+
+
+class Forbidden(AccessError):
+    """A known principal asking for a stream the ACL does not grant it."""
+
+    status = 403
 
 
 class ProtocolError(TidewireError):

@@ -19,13 +19,17 @@ import json
 from collections import deque
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field
+from ssl import SSLContext, create_default_context
 from typing import Any, Literal, Protocol
 from urllib.parse import quote, urlsplit
 
 from ..log.record import decode_body, parse_header
 from ..model import Batch, LogClosedError, TidewireError, validate_stream_name
 from ..protocols.rsio import (
+    EXT_AUTH,
     EXT_PUBLISH,
+    Authenticate,
+    Authenticated,
     Cancel,
     Committed,
     Connection,
@@ -135,10 +139,16 @@ class ByteWriter(Protocol):
 
 
 class RsioClient:
-    def __init__(self, reader: ByteReader, writer: ByteWriter) -> None:
+    def __init__(self, reader: ByteReader, writer: ByteWriter, token: str | None = None) -> None:
+        """``token``: authenticate with it (extension 2) as soon as the hub's hello arrives;
+        until the hub answers, subscribing and publishing wait (they would otherwise run as
+        the anonymous principal), and a refused token closes the client."""
         self.reader = reader
         self.writer = writer
-        self.conn = Connection(Role.CLIENT, extensions=(EXT_PUBLISH,), runs=True)
+        self.token = token
+        self.principal: str | None = None  # what the hub's ``authenticated`` said
+        extensions = (EXT_PUBLISH,) if token is None else (EXT_PUBLISH, EXT_AUTH)
+        self.conn = Connection(Role.CLIENT, extensions=extensions, runs=True)
         self.conn.initiate()
         self._inboxes: dict[int, _Inbox] = {}
         self._outlets: dict[int, Publisher] = {}
@@ -222,7 +232,17 @@ class RsioClient:
                     outlet = self._outlets.pop(offer, None)
                     if outlet is not None:
                         outlet._end(error)
-                case HandshakeCompleted():
+                case HandshakeCompleted(_, extensions):
+                    if self.token is None:
+                        self._handshake.set()
+                    elif EXT_AUTH in extensions:
+                        self.conn.send(Authenticate(self.token))
+                    else:
+                        self._closed = "the hub does not offer authentication (extension 2)"
+                        self.conn.send(Goodbye(self._closed))
+                        self._handshake.set()
+                case Authenticated(principal):
+                    self.principal = principal
                     self._handshake.set()
                 case ConnectionClosed(reason):
                     self._closed = reason
@@ -240,6 +260,8 @@ class RsioClient:
     async def _elements(
         self, name: PublisherName | _Raw, prefetch: int, decoder: RunDecoder | None = None
     ) -> AsyncGenerator[tuple[list[bytes], int], None]:
+        if self.token is not None:
+            await self.ready()
         if self._closed:
             raise LogClosedError(self._closed)
         subscriber = self._free_id()
@@ -347,6 +369,13 @@ class RsioClient:
         return rows
 
     # ------------------------------------------------------------------ publishing
+
+    async def ready(self) -> None:
+        """Wait for the hub's hello (and, with a token, its ``authenticated``); raise
+        :class:`~tidewire.model.LogClosedError` with the hub's reason if it closed instead."""
+        await self._handshake.wait()
+        if self._closed:
+            raise LogClosedError(self._closed)
 
     async def publisher(
         self,
@@ -665,17 +694,28 @@ class _Raw:
 class _Connect:
     """``connect(url)``: awaitable (gives the client) and an async context manager."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None, ssl: SSLContext | None) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "rsio" or not parts.hostname:
-            raise ValueError(f"not an rsio:// URL: {url!r}")
+        if parts.scheme not in ("rsio", "rsios") or not parts.hostname:
+            raise ValueError(f"not an rsio:// or rsios:// URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or 7400
+        self.token = token
+        self.ssl = ssl if ssl is not None or parts.scheme == "rsio" else create_default_context()
         self.client: RsioClient | None = None
 
     async def _open(self) -> RsioClient:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
-        return RsioClient(reader, writer)
+        reader, writer = await asyncio.open_connection(
+            self.host, self.port, limit=1 << 20, ssl=self.ssl
+        )
+        client = RsioClient(reader, writer, self.token)
+        if self.token is not None:
+            try:
+                await client.ready()  # a refused token fails here, not at the first subscribe
+            except LogClosedError:
+                await client.close()
+                raise
+        return client
 
     def __await__(self) -> Generator[Any, None, RsioClient]:
         return self._open().__await__()
@@ -689,7 +729,10 @@ class _Connect:
             await self.client.close()
 
 
-def connect(url: str) -> _Connect:
-    """Open an RS.io connection to ``rsio://host:port``: ``async with connect(url) as hub``
-    (or ``hub = await connect(url)``, then ``await hub.close()``)."""
-    return _Connect(url)
+def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None) -> _Connect:
+    """Open an RS.io connection to ``rsio://host:port`` (``rsios://`` or ``ssl=``: over TLS,
+    the hub's certificate verified): ``async with connect(url) as hub`` (or
+    ``hub = await connect(url)``, then ``await hub.close()``). ``token``: authenticate as that
+    principal (extension 2); a refused token raises here. For mutual TLS, ``ssl`` carries the
+    client certificate (``tidewire.server.guard.client_context``)."""
+    return _Connect(url, token, ssl)

@@ -21,21 +21,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
+from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..log.record import encode as encode_record
-from ..model import Batch, TidewireError
+from ..model import Batch, Forbidden, TidewireError, Unauthenticated
 from ..protocols.rsio import (
+    EXT_AUTH,
     EXT_PUBLISH,
+    PROTOCOL_VERSION,
+    Authenticate,
+    Authenticated,
     Cancel,
     Committed,
     Connection,
     ConnectionClosed,
     Goodbye,
+    HandshakeCompleted,
     Limits,
     Offer,
     OfferEnded,
@@ -46,9 +53,11 @@ from ..protocols.rsio import (
     OnNextPacked,
     Request,
     Role,
+    ServerHello,
     Subscribe,
     Subscribed,
     SubscriptionErrored,
+    encode,
 )
 from ..protocols.rsio.codec import OnNextRun
 from ..protocols.rsio.connection import BIG_ELEMENT
@@ -61,6 +70,7 @@ from ..protocols.rsio.publisher import (
     envelope_parts,
     fixed_size_values,
 )
+from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
 
@@ -116,13 +126,21 @@ class RsioServerProtocol(asyncio.Protocol):
         hub: Hub,
         registry: set[RsioServerProtocol] | None = None,
         settings: RsioSettings | None = None,
+        *,
+        access: Access | None = None,
+        principal: Principal = ANONYMOUS,
     ) -> None:
+        """``principal``: who the peer is before any ``authenticate`` (extension 2), e.g. the
+        bearer token of a Tube connection's upgrade request; a verified client certificate
+        (mutual TLS) names it when the transport has one."""
         self.hub = hub
+        self.access = access if access is not None else Access()
+        self.principal = principal
         self.settings = settings = settings or RsioSettings()
         self.max_subscriptions = settings.max_subscriptions
         self.registry = registry if registry is not None else set()
         self.conn = Connection(
-            Role.SERVER, extensions=(EXT_PUBLISH,), limits=settings.limits, runs=True
+            Role.SERVER, extensions=(EXT_PUBLISH, EXT_AUTH), limits=settings.limits, runs=True
         )
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -141,6 +159,8 @@ class RsioServerProtocol(asyncio.Protocol):
         transport = self.transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.peer = str(transport.get_extra_info("peername"))
+        if self.principal.anonymous:  # mutual TLS: the certificate names the peer
+            self.principal = certificate_principal(peer_certificate(transport)) or ANONYMOUS
         self.registry.add(self)
         self.conn.initiate()
         self._flush()
@@ -168,6 +188,10 @@ class RsioServerProtocol(asyncio.Protocol):
             self._flush()
         if self.transport is not None:
             self.transport.close()
+
+    def expire(self, reason: str) -> None:
+        """A deadline of the guard's (handshake, idle): goodbye with the reason, and close."""
+        self.shutdown(reason)
 
     def pause_writing(self) -> None:
         """The peer does not read fast enough: pumps wait, and so does reading its input (a
@@ -232,6 +256,10 @@ class RsioServerProtocol(asyncio.Protocol):
                         inlet.wake.set()
                 case OfferRefused(offer, reason):
                     log.info("rsio %s: offer %d refused: %s", self.peer, offer, reason)
+                case HandshakeCompleted():
+                    established(self.transport)
+                case Authenticate(token):
+                    self._authenticate(token)
                 case ConnectionClosed(reason, _, error):
                     if error:
                         log.warning("rsio %s: closing: %s", self.peer, reason)
@@ -242,6 +270,22 @@ class RsioServerProtocol(asyncio.Protocol):
                 case _:
                     pass  # hellos, and messages for subscriptions we do not make
 
+    def _authenticate(self, token: str) -> None:
+        """Extension 2: the token names the principal from now on; a bad one ends the
+        connection (goodbye), since the client asked to be someone it cannot prove to be."""
+        try:
+            self.principal = self.access.authenticate(token)
+        except Unauthenticated as exc:
+            log.warning("rsio %s: authentication failed: %s", self.peer, exc)
+            self.shutdown(f"authentication failed: {exc}")
+            return
+        log.info("rsio %s: authenticated as %s", self.peer, self.principal)
+        self.conn.send(Authenticated(self.principal.name))
+
+    def _refused(self, exc: Forbidden) -> str:
+        log.warning("rsio %s: refused: %s", self.peer, exc)
+        return f"forbidden: {exc}"
+
     def _subscribe(self, publisher: str, subscriber: int, initial: int) -> None:
         if len(self.pumps) >= self.max_subscriptions:
             limit = self.max_subscriptions
@@ -251,16 +295,20 @@ class RsioServerProtocol(asyncio.Protocol):
         try:
             sub: Subscription | _Listing | _Records
             if publisher.startswith("?"):  # the hub's own publishers (see docs)
-                sub = _Listing(self.hub, publisher)
+                sub = _Listing(self.hub, publisher, self.access, self.principal)
                 name = PublisherName("-", format="value")
             else:
                 name = PublisherName.parse(publisher)
+                self.access.check(self.principal, "read", name.stream)
                 sub = self.hub.subscribe(
                     name.stream, name.start, until_id=name.until, key=name.key,
                     max_batch_bytes=MAX_DELIVERY_BYTES,
                 )  # fmt: skip
                 if name.format == "records":
                     sub = _Records(sub)
+        except Forbidden as exc:
+            self.conn.send(OnError(subscriber, self._refused(exc)))
+            return
         except (PublisherNameError, TidewireError, ValueError) as exc:
             self.conn.send(OnError(subscriber, str(exc)))
             return
@@ -292,6 +340,11 @@ class RsioServerProtocol(asyncio.Protocol):
             name = OfferName.parse(publisher)
         except PublisherNameError as exc:
             self._refuse(offer, str(exc))
+            return
+        try:
+            self.access.check(self.principal, "write", name.stream)
+        except Forbidden as exc:
+            self.conn.send(OfferEnded(offer, self._refused(exc)))
             return
         if len(self.inlets) >= self.settings.max_offers:
             limit = self.settings.max_offers
@@ -596,13 +649,14 @@ class _Listing:
     are listed with ``"latest_id": 0`` and ``"exists": false``. A subscription-shaped object
     so that the ordinary pump delivers it within demand."""
 
-    def __init__(self, hub: Hub, publisher: str) -> None:
+    def __init__(self, hub: Hub, publisher: str, access: Access, principal: Principal) -> None:
         field_name, eq, value = publisher[1:].partition("=")
         if field_name != "streams":
             raise PublisherNameError(f"unknown hub publisher {publisher!r} (try '?streams')")
         stats = {s.name: s for s in hub.streams()}
         names = [unquote(n, errors="strict") for n in value.split(",")] if eq and value else (
             sorted(stats))  # fmt: skip
+        names = access.streams(principal, names)  # only what the principal may read
         rows = []
         for stream in names:
             st = stats.get(stream)
@@ -642,38 +696,59 @@ class _Listing:
 
 
 class RsioServer:
-    """The listener and its live connections (so that shutdown can say goodbye to each)."""
+    """The listener (behind the guard: TLS, connection limits, deadlines) and its live
+    connections (so that shutdown can say goodbye to each)."""
 
-    def __init__(self, hub: Hub, settings: RsioSettings | None = None) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        settings: RsioSettings | None = None,
+        *,
+        access: Access | None = None,
+        admission: Admission | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.hub = hub
         self.settings = settings or RsioSettings()
+        self.access = access if access is not None else Access()
         self.connections: set[RsioServerProtocol] = set()
-        self.server: asyncio.Server | None = None
+        self.listener = Listener(
+            "rsio", self._protocol, admission or Admission(ConnectionLimits()), tls=tls,
+            refuse=_refusal,
+        )  # fmt: skip
 
     def _protocol(self) -> RsioServerProtocol:
-        protocol = RsioServerProtocol(self.hub, self.connections, self.settings)
-        return protocol
+        return RsioServerProtocol(self.hub, self.connections, self.settings, access=self.access)
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
         """Stop listening, say goodbye to every connection and close it."""
-        if self.server is not None:
-            self.server.close()
+        self.listener.close()
         for protocol in list(self.connections):
             protocol.shutdown("server shutting down")
-        if self.server is not None:
-            await self.server.wait_closed()
+        await self.listener.wait_closed()
+
+
+def _refusal(reason: str) -> bytes:
+    """What a connection refused at admission gets: the hub's hello, then goodbye."""
+    return bytes(encode(ServerHello(PROTOCOL_VERSION, (EXT_PUBLISH, EXT_AUTH)))
+                 + encode(Goodbye(reason)))  # fmt: skip
 
 
 async def start_rsio_server(
-    hub: Hub, host: str, port: int, settings: RsioSettings | None = None
+    hub: Hub,
+    host: str,
+    port: int,
+    settings: RsioSettings | None = None,
+    *,
+    access: Access | None = None,
+    admission: Admission | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> RsioServer:
-    """Listen for RS.io over TCP on ``host:port`` (0 = any free port)."""
-    rsio = RsioServer(hub, settings)
-    loop = asyncio.get_running_loop()
-    rsio.server = await loop.create_server(rsio._protocol, host, port)
+    """Listen for RS.io over TCP (over TLS with ``tls``) on ``host:port`` (0 = any free port)."""
+    rsio = RsioServer(hub, settings, access=access, admission=admission, tls=tls)
+    await rsio.listener.start(host, port)
     return rsio

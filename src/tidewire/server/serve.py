@@ -5,9 +5,11 @@ SIGINT/SIGTERM, then shut down gracefully (listeners closed, queued appends flus
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import resource
 import signal
+import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,15 +19,19 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
-from ..config import ServerConfig
+from ..config import ConfigError, ServerConfig
 from ..hub import Hub
+from ..hub.access import Access, Acl, Tokens
 from ..protocols.rsio import Limits
 from ..protocols.seguro import Limits as SeguroLimits
+from . import app as http_app
 from .app import build_app
+from .guard import Admission, ConnectionLimits, TlsSettings, server_context
 from .rsio import RsioServer, RsioSettings, start_rsio_server
 from .rsio_http import HttpSettings
 from .seguro import SeguroServer, start_seguro_server
-from .tolliver import TolliverServer, start_tolliver_server
+from .tolliver import TolliverServer, TolliverSettings, start_tolliver_server
+from .tube import TubeSettings
 
 __all__ = ["Endpoint", "run_server", "serve"]
 
@@ -58,6 +64,7 @@ async def serve(
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     quiet_bad_requests()
+    access, admission, tls = security(config)
     hub = Hub.open(
         config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s
     )
@@ -69,30 +76,42 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         await hub.start()
-        app = build_app(hub, http_settings(config), rsio=rsio_settings(config))
+        app = build_app(hub, http_settings(config), tube_settings(config),
+                        rsio=rsio_settings(config), access=access)  # fmt: skip
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
-        await site.start()
-        port = _bound_port(runner)
-        rsio = await start_rsio_server(hub, config.host, config.rsio_port, rsio_settings(config))
-        tolliver = await start_tolliver_server(hub, config.host, config.tolliver_port)
+        port = await http_app.start_http_site(runner, config.host, config.http_port, admission=admission,
+                                     tls=tls["http"], settings=http_settings(config))  # fmt: skip
+        rsio = await start_rsio_server(
+            hub, config.host, config.rsio_port, rsio_settings(config),
+            access=access, admission=admission, tls=tls["rsio"],
+        )  # fmt: skip
+        tolliver = await start_tolliver_server(
+            hub, config.host, config.tolliver_port, tolliver_settings(config),
+            access=access, admission=admission, tls=tls["tolliver"],
+        )  # fmt: skip
         seguro = await start_seguro_server(
             hub, config.host, config.seguro_port,
             SeguroLimits(max_event_bytes=int(config.values["seguro.max_event_bytes"]),
                          max_many_count=int(config.values["seguro.max_many_events"])),
+            access=access, admission=admission, tls=tls["seguro"],
         )  # fmt: skip
+        s = {k: "s" if v is not None else "" for k, v in tls.items()}
         endpoints = [
-            Endpoint("rsio", f"rsio://{config.host}:{rsio.port}", "RS.io over TCP"),
-            Endpoint("tolliver", f"tolliver://{config.host}:{tolliver.port}",
+            Endpoint("rsio", f"rsio{s['rsio']}://{config.host}:{rsio.port}", "RS.io over TCP"),
+            Endpoint("tolliver", f"tolliver{s['tolliver']}://{config.host}:{tolliver.port}",
                      "Tolliver (the hub's instance)"),
-            Endpoint("seguro", f"seguro://{config.host}:{seguro.port}", "Seguro (event log)"),
-            Endpoint("http", f"http://{config.host}:{port}/healthz", "health check"),
-            Endpoint("http", f"http://{config.host}:{port}/streams", "stream list (JSON)"),
-            Endpoint("http", f"http://{config.host}:{port}/rsio/pub/<stream>",
+            Endpoint("seguro", f"seguro{s['seguro']}://{config.host}:{seguro.port}",
+                     "Seguro (event log)"),
+            Endpoint("http", f"http{s['http']}://{config.host}:{port}/healthz", "health check"),
+            Endpoint("http", f"http{s['http']}://{config.host}:{port}/streams",
+                     "stream list (JSON)"),
+            Endpoint("http", f"http{s['http']}://{config.host}:{port}/rsio/pub/<stream>",
                      "RS.io over HTTP (PUT)"),
-            Endpoint("ws", f"ws://{config.host}:{port}/tube", "RS.io over Tube (WebSocket)"),
+            Endpoint("ws", f"ws{s['http']}://{config.host}:{port}/tube",
+                     "RS.io over Tube (WebSocket)"),
         ]
+        warn_exposure(config, tls, access)
         streams = hub.log.streams()
         print(
             f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.log.directory}",
@@ -174,6 +193,70 @@ def run_server(config: ServerConfig) -> None:
         runner.run(serve(config))
 
 
+LISTENERS = ("http", "rsio", "seguro", "tolliver")
+
+
+def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSLContext | None]]:
+    """The access policy, the connection bounds shared by every listener, and each listener's
+    TLS context (``None``: plain TCP) from the ``auth.*``, ``limits.*`` and ``tls.*`` settings.
+    Raises ``ConfigError`` for files that cannot be read or certificates that do not load."""
+    v = config.values
+    try:
+        access = Access(
+            Acl.load(v["auth.acl_file"]) if v["auth.acl_file"] else None,
+            Tokens.load(v["auth.tokens_file"]) if v["auth.tokens_file"] else None,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    admission = Admission(ConnectionLimits(
+        max_connections=int(v["limits.max_connections"]),
+        max_connections_per_peer=int(v["limits.max_connections_per_peer"]),
+        handshake_seconds=float(v["limits.handshake_seconds"]),
+        idle_seconds=float(v["limits.idle_seconds"]),
+        write_stall_seconds=float(v["limits.write_stall_seconds"]),
+    ))  # fmt: skip
+    contexts: dict[str, ssl.SSLContext | None] = dict.fromkeys(LISTENERS)
+    if v["tls.cert_file"]:
+        tls = TlsSettings(v["tls.cert_file"], v["tls.key_file"], v["tls.ca_file"] or None,
+                          v["tls.client_auth"], v["tls.min_version"])  # fmt: skip
+        try:
+            for name in LISTENERS:
+                if v[f"{name}.tls"]:  # Tolliver's origin requires client certificates
+                    auth = "required" if name == "tolliver" else None
+                    contexts[name] = server_context(tls, client_auth=auth)
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            raise ConfigError(f"tls: cannot load the certificates: {exc}") from None
+    return access, admission, contexts
+
+
+def warn_exposure(config: ServerConfig, tls: dict[str, ssl.SSLContext | None],
+                  access: Access) -> None:  # fmt: skip
+    """Binding beyond the loopback without TLS (or without an ACL) is logged as a warning."""
+    try:
+        loopback = ipaddress.ip_address(config.host).is_loopback
+    except ValueError:
+        loopback = config.host == "localhost"
+    if loopback:
+        return
+    plain = [name for name, ctx in tls.items() if ctx is None]
+    if plain:
+        log.warning("listening on %s without TLS for %s: anyone on the network can read and "
+                    "write in clear text (set tls.cert_file)", config.host, ", ".join(plain))
+    if access.open:
+        log.warning("listening on %s without an ACL: every peer may read and write every "
+                    "stream (set auth.acl_file)", config.host)
+
+
+def tube_settings(config: ServerConfig) -> TubeSettings:
+    return TubeSettings(max_message_bytes=int(config.values["tube.max_message_bytes"]))
+
+
+def tolliver_settings(config: ServerConfig) -> TolliverSettings:
+    v = config.values
+    return TolliverSettings(max_message_bytes=int(v["tolliver.max_message_bytes"]),
+                            max_subscriptions=int(v["tolliver.max_subscriptions"]))  # fmt: skip
+
+
 def http_settings(config: ServerConfig) -> HttpSettings:
     """RS.io over HTTP's bounds from the ``http.*`` settings."""
     v = config.values
@@ -182,6 +265,9 @@ def http_settings(config: ServerConfig) -> HttpSettings:
         idle_seconds=float(v["http.idle_seconds"]),
         max_subscriptions=int(v["http.max_subscriptions"]),
         max_response_bytes=int(v["http.max_response_bytes"]),
+        header_seconds=float(v["http.header_seconds"]),
+        body_seconds=float(v["http.body_seconds"]),
+        max_body_bytes=int(v["http.max_body_bytes"]),
     )
 
 

@@ -22,8 +22,11 @@ from .connection import (
     SubscriptionErrored,
 )
 from .messages import (
+    EXT_AUTH,
     EXT_PUBLISH,
     PROTOCOL_VERSION,
+    Authenticate,
+    Authenticated,
     Cancel,
     ClientHello,
     Committed,
@@ -43,8 +46,11 @@ from .messages import (
 )
 
 __all__ = [
+    "EXT_AUTH",
     "EXT_PUBLISH",
     "PROTOCOL_VERSION",
+    "Authenticate",
+    "Authenticated",
     "Cancel",
     "ClientHello",
     "Committed",

@@ -20,6 +20,9 @@ docs/protocols/rsio.md)::
     64 offer         offer Id | publisher String
     65 committed     offer Id | count Long | firstId Long | lastId Long
     66 offerEnded    offer Id | error String
+    extension 2 (authentication), decoded only once both hellos list it:
+    67 authenticate  token String
+    68 authenticated principal String
 
 Frames carry no length, so the decoder must know each subscription's element size to find where
 an ``onNext`` ends: it asks ``element_size(subscriber)`` (the connection knows it from the
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 
 from ...model import LocalProtocolError, RemoteProtocolError
 from .messages import (
+    Authenticate,
+    Authenticated,
     Cancel,
     ClientHello,
     Committed,
@@ -211,6 +216,12 @@ def encode(message: Message, element_size: int = 0, out: bytearray | None = None
             push_varint(out, MessageType.OFFER_ENDED)
             push_varint(out, offer)
             push_string(out, error)
+        case Authenticate(token):
+            push_varint(out, MessageType.AUTHENTICATE)
+            push_string(out, token)
+        case Authenticated(principal):
+            push_varint(out, MessageType.AUTHENTICATED)
+            push_string(out, principal)
         case _:  # pragma: no cover - the union is exhaustive
             raise LocalProtocolError(f"not an RS.io message: {message!r}")
     return out
@@ -235,6 +246,7 @@ class Decoder:
         element_size: Callable[[int], int] | None = None,
         *,
         publishing: bool = False,
+        auth: bool = False,
         runs: bool = False,
         run_decoder: Callable[[int], tuple[RunDecoder, int] | None] | None = None,
     ) -> None:
@@ -245,6 +257,7 @@ class Decoder:
         self._need = 0  # do not retry the current frame before the buffer is this long
         self._dead: RemoteProtocolError | None = None
         self.publishing = publishing  # extension 1 negotiated: decode types 64-66
+        self.auth = auth  # extension 2 negotiated: decode types 67-68
         self.runs = runs  # coalesce consecutive variable-size onNext frames into an OnNextRun
         # subscriber -> (its run decoder, how many elements it may take), or None
         self.run_decoder = run_decoder
@@ -367,6 +380,11 @@ class Decoder:
             return OnError(subscriber, error), pos
         if self.publishing and MessageType.OFFER <= kind <= MessageType.OFFER_ENDED:
             return self._parse_publishing(kind, buf, pos)
+        if self.auth and kind in (MessageType.AUTHENTICATE, MessageType.AUTHENTICATED):
+            text, pos = pull_string(buf, pos, limits.max_string_bytes)
+            if kind == MessageType.AUTHENTICATE:
+                return Authenticate(text), pos
+            return Authenticated(text), pos
         raise RemoteProtocolError(f"unknown message type {kind}")
 
     def _run(

@@ -50,8 +50,11 @@ from .codec import (
     encode,
 )
 from .messages import (
+    EXT_AUTH,
     EXT_PUBLISH,
     PROTOCOL_VERSION,
+    Authenticate,
+    Authenticated,
     Cancel,
     ClientHello,
     Committed,
@@ -226,6 +229,8 @@ class Connection:
         )
         self._hello_sent = False
         self._eof = False
+        self._auth_sent = False  # extension 2: authenticate is sent (received) at most once
+        self._auth_received = False
 
     # ------------------------------------------------------------------ handshake
 
@@ -379,6 +384,14 @@ class Connection:
                         "element(s) not committed: give the reason they were not"
                     )
                 del self._offers[offer]
+            # --- authentication (extension 2)
+            case Authenticate():
+                self._check_auth(message, Role.CLIENT)
+                if self._auth_sent:
+                    raise LocalProtocolError("authenticate is sent at most once")
+                self._auth_sent = True
+            case Authenticated():
+                self._check_auth(message, Role.SERVER)
         encode(message, size, self._out)
 
     def _delivered(self, subscriber: int, count: int) -> None:
@@ -392,6 +405,14 @@ class Connection:
         if not self.publishing:
             raise LocalProtocolError(
                 f"{type(message).__name__} needs the publishing extension (1) in both hellos"
+            )
+        if self.role is not sender:
+            raise LocalProtocolError(f"only the {sender.value} sends {type(message).__name__}")
+
+    def _check_auth(self, message: Message, sender: Role) -> None:
+        if EXT_AUTH not in self.negotiated:
+            raise LocalProtocolError(
+                f"{type(message).__name__} needs the authentication extension (2) in both hellos"
             )
         if self.role is not sender:
             raise LocalProtocolError(f"only the {sender.value} sends {type(message).__name__}")
@@ -619,6 +640,7 @@ class Connection:
                 )
             self.peer_extensions = frozenset(message.extensions)
             self._decoder.publishing = self.publishing
+            self._decoder.auth = EXT_AUTH in self.negotiated
             self._events.append(HandshakeCompleted(message.version, self.negotiated))
             return
         match message:
@@ -734,6 +756,16 @@ class Connection:
                         f"offerEnded({offer}) without an error, but only {state.committed} of "
                         f"the {state.delivered} element(s) delivered were committed"
                     )
+            # --- authentication (extension 2; decoded only once negotiated)
+            case Authenticate():
+                if self.role is not Role.SERVER:
+                    raise RemoteProtocolError("authenticate sent to the client")
+                if self._auth_received:
+                    raise RemoteProtocolError("a second authenticate")
+                self._auth_received = True
+            case Authenticated():
+                if self.role is not Role.CLIENT:
+                    raise RemoteProtocolError("authenticated sent to the hub")
         self._events.append(message)
 
     def _refuse_theirs(self, subscriber: int, reason: str) -> None:

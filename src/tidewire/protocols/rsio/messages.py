@@ -14,8 +14,11 @@ from ...model import LocalProtocolError
 from .wire import MAX_LONG, MAX_VARINT
 
 __all__ = [
+    "EXT_AUTH",
     "EXT_PUBLISH",
     "PROTOCOL_VERSION",
+    "Authenticate",
+    "Authenticated",
     "Cancel",
     "ClientHello",
     "Committed",
@@ -40,6 +43,10 @@ EXT_PUBLISH = 1
 """tidewire's publishing extension: a client offers a publisher and the hub subscribes to it
 (``offer``, ``committed``, ``offerEnded``; see docs/protocols/rsio.md)."""
 
+EXT_AUTH = 2
+"""tidewire's authentication extension: the client proves who it is with a bearer token
+(``authenticate``), the hub answers with the principal (``authenticated``) or ``goodbye``."""
+
 
 class MessageType(enum.IntEnum):
     CLIENT_HELLO = 0
@@ -57,6 +64,9 @@ class MessageType(enum.IntEnum):
     OFFER = 64
     COMMITTED = 65
     OFFER_ENDED = 66
+    # extension 2 (authentication)
+    AUTHENTICATE = 67
+    AUTHENTICATED = 68
 
 
 def _check_varint(name: str, value: int) -> None:
@@ -265,6 +275,29 @@ class OfferEnded:
         _check_text("error", self.error)
 
 
+@dataclass(frozen=True, slots=True)
+class Authenticate:
+    """``authenticate(token: String)`` (extension 2, client to hub, at most once, only after
+    the hub's hello listed extension 2): from now on the connection acts as the token's
+    principal. A wrong or expired token is answered with ``goodbye``."""
+
+    token: str
+
+    def __post_init__(self) -> None:
+        _check_text("token", self.token)
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticated:
+    """``authenticated(principal: String)`` (extension 2, hub to client): the token is valid;
+    ``principal`` is the name the ACL knows the connection by (``token:<name>``)."""
+
+    principal: str
+
+    def __post_init__(self) -> None:
+        _check_text("principal", self.principal)
+
+
 Message = (
     ClientHello
     | ServerHello
@@ -280,4 +313,6 @@ Message = (
     | Offer
     | Committed
     | OfferEnded
+    | Authenticate
+    | Authenticated
 )

@@ -1,0 +1,549 @@
+"""Every listener's front door: TLS, connection limits and the timers that drop abusive peers.
+
+A :class:`Listener` wraps a protocol factory (RS.io's, Seguro's, Tolliver's, aiohttp's request
+handler). Each accepted socket gets a :class:`GuardedConnection`, which is the loop's protocol
+and, towards the wrapped protocol, its transport: the wrapped protocol never knows it is
+guarded, except that it may call :func:`established` when its handshake is over.
+
+What the guard enforces (settings ``limits.*`` and ``tls.*``, docs/configuration.md):
+
+* **Admission**: connections in total and per peer address, counted over every listener
+  together (:class:`Admission`). One over is refused with the protocol's own words (the
+  listener's ``refuse(reason)`` bytes: an RS.io ``goodbye``, an HTTP 503), then closed.
+* **TLS**, done here over memory BIOs rather than by ``create_server(ssl=...)`` so that a
+  failed handshake (an untrusted or expired certificate, no certificate where one is required,
+  plain text on a TLS port) is logged as one line naming the peer (asyncio logs those only in
+  debug mode), the same on asyncio and uvloop. The standard library's :mod:`ssl` (OpenSSL)
+  does the cryptography; only the plumbing is ours.
+* **Handshake deadline**: TLS plus the protocol's own handshake (RS.io hellos, Seguro's
+  ``POINT``, Tolliver's handshake, HTTP request headers: slowloris) must finish within
+  ``limits.handshake_seconds``.
+* **Idle**: nothing received and nothing sent for ``limits.idle_seconds``.
+* **Stalled output**: a peer that does not read while we have output for it (the transport
+  stays above its high-water mark) for ``limits.write_stall_seconds`` is aborted: it cannot be
+  told why, since it is not reading.
+
+Deadlines are checked by :meth:`Listener.sweep`, which takes the time as an argument; the
+listener calls it from one task about every second (``loop.time()``), tests call it with a fake
+clock. A wrapped protocol with an ``expire(reason)`` method (RS.io: ``goodbye``) is asked to
+end its connection in its own words; otherwise the transport is closed.
+
+The TLS contexts are built here (:func:`server_context`, :func:`client_context`); certificates
+are always verified, never skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, cast, runtime_checkable
+
+__all__ = [
+    "Admission",
+    "ConnectionLimits",
+    "Expirable",
+    "GuardedConnection",
+    "Listener",
+    "TlsSettings",
+    "client_context",
+    "established",
+    "peer_certificate",
+    "server_context",
+]
+
+log = logging.getLogger("tidewire.guard")
+
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Bounds on connections (settings ``limits.*``); 0 seconds turns a timer off."""
+
+    max_connections: int = 10_000
+    max_connections_per_peer: int = 256
+    handshake_seconds: float = 10.0
+    idle_seconds: float = 3600.0
+    write_stall_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """Settings ``tls.*``: the hub's certificate, and the CA that client certificates need."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    client_auth: str = "none"  # "none", "optional" or "required"
+    min_version: str = "1.2"
+
+
+def server_context(tls: TlsSettings, *, client_auth: str | None = None) -> ssl.SSLContext:
+    """A server context: TLS 1.2+ (or 1.3), the hub's chain, and client verification as asked.
+
+    ``client_auth`` overrides ``tls.client_auth`` (Tolliver always requires certificates).
+    With "optional" a client certificate that is sent must verify; one not sent leaves the
+    peer anonymous. Verification uses ``tls.ca_file`` only, not the system's store.
+    """
+    mode = client_auth or tls.client_auth
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}[
+        tls.min_version
+    ]
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if mode != "none":
+        if tls.ca_file is None:
+            raise ValueError(f"client_auth = {mode!r} needs tls.ca_file (the clients' CA)")
+        ctx.load_verify_locations(cafile=tls.ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED if mode == "required" else ssl.CERT_OPTIONAL
+    ctx.options |= ssl.OP_NO_COMPRESSION
+    return ctx
+
+
+def client_context(
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+) -> ssl.SSLContext:
+    """A client context that verifies the hub (against ``ca_file``, else the system's CAs) and
+    its host name, and presents ``cert_file`` for mutual TLS."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
+@runtime_checkable
+class Expirable(Protocol):
+    """A wrapped protocol that can end its connection in its own words."""
+
+    def expire(self, reason: str) -> None: ...
+
+
+class _State(enum.Enum):
+    TLS = "tls"  # the TLS handshake runs
+    HANDSHAKE = "handshake"  # the protocol's own handshake runs
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Admission:
+    """Connections in total and per peer address, shared by every listener of the hub."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.total = 0
+        self.per_peer: dict[str, int] = {}
+
+    def admit(self, host: str) -> str | None:
+        """Count a new connection from ``host``; or say why it is refused (and count nothing)."""
+        if self.total >= self.limits.max_connections:
+            return f"too many connections (the limit is {self.limits.max_connections})"
+        count = self.per_peer.get(host, 0)
+        if count >= self.limits.max_connections_per_peer:
+            limit = self.limits.max_connections_per_peer
+            return f"too many connections from {host} (the limit is {limit})"
+        self.total += 1
+        self.per_peer[host] = count + 1
+        return None
+
+    def release(self, host: str) -> None:
+        self.total -= 1
+        count = self.per_peer.pop(host) - 1
+        if count:
+            self.per_peer[host] = count
+
+
+class Listener:
+    """One listening socket's guard: see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], asyncio.BaseProtocol],
+        admission: Admission,
+        *,
+        tls: ssl.SSLContext | None = None,
+        refuse: Callable[[str], bytes] | None = None,
+        expire: Callable[[GuardedConnection, str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.factory = factory
+        self.admission = admission
+        self.limits = admission.limits
+        self.tls = tls
+        self.refuse = refuse
+        self.expire = expire
+        self.connections: set[GuardedConnection] = set()
+        self.server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.refused = 0  # connections refused at admission (for tests and metrics)
+
+    def protocol(self) -> GuardedConnection:
+        return GuardedConnection(self)
+
+    async def start(self, host: str, port: int, **kwargs: Any) -> asyncio.Server:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self.protocol, host, port, **kwargs)
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+        return self.server
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _sweep_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0)
+            self.sweep(loop.time())
+
+    def sweep(self, now: float) -> None:
+        """Drop every connection past a deadline at time ``now`` (``loop.time()``)."""
+        for conn in list(self.connections):
+            conn.check(now)
+
+    def close(self) -> None:
+        """Stop listening (connections are the wrapped protocols' to end)."""
+        if self.server is not None:
+            self.server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    async def wait_closed(self) -> None:
+        if self._sweeper is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+class GuardedConnection(asyncio.Protocol, asyncio.Transport):
+    """The loop's protocol for one socket, and the wrapped protocol's transport.
+
+    TLS runs here on :class:`ssl.SSLObject` over memory BIOs (sans-IO TLS): ciphertext from
+    the socket goes in, plaintext goes to the wrapped protocol, and what it writes is encrypted
+    straight onto the socket's transport, so flow control (``pause_writing``) and the write
+    buffer are the socket's own. Doing it here rather than with ``loop.start_tls`` gives the
+    same behaviour on asyncio and uvloop (whose server-side ``start_tls`` hands the client's
+    first bytes to the old protocol) and a log line for every failed handshake.
+    """
+
+    def __init__(self, listener: Listener) -> None:
+        asyncio.Transport.__init__(self)
+        self.listener = listener
+        self.inner: asyncio.BaseProtocol | None = None
+        self.raw: asyncio.Transport | None = None  # the socket's transport
+        self.tls: ssl.SSLObject | None = None
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self.host = "?"
+        self.peer = "?"
+        self.state = _State.TLS
+        self.started = 0.0
+        self.deadline: float | None = None  # the handshake (or an HTTP request's headers)
+        self.deadline_reason = ""
+        self.last_active = 0.0
+        self.active = False  # bytes moved since the last sweep
+        self.stalled_since: float | None = None  # output paused (the peer does not read)
+        self.admitted = False
+
+    # ------------------------------------------------------------------ towards the loop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        self.host = str(peername[0]) if isinstance(peername, tuple) else str(peername)
+        self.peer = _peer(peername)
+        listener = self.listener
+        now = asyncio.get_running_loop().time()
+        self.started = self.last_active = now
+        reason = listener.admission.admit(self.host)
+        if reason is not None:
+            listener.refused += 1
+            log.warning("%s %s: refused: %s", listener.name, self.peer, reason)
+            self.state = _State.CLOSED
+            if listener.refuse is not None and listener.tls is None:
+                self.raw.write(listener.refuse(reason))
+            self.raw.close()
+            return
+        self.admitted = True
+        listener.connections.add(self)
+        if listener.limits.handshake_seconds > 0:
+            self.deadline = now + listener.limits.handshake_seconds
+            self.deadline_reason = f"no handshake within {listener.limits.handshake_seconds:g}s"
+        if listener.tls is not None:
+            self.tls = listener.tls.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        else:
+            self._open()
+
+    def _open(self) -> None:
+        self.state = _State.HANDSHAKE
+        self.inner = self.listener.factory()
+        self.inner.connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.active = True
+        if self.tls is None:
+            if self.inner is not None:
+                cast(asyncio.Protocol, self.inner).data_received(data)
+            return
+        self._incoming.write(data)
+        if self.state is _State.TLS and not self._handshake():
+            return
+        eof = False
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = self.tls.read(256 * 1024)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:  # the peer's close_notify
+                eof = True
+                break
+            except ssl.SSLError as exc:
+                log.warning("%s %s: TLS error: %s", self.listener.name, self.peer, _tls_reason(exc))
+                self.abort()
+                return
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self._send_tls()  # post-handshake records (session tickets, key updates)
+        inner = cast(asyncio.Protocol, self.inner)
+        for chunk in chunks:
+            if self.state is _State.CLOSED:
+                return
+            inner.data_received(chunk)
+        if eof and self.state is not _State.CLOSED and not inner.eof_received():
+            self.close()
+
+    def _handshake(self) -> bool:
+        """Advance the TLS handshake; True once it is done (the protocol then starts)."""
+        assert self.tls is not None
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._send_tls()
+            return False
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("%s %s: TLS handshake failed: %s", self.listener.name, self.peer,
+                        _tls_reason(exc))  # fmt: skip
+            self._send_tls()  # the alert, so the peer knows why
+            if self.raw is not None:
+                self.raw.close()
+            self._closed()
+            return False
+        self._send_tls()
+        self._open()
+        return self.state is not _State.CLOSED
+
+    def _send_tls(self) -> None:
+        if self._outgoing.pending and self.raw is not None and not self.raw.is_closing():
+            self.raw.write(self._outgoing.read())
+
+    def eof_received(self) -> bool | None:
+        if self.inner is not None:
+            return cast(asyncio.Protocol, self.inner).eof_received()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed()
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.stalled_since = asyncio.get_running_loop().time()
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.stalled_since = None
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def _closed(self) -> None:
+        self.state = _State.CLOSED
+        if self.admitted:
+            self.admitted = False
+            self.listener.admission.release(self.host)
+            self.listener.connections.discard(self)
+
+    # ------------------------------------------------------------------ deadlines
+
+    def established(self) -> None:
+        """The protocol's handshake is over: the handshake deadline no longer applies."""
+        if self.state is _State.HANDSHAKE:
+            self.state = _State.OPEN
+        self.deadline = None
+
+    def expect(self, seconds: float, reason: str) -> None:
+        """Something (an HTTP request's headers) must arrive within ``seconds`` from now."""
+        if seconds > 0:
+            self.deadline = asyncio.get_running_loop().time() + seconds
+            self.deadline_reason = reason
+
+    def check(self, now: float) -> None:
+        """End the connection if it is past a deadline at ``now``."""
+        if self.state is _State.CLOSED:
+            return
+        limits = self.listener.limits
+        if self.active:
+            self.active = False
+            self.last_active = now
+        stall = limits.write_stall_seconds
+        if self.stalled_since is not None and stall > 0 and now - self.stalled_since >= stall:
+            log.warning("%s %s: dropped: it read nothing for %gs with %d bytes waiting for it",
+                        self.listener.name, self.peer, now - self.stalled_since,
+                        self.get_write_buffer_size())  # fmt: skip
+            self.abort()
+            return
+        if self.deadline is not None and now >= self.deadline:
+            self._expire(self.deadline_reason)
+            return
+        if limits.idle_seconds > 0 and now - self.last_active >= limits.idle_seconds:
+            self._expire(f"idle for {limits.idle_seconds:g}s")
+
+    def _expire(self, reason: str) -> None:
+        log.warning("%s %s: closing: %s", self.listener.name, self.peer, reason)
+        self.deadline = None
+        self.last_active = float("inf")  # once
+        if self.inner is None:  # still in the TLS handshake
+            self.abort()
+            self._closed()
+            return
+        if self.listener.expire is not None:
+            self.listener.expire(self, reason)
+        elif isinstance(self.inner, Expirable):
+            self.inner.expire(reason)
+        else:
+            self.close()
+
+    # ------------------------------------------------------------------ towards the protocol
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.active = True
+        raw = self.raw
+        if raw is None or raw.is_closing():
+            return
+        if self.tls is None:
+            raw.write(data)
+            return
+        try:
+            self.tls.write(data)
+        except ssl.SSLError as exc:  # pragma: no cover - only after a fatal TLS error
+            log.warning("%s %s: TLS error: %s", self.listener.name, self.peer, _tls_reason(exc))
+            self.abort()
+            return
+        self._send_tls()
+
+    def writelines(self, list_of_data: Any) -> None:
+        if self.tls is None:
+            self.active = True
+            if self.raw is not None and not self.raw.is_closing():
+                self.raw.writelines(list_of_data)
+            return
+        for data in list_of_data:
+            self.write(data)
+
+    def close(self) -> None:
+        if self.raw is None or self.raw.is_closing():
+            return
+        if self.tls is not None and self.state is not _State.TLS:
+            with contextlib.suppress(ssl.SSLError, ValueError):
+                self.tls.unwrap()  # close_notify
+            self._send_tls()
+        self.raw.close()
+
+    def abort(self) -> None:
+        if self.raw is not None:
+            self.raw.abort()
+
+    def is_closing(self) -> bool:
+        return self.raw is None or self.raw.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "guard":
+            return self
+        if self.tls is not None:
+            if name == "peercert":
+                return self.tls.getpeercert() if self.state is not _State.TLS else default
+            if name == "ssl_object":
+                return self.tls
+            if name == "sslcontext":
+                return self.tls.context
+            if name == "cipher":
+                return self.tls.cipher()
+            if name == "compression":
+                return self.tls.compression()
+        return default if self.raw is None else self.raw.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        if self.raw is not None:
+            self.raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.raw is not None:
+            self.raw.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.raw is not None and self.raw.is_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if self.raw is not None:
+            self.raw.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return 0 if self.raw is None else self.raw.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (0, 0) if self.raw is None else self.raw.get_write_buffer_limits()
+
+    def can_write_eof(self) -> bool:
+        return self.tls is None and self.raw is not None and self.raw.can_write_eof()
+
+    def write_eof(self) -> None:
+        if self.tls is not None:
+            self.close()
+        elif self.raw is not None:
+            self.raw.write_eof()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.inner = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self.inner is not None
+        return self.inner
+
+
+def established(transport: object) -> None:
+    """Tell the guard (if ``transport`` is guarded) that the protocol's handshake is over."""
+    if isinstance(transport, GuardedConnection):
+        transport.established()
+
+
+def peer_certificate(transport: object) -> dict[str, Any] | None:
+    """The peer's verified certificate (``SSLSocket.getpeercert()``), or ``None``."""
+    get = getattr(transport, "get_extra_info", None)
+    cert = get("peercert") if get is not None else None
+    return cert if isinstance(cert, dict) and cert else None
+
+
+def _peer(peername: object) -> str:
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host = str(peername[0])
+        return f"[{host}]:{peername[1]}" if ":" in host else f"{host}:{peername[1]}"
+    return str(peername)
+
+
+def _tls_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"{exc.reason}: {exc.verify_message}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
