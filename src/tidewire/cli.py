@@ -140,7 +140,7 @@ def serve(
     _setup_logging(config.log_level)
     try:
         run_server(config)
-    except (LogError, OSError) as exc:
+    except (LogError, OSError, ConfigError) as exc:
         logging.getLogger("tidewire").error("cannot serve: %s", exc)
         raise click.ClickException(str(exc)) from None
 
