@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from certs import Pki
     from pyspark.sql import SparkSession
+
+    from certs import Pki
 
 
 @pytest.fixture(scope="session")

@@ -92,11 +92,20 @@ def test_bad_environment_and_flags() -> None:
         load_config(None, {"nope": "1"}, environ={})
 
 
+VALID_TEXT = {"tls.client_auth": ("none", "none"), "tls.min_version": ("1.3", "1.3")}
+COMPANIONS = {  # settings that are only valid together
+    "tls.cert_file": ("tls.key_file", "tls.ca_file"),
+    "tls.key_file": ("tls.cert_file", "tls.ca_file"),
+}
+
+
 def test_every_setting_has_an_environment_variable() -> None:
     for key, (kind, default, _) in SETTINGS.items():
         raw, expected = {bool: ("false", False), int: ("4096", 4096), float: ("1.5", 1.5),
                          str: ("info", "info")}[kind]  # fmt: skip
-        config = load_config(None, environ={env_name(key): raw})
+        raw, expected = VALID_TEXT.get(key, (raw, expected))
+        environ = {env_name(k): "x.pem" for k in COMPANIONS.get(key, ())}
+        config = load_config(None, environ={**environ, env_name(key): raw})
         assert config.values[key] == expected
         assert env_name(key).startswith("TIDEWIRE_")
         assert isinstance(default, kind)

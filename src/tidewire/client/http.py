@@ -14,6 +14,10 @@ It follows the seed's client rules (docs/protocols/rsio-http.md):
   the extra ``cancel`` the seed asks for;
 * every fetch tells the hub the sequence number of the next element it expects
   (``X-Tidewire-Sequence``), and elements received twice after a resend are dropped.
+
+Credentials: ``token=`` is sent on every request as ``Authorization: Bearer <token>`` (a
+refusal is a 401/403 onError: :class:`HttpRsioError`); ``ssl=`` is the TLS context for
+``https://`` (e.g. with a client certificate, ``tidewire.server.guard.client_context``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import ssl as _ssl
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -59,8 +64,11 @@ class HttpHub:
 
     def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
                  retries: int = 6, backoff: float = 0.05, max_backoff: float = 2.0,
-                 poll_timeout: float = 90.0) -> None:  # fmt: skip
+                 poll_timeout: float = 90.0, token: str | None = None,
+                 ssl: _ssl.SSLContext | None = None) -> None:  # fmt: skip
         self.base_url = base_url.rstrip("/")
+        self._auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True  # True: verify
         self._own_session = session is None
         self._session = session
         self.retries = retries
@@ -167,7 +175,8 @@ class HttpHub:
 
     async def _cancel(self, sub_url: str) -> None:
         async with asyncio.timeout(5):
-            async with self.session.put(sub_url + "/cancel") as response:
+            async with self.session.put(sub_url + "/cancel", headers=self._auth,
+                                        ssl=self._ssl) as response:  # fmt: skip
                 await response.read()
 
     async def _put(self, url: str, *, headers: dict[str, str] | None = None) -> _Answer:
@@ -177,9 +186,12 @@ class HttpHub:
         while True:
             try:
                 target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
-                async with self.session.put(target, headers=headers) as response:
+                async with self.session.put(target, headers={**self._auth, **(headers or {})},
+                                            ssl=self._ssl) as response:  # fmt: skip
                     body = await response.read()
                     answer = _Answer(response.status, response.headers, body)
+            except aiohttp.ClientConnectorCertificateError as exc:  # trying again won't help
+                raise HttpRsioError(0, f"the hub's certificate: {exc}", rsio=False) from None
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
                 answer = _Answer(0, {}, str(exc).encode())
             if 0 < answer.status < 400 or answer.status == 410:  # (410: onComplete)

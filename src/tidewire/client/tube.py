@@ -8,18 +8,25 @@ each of its writes is one Tube message; a writer task sends them in order, and `
 waits while more than ``WRITE_HIGH_WATER`` bytes are queued. Tube's keepalive (ping after
 ``keepalive`` seconds of quiet, close a peer silent for three times that) runs on the read
 side's timeouts.
+
+Credentials: ``token=`` goes in the upgrade request's ``Authorization: Bearer`` header (a hub
+that refuses it answers 401 before the upgrade: :class:`~tidewire.model.Unauthenticated` here);
+``ssl=`` is the TLS context for ``wss://`` (e.g. with a client certificate,
+``tidewire.server.guard.client_context``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as _ssl
 from collections import deque
 from collections.abc import Generator
 from typing import Any, Literal
 
 import aiohttp
 
+from ..model import AccessError, Forbidden, Unauthenticated
 from ..protocols.tube import Closed, Connection, Limits, MessageReceived, Role
 from .rsio import RsioClient
 
@@ -50,13 +57,24 @@ class TubeStream:
                    compression: Literal["never", "always", "smart"] = "smart",
                    keepalive: float | None = 30.0,
                    max_message_bytes: int = 128 * 1024 * 1024,
-                   session: aiohttp.ClientSession | None = None) -> TubeStream:  # fmt: skip
-        """Connect and exchange fragment sizes."""
+                   session: aiohttp.ClientSession | None = None, token: str | None = None,
+                   ssl: _ssl.SSLContext | None = None) -> TubeStream:  # fmt: skip
+        """Connect (with ``Authorization: Bearer <token>`` when ``token`` is given; over TLS
+        with ``ssl`` as the context, else the default one) and exchange fragment sizes."""
         own = session is None
         session = session or aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         try:
             limit = fragment_size + 1 if fragment_size else max_message_bytes + 16
-            ws = await session.ws_connect(url, max_msg_size=limit, autoping=True)
+            try:
+                ws = await session.ws_connect(url, max_msg_size=limit, autoping=True,
+                                              headers=headers,
+                                              ssl=ssl if ssl is not None else True)  # fmt: skip
+            except aiohttp.WSServerHandshakeError as exc:
+                refusal = _refusal(exc)
+                if refusal is None:
+                    raise
+                raise refusal from None
             tube = Connection(Role.CLIENT, fragment_size=fragment_size,
                               limits=Limits(max_message_bytes=max_message_bytes),
                               compression=compression, keepalive=keepalive,
@@ -156,6 +174,15 @@ class TubeStream:
             await self.session.close()
 
 
+def _refusal(exc: aiohttp.WSServerHandshakeError) -> AccessError | None:
+    """A 401/403 answer to the upgrade as tidewire's access error (else ``None``)."""
+    kinds: dict[int, type[AccessError]] = {401: Unauthenticated, 403: Forbidden}
+    kind = kinds.get(exc.status)
+    if kind is None:
+        return None
+    return kind(f"the hub refused the Tube upgrade: {exc.status} {exc.message}")
+
+
 class _Connect:
     def __init__(self, url: str, options: dict[str, Any]) -> None:
         self.url = url
@@ -178,7 +205,10 @@ class _Connect:
             await self.client.close()
 
 
-def connect(url: str, **options: Any) -> _Connect:
-    """RS.io over Tube at ``ws://host:port/tube``: ``async with connect(url) as hub`` (options:
-    ``fragment_size``, ``compression``, ``keepalive``, ``max_message_bytes``, ``session``)."""
-    return _Connect(url, options)
+def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None,
+            **options: Any) -> _Connect:  # fmt: skip
+    """RS.io over Tube at ``ws://host:port/tube`` (``wss://``: over TLS, ``ssl`` its context):
+    ``async with connect(url) as hub``. ``token``: sent as ``Authorization: Bearer`` on the
+    upgrade (a refused one raises :class:`~tidewire.model.Unauthenticated` here). Options:
+    ``fragment_size``, ``compression``, ``keepalive``, ``max_message_bytes``, ``session``."""
+    return _Connect(url, {**options, "token": token, "ssl": ssl})

@@ -183,8 +183,8 @@ def _token_name(token: str) -> str | None:
 
 def mint_token(name: str, days: float | None = None, now: float | None = None) -> tuple[str, str]:
     """A new token for ``name`` and the tokens-file table that accepts it."""
-    if not name or any(c.isspace() or c in "\"\\" for c in name):
-        raise ValueError(f"token name {name!r}: no spaces, quotes or backslashes")
+    if not name or any(c.isspace() or c in "\"\\" or c < " " or c == "\x7f" for c in name):
+        raise ValueError(f"token name {name!r}: no spaces, quotes, backslashes or controls")
     token = f"{name}.{secrets.token_urlsafe(32)}"
     lines = [f'[token."{name}"]', f'sha256 = "{_digest(token).hex()}"']
     if days is not None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import logging
 import ssl
 from collections.abc import Callable
@@ -132,6 +133,9 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+_serials = itertools.count(1)
+
+
 class Admission:
     """Connections in total and per peer address, shared by every listener of the hub."""
 
@@ -210,11 +214,16 @@ class Listener:
             conn.check(now)
 
     def close(self) -> None:
-        """Stop listening (connections are the wrapped protocols' to end)."""
+        """Stop listening. Connections still in the TLS handshake are aborted; the others are
+        the wrapped protocols' to end (each in its own words)."""
         if self.server is not None:
             self.server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for conn in list(self.connections):
+            if conn.inner is None:
+                conn.abort()
+                conn._closed()
 
     async def wait_closed(self) -> None:
         if self._sweeper is not None:
@@ -237,6 +246,7 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
 
     def __init__(self, listener: Listener) -> None:
         asyncio.Transport.__init__(self)
+        self.serial = next(_serials)  # the connection's id in this process, in accept order
         self.listener = listener
         self.inner: asyncio.BaseProtocol | None = None
         self.raw: asyncio.Transport | None = None  # the socket's transport
@@ -311,7 +321,8 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
                 log.warning("%s %s: TLS error: %s", self.listener.name, self.peer, _tls_reason(exc))
                 self.abort()
                 return
-            if not chunk:
+            if not chunk:  # SSLObject.read() gives b"" for the peer's close_notify
+                eof = True
                 break
             chunks.append(chunk)
         self._send_tls()  # post-handshake records (session tickets, key updates)

@@ -9,6 +9,11 @@ in docs/protocols/rsio-http.md:
 * ``PUT /rsio/sub/<id>/requestMore=<n>`` and ``PUT /rsio/sub/<id>/cancel`` -> ``200``.
 * onError: 4xx/5xx with ``X-Rsio-Error: true`` and a text/plain message.
 
+Who asks (the principal, :data:`PRINCIPAL_KEY`) is settled before the routes run, by the app's
+middleware (:mod:`.app`): a subscribe needs ``read`` on its stream, and a subscription answers
+only the principal that made it. Both refusals are raised as
+:class:`~tidewire.model.AccessError`, which the middleware turns into 401/403.
+
 Per subscription a pump task moves the hub subscription's batches into a buffer bounded in
 bytes (``max_response_bytes``); a fetch takes what is there, within demand, as one response. The
 response is written with a known ``Content-Length``; only once it is written in full does it
@@ -31,8 +36,9 @@ from typing import cast
 from aiohttp import web
 
 from ..hub import Hub, Subscription
+from ..hub.access import ANONYMOUS, Access, Principal
 from ..log.record import encode as encode_record
-from ..model import Batch, RemoteProtocolError, TidewireError
+from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..protocols.rsio.publisher import (
     PublisherName,
     PublisherNameError,
@@ -55,13 +61,14 @@ from ..protocols.rsio_http import (
 )
 from .rsio import _Records
 
-__all__ = ["HttpSettings", "RsioHttp"]
+__all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "principal"]
 
 log = logging.getLogger("tidewire.rsio_http")
 
 PUB_PREFIX = "/rsio/pub/"
 SUB_PREFIX = "/rsio/sub/"
 _ELEMENTS = web.ResponseKey("tidewire.rsio_elements", bool)  # Content-Type to drop
+PRINCIPAL_KEY = web.RequestKey("tidewire.principal", Principal)  # set by the app's middleware
 _CONDITIONAL = ("If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since",
                 "If-Range")  # fmt: skip
 
@@ -72,6 +79,16 @@ class HttpSettings:
     idle_seconds: float = 300.0  # a subscription without requests for this long is cancelled
     max_subscriptions: int = 10_000  # on the hub, at once
     max_response_bytes: int = 4 * 1024 * 1024  # one response's elements (one element may be more)
+    # the HTTP listener's own bounds (docs/protocols/rsio-http.md, "Security and limits")
+    header_seconds: float = 10.0  # a request's headers, from its first byte
+    body_seconds: float = 60.0  # a request's body, from the end of its headers
+    max_body_bytes: int = 16 * 1024 * 1024  # a request's body (read and dropped: RS.io has none)
+
+
+def principal(request: web.Request) -> Principal:
+    """Who sent ``request`` (the app's middleware decided; anonymous when nothing did)."""
+    who: Principal = request.get(PRINCIPAL_KEY, ANONYMOUS)
+    return who
 
 
 def _error(status: int, message: str, *, rsio: bool = True,
@@ -85,9 +102,10 @@ def _error(status: int, message: str, *, rsio: bool = True,
 
 class _Sub:
     def __init__(self, sid: str, name: PublisherName, source: Subscription | _Records,
-                 now: float) -> None:  # fmt: skip
+                 now: float, owner: Principal) -> None:  # fmt: skip
         self.id = sid
         self.name = name
+        self.owner = owner  # the principal that made it: the only one it answers
         self.source = source
         self.state = ServerSubscription(name.size)
         self.ready: deque[Batch] = deque()  # from the hub, not yet in a delivery
@@ -107,9 +125,11 @@ class RsioHttp:
     """The RS.io-over-HTTP subscriptions of one hub, and their routes."""
 
     def __init__(self, hub: Hub, settings: HttpSettings | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic,
+                 access: Access | None = None) -> None:  # fmt: skip
         self.hub = hub
         self.settings = settings or HttpSettings()
+        self.access = access if access is not None else Access()
         self.clock = clock
         self.subs: dict[str, _Sub] = {}
         self._serial = itertools.count(1)
@@ -142,9 +162,12 @@ class RsioHttp:
             name = PublisherName.parse(text)
         except (BadRequest, PublisherNameError) as exc:
             return self._refuse(request, 400, str(exc))
+        owner = principal(request)
+        self.access.check(owner, "read", name.stream)  # Forbidden: the middleware answers
         if self._closing:
-            return self._refuse(request, 503, "the hub is shutting down",
-                                headers={"Retry-After": "1"})
+            return self._refuse(
+                request, 503, "the hub is shutting down", headers={"Retry-After": "1"}
+            )
         if len(self.subs) >= self.settings.max_subscriptions:
             limit = self.settings.max_subscriptions
             return self._refuse(request, 503, "too many subscriptions on this hub (the limit "
@@ -159,7 +182,7 @@ class RsioHttp:
         if name.format == "records":
             source = _Records(cast(Subscription, source))
         sid = f"{next(self._serial):x}-{secrets.token_urlsafe(12)}"  # never reused
-        sub = _Sub(sid, name, source, self.clock())
+        sub = _Sub(sid, name, source, self.clock(), owner)
         self.subs[sid] = sub
         if demand:
             sub.state.request(demand)
@@ -208,6 +231,7 @@ class RsioHttp:
         sub = self.subs.get(request.match_info["sid"])
         if sub is None:
             return _error(404, "no such subscription (cancelled, ended or never made)")
+        _owned(request, sub)
         try:
             query, demand = split_query(request.rel_url.raw_query_string)
             if query:
@@ -351,6 +375,7 @@ class RsioHttp:
                                 "(cancel or requestMore=<n>)", rsio=False)  # fmt: skip
         if sub is None:
             return _error(404, "no such subscription (cancelled, ended or never made)")
+        _owned(request, sub)
         sub.last_seen = self.clock()
         if action == "cancel":
             self._drop(sub)
@@ -414,6 +439,14 @@ class RsioHttp:
             if sub.pump is not None:
                 sub.pump.cancel()
             sub.touch()
+
+
+def _owned(request: web.Request, sub: _Sub) -> None:
+    """A subscription answers the principal that made it only (its URL alone is no right):
+    another one is refused, and the subscription carries on for its owner."""
+    asker = principal(request)
+    if asker != sub.owner:
+        raise Forbidden(f"{asker} may not use subscription {sub.id} (it belongs to {sub.owner})")
 
 
 def _conditional(request: web.Request) -> web.Response | None:

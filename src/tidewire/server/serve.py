@@ -80,8 +80,10 @@ async def serve(
                         rsio=rsio_settings(config), access=access)  # fmt: skip
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
         await runner.setup()
-        port = await http_app.start_http_site(runner, config.host, config.http_port, admission=admission,
-                                     tls=tls["http"], settings=http_settings(config))  # fmt: skip
+        port = await http_app.start_http_site(
+            runner, config.host, config.http_port,
+            admission=admission, tls=tls["http"], settings=http_settings(config),
+        )  # fmt: skip
         rsio = await start_rsio_server(
             hub, config.host, config.rsio_port, rsio_settings(config),
             access=access, admission=admission, tls=tls["rsio"],

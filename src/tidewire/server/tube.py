@@ -7,6 +7,12 @@ message the peer sends is a chunk of RS.io bytes, and every write of the RS.io s
 message. So subscribing with demand, publishing (extension 1) and every limit of RS.io over TCP
 work over Tube unchanged.
 
+Who the peer is: the upgrade request's principal (``Authorization: Bearer``, else the client
+certificate, else anonymous), settled by the app's middleware, which answers a bad token with
+401 before any upgrade. The RS.io side starts as that principal (a browser, which cannot set
+headers on a WebSocket, authenticates in-band: RS.io's extension 2) and checks every subscribe
+and offer against the ACL itself.
+
 Flow control: what the RS.io side writes is queued as Tube messages and sent by one writer task;
 past ``WRITE_HIGH_WATER`` bytes queued, the RS.io side is paused (its pumps wait) and the
 WebSocket is no longer read, until the queue drains below ``WRITE_LOW_WATER``.
@@ -22,8 +28,10 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ..hub import Hub
+from ..hub.access import Access
 from ..protocols.tube import Closed, Connection, Established, Limits, MessageReceived, Role
 from .rsio import RsioServerProtocol, RsioSettings
+from .rsio_http import principal
 
 __all__ = ["TubeSettings", "TubeTransport", "add_tube_route"]
 
@@ -31,6 +39,7 @@ log = logging.getLogger("tidewire.tube")
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+_TLS_INFO = frozenset({"peercert", "sslcontext", "cipher", "compression", "ssl_object"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +53,10 @@ class TubeSettings:
 class TubeTransport(asyncio.Transport):
     """What an asyncio protocol writes becomes Tube messages on a WebSocket (one per write)."""
 
-    def __init__(self, ws: web.WebSocketResponse, tube: Connection, peer: str) -> None:
+    def __init__(self, ws: web.WebSocketResponse, tube: Connection, peer: str,
+                 http: asyncio.BaseTransport | None = None) -> None:  # fmt: skip
         super().__init__()
+        self.http = http  # the HTTP connection under the WebSocket (its TLS facts)
         self.ws = ws
         self.tube = tube
         self.peer = peer
@@ -121,7 +132,13 @@ class TubeTransport(asyncio.Transport):
         pass  # (the Tube queue has its own: WRITE_HIGH_WATER / WRITE_LOW_WATER)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self.peer if name == "peername" else default
+        """``peername`` is the peer's address; TLS facts (``peercert``, ``sslcontext``,
+        ``cipher``, ``ssl_object``) are the HTTP connection's."""
+        if name == "peername":
+            return self.peer
+        if name in _TLS_INFO and self.http is not None:
+            return self.http.get_extra_info(name, default)
+        return default
 
     # reading
     def pause_reading(self) -> None:
@@ -139,26 +156,31 @@ class TubeTransport(asyncio.Transport):
 
 def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioServerProtocol],
                    settings: TubeSettings | None = None,
-                   rsio: RsioSettings | None = None) -> None:  # fmt: skip
+                   rsio: RsioSettings | None = None,
+                   access: Access | None = None) -> None:  # fmt: skip
     """Mount ``GET /tube`` (the WebSocket upgrade) on ``app``; its RS.io connections join
-    ``registry`` (so that shutdown says goodbye to them too)."""
+    ``registry`` (so that shutdown says goodbye to them too) and obey ``access``."""
     settings = settings or TubeSettings()
+    access = access if access is not None else Access()
 
     async def tube(request: web.Request) -> web.StreamResponse:
         # WebSocket messages are Tube fragments, at most the fragment size the hub asked for
         # (the header counts against it); aiohttp closes with 1009 past that.
-        limit = settings.fragment_size + 1 if settings.fragment_size else (
-            settings.max_message_bytes + 16)  # (aiohttp refuses a message of exactly its limit)
+        limit = (
+            settings.fragment_size + 1
+            if settings.fragment_size
+            else (settings.max_message_bytes + 16)
+        )  # (aiohttp refuses a message of exactly its limit)
         ws = web.WebSocketResponse(max_msg_size=limit, compress=False, autoping=True)
         await ws.prepare(request)
-        return await _serve(ws, request, hub, registry, settings, rsio)
+        return await _serve(ws, request, hub, registry, settings, rsio, access)
 
     app.router.add_get("/tube", tube)
 
 
 async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
                  registry: set[RsioServerProtocol], settings: TubeSettings,
-                 rsio: RsioSettings | None) -> web.WebSocketResponse:  # fmt: skip
+                 rsio: RsioSettings | None, access: Access) -> web.WebSocketResponse:  # fmt: skip
     loop = asyncio.get_running_loop()
     peer = f"{request.remote}"
     tube = Connection(
@@ -167,8 +189,8 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
         compression=settings.compression,  # type: ignore[arg-type]
         keepalive=settings.keepalive_seconds, now=loop.time(),
     )  # fmt: skip
-    transport = TubeTransport(ws, tube, peer)
-    protocol = RsioServerProtocol(hub, registry, rsio)
+    transport = TubeTransport(ws, tube, peer, request.transport)
+    protocol = RsioServerProtocol(hub, registry, rsio, access=access, principal=principal(request))
     transport.protocol = protocol
     writer = asyncio.create_task(transport.run_writer())
     timer: asyncio.TimerHandle | None = None

@@ -67,7 +67,8 @@ export class TubeSocket {
     this.ws.onmessage = (e) => {
       try { this.receive(new Uint8Array(e.data)); } catch (err) { this.close(1002, String(err.message)); }
     };
-    this.ws.onclose = (e) => this.onClose(e.reason || `closed (${e.code})`);
+    // (after the messages that came before the close, some of which may still be inflating)
+    this.ws.onclose = (e) => { this.inflating.then(() => this.onClose(e.reason || `closed (${e.code})`)); };
   }
 
   receive(data) {
@@ -162,15 +163,27 @@ export class RsioOverTube {
   // const hub = new RsioOverTube("ws://host:7480/tube"); await hub.ready;
   // const sub = hub.subscribe("orders?from=latest", 20, (element) => ..., {onComplete, onError});
   // sub.request(n); sub.cancel();
+  // {token: "name.secret"}: a browser cannot set headers on a WebSocket, so the token goes
+  // in-band (RS.io extension 2): clientHello(0, [2]), authenticate(token) once the hub's hello
+  // came; ready resolves on authenticated(principal) (hub.principal), rejects on a refusal.
   constructor(url, options = {}) {
-    this.tube = new TubeSocket(url, options);
+    const { token = null, ...tubeOptions } = options;
+    this.tube = new TubeSocket(url, tubeOptions);
+    this.token = token;
+    this.principal = null;
+    this.goodbye = null;
     this.buffer = new Uint8Array(0);
     this.subs = new Map();
     this.nextId = 1;
     this.closed = null;
     this.ready = new Promise((resolve, reject) => {
-      this.tube.onOpen = () => { this.send([0, 0, 0]); resolve(this); }; // clientHello(0, [])
-      this.tube.onClose = (reason) => {
+      this.authenticated = resolve;
+      this.tube.onOpen = () => {
+        if (token === null) { this.send([0, 0, 0]); resolve(this); } // clientHello(0, [])
+        else this.send([0, 0, 1, 2]); // clientHello(0, [2]): ready once authenticated
+      };
+      this.tube.onClose = (closeReason) => {
+        const reason = this.goodbye || closeReason; // the hub's goodbye says why, if it came
         this.closed = reason;
         reject(new Error(reason));
         for (const s of this.subs.values()) s.onError(`connection closed: ${reason}`);
@@ -226,8 +239,17 @@ export class RsioOverTube {
     const num = () => { let v; [v, pos] = pullVarint(b, pos); return v; };
     let sub;
     switch (type) {
-      case 1: { num(); const n = num(); for (let i = 0; i < n; i++) num(); return pos; } // serverHello
-      case 2: { const reason = str(); this.tube.close(1000, reason); return pos; } // goodbye
+      case 1: { // serverHello
+        num(); const n = num(); const extensions = [];
+        for (let i = 0; i < n; i++) extensions.push(num());
+        if (this.token !== null) {
+          if (!extensions.includes(2)) throw new Error("the hub does not offer authentication (RS.io extension 2)");
+          const out = [0x43]; string(this.token, out); this.send(out); // authenticate(token)
+        }
+        return pos;
+      }
+      case 0x44: { this.principal = str(); this.authenticated(this); return pos; } // authenticated
+      case 2: { const reason = str(); this.goodbye = reason; this.tube.close(1000, reason); return pos; } // goodbye
       case 6: { const id = num(); const size = num(); sub = this.subs.get(id); if (sub) sub.elementSize = size; return pos; }
       case 7: {
         const id = num(); sub = this.subs.get(id);

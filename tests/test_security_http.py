@@ -1,0 +1,790 @@
+"""Security and limits (issue 9) of the HTTP listener: the admin endpoints and RS.io over HTTP
+behind the guard, over real sockets on 127.0.0.1.
+
+* TLS end to end (HTTPS for RS.io over HTTP, WSS for Tube publishing into it), with mutual TLS
+  required: no certificate, an expired one, an untrusted one, each refused at the handshake and
+  logged;
+* bearer tokens: none, wrong, expired, malformed -> 401 with ``X-Rsio-Error: true`` and
+  ``WWW-Authenticate``; the ACL: a stream not granted -> 403 and a log line naming the
+  principal; a subscription URL used by another principal -> 403, its owner unharmed;
+* limits, each just under (passes) and just over (refused in HTTP's words), others carrying on:
+  connections per peer (503), slow headers (408, also on a later and a pipelined request), a
+  slow body (408), a body over ``max_body_bytes`` (413, with a length and chunked), and 500
+  slowloris connections: the process's RSS stays bounded and one sweep ends them all.
+
+Deadlines are driven by calling the listener's ``sweep`` with a chosen time, never by sleeping;
+every test runs under a time bound, on asyncio's loop and on uvloop. Certificates are made by
+trustme at test time (tests/certs.py), tokens by ``mint_token``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import uvloop
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from certs import Pki
+from tidewire.client import tube
+from tidewire.client.http import HttpHub, HttpRsioError
+from tidewire.hub import Hub
+from tidewire.hub.access import Access, Acl, Tokens, mint_token
+from tidewire.log import LogConfig
+from tidewire.model import Batch
+from tidewire.protocols.rsio_http import ERROR_HEADER, decode_body
+from tidewire.server.app import build_app, http_listener, start_http_site
+from tidewire.server.guard import Admission, ConnectionLimits, GuardedConnection, Listener
+from tidewire.server.rsio_http import HttpSettings
+from tidewire.server.tube import TubeSettings
+
+HOST = "127.0.0.1"
+KiB = 1024
+MiB = 1024 * KiB
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def run(request: pytest.FixtureRequest) -> Runner:
+    def runner(coro: Coroutine[Any, Any, None]) -> None:
+        async def bounded() -> None:
+            async with asyncio.timeout(20):
+                await coro
+
+        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
+            r.run(bounded())
+
+    return runner
+
+
+# --------------------------------------------------------------------------- credentials
+
+ALICE, ALICE_TOML = mint_token("alice")
+BOB, BOB_TOML = mint_token("bob")
+OLD, OLD_TOML = mint_token("old", days=-1)  # expired yesterday
+TOKENS = Tokens.parse(ALICE_TOML + BOB_TOML + OLD_TOML)
+ACL = Acl.parse("""
+[principal."token:alice"]
+read = ["orders", "public.*"]
+write = ["orders"]
+
+[principal."token:bob"]
+read = ["public.*"]
+
+[principal."token:old"]
+read = ["*"]
+
+[principal."cert:carol"]
+read = ["orders"]
+write = ["orders"]
+""")
+
+
+def policy() -> Access:
+    return Access(ACL, TOKENS)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+
+# --------------------------------------------------------------------------- the hub
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: CIMultiDictProxy[str] | CIMultiDict[str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+@dataclass
+class Served:
+    hub: Hub
+    app: web.Application
+    listener: Listener
+    admission: Admission
+    base: str
+    session: aiohttp.ClientSession
+    ssl: ssl.SSLContext | bool
+
+    @property
+    def port(self) -> int:
+        return self.listener.port
+
+    async def put(self, path: str, token: str | None = None, *, data: bytes | None = None,
+                  method: str = "PUT",
+                  headers: dict[str, str] | None = None) -> Answer:  # fmt: skip
+        target = URL(path if path.startswith("http") else self.base + path, encoded=True)
+        headers = {**bearer(token), **(headers or {})}
+        request = self.session.request(method, target, data=data, ssl=self.ssl, headers=headers)
+        async with request as r:
+            return Answer(r.status, r.headers, await r.read())
+
+    async def get(self, path: str, token: str | None = None,
+                  headers: dict[str, str] | None = None) -> Answer:  # fmt: skip
+        return await self.put(path, token, method="GET", headers=headers)
+
+    def connections(self) -> list[GuardedConnection]:
+        return list(self.listener.connections)
+
+
+@asynccontextmanager
+async def secure_hub(
+    path: Path,
+    *,
+    tls: ssl.SSLContext | None = None,
+    client_tls: ssl.SSLContext | None = None,
+    access: Access | None = None,
+    limits: ConnectionLimits | None = None,
+    settings: HttpSettings | None = None,
+    tube: TubeSettings | None = None,
+) -> AsyncIterator[Served]:
+    """The hub's app on a guarded site, as ``tidewire serve`` starts it."""
+    hub = Hub.open(str(path / "hub"), LogConfig(fsync=False))
+    settings = settings or HttpSettings(poll_seconds=5.0)
+    app = build_app(hub, settings, tube, access=access)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    admission = Admission(limits or ConnectionLimits())
+    port = await start_http_site(runner, HOST, 0, admission=admission, tls=tls,
+                                 settings=settings)  # fmt: skip
+    base = f"{'https' if tls is not None else 'http'}://{HOST}:{port}"
+    session = aiohttp.ClientSession(auto_decompress=False)
+    served = Served(hub, app, http_listener(runner), admission, base, session,
+                    client_tls if client_tls is not None else True)  # fmt: skip
+    try:
+        yield served
+    finally:
+        await session.close()
+        await runner.cleanup()
+        await hub.close()
+
+
+async def append(hub: Hub, stream: str, values: list[bytes]) -> Batch:
+    return await hub.append(Batch.build(stream, values), assign_ids=True)
+
+
+async def until(condition: Callable[[], bool], what: str, limit: float = 5.0) -> None:
+    """Wait (at most ``limit`` seconds, in steps of 1 ms) until ``condition()`` holds."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.001)
+
+
+def warnings(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == logger and r.levelno >= logging.WARNING]  # fmt: skip
+
+
+async def logged(caplog: pytest.LogCaptureFixture, logger: str, *parts: str) -> str:
+    """The first warning of ``logger`` holding every one of ``parts`` (polls, bounded)."""
+    found: list[str] = []
+
+    def seen() -> bool:
+        found[:] = [m for m in warnings(caplog, logger) if all(p in m for p in parts)]
+        return bool(found)
+
+    await until(seen, f"a {logger} warning with {parts}: {warnings(caplog, logger)}")
+    return found[0]
+
+
+def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What aiohttp's server logged as errors (an exception it did not expect)."""
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("aiohttp") and r.levelno >= logging.ERROR]  # fmt: skip
+
+
+def refused(answer: Answer, status: int) -> None:
+    """An onError refusal: ``status``, ``X-Rsio-Error: true``, one text/plain line."""
+    assert answer.status == status, answer
+    assert answer.headers.get(ERROR_HEADER) == "true", answer
+    assert answer.headers["Content-Type"] == "text/plain; charset=utf-8", answer
+    assert answer.text.strip(), answer
+    assert answer.text.count("\n") == 1, answer
+
+
+# --------------------------------------------------------------------------- raw HTTP
+
+
+async def raw(served: Served) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(HOST, served.port)
+
+
+async def response(reader: asyncio.StreamReader) -> Answer:
+    """One HTTP/1.1 response with a Content-Length."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers.add(name.strip(), value.strip())
+    body = await reader.readexactly(int(headers.get("Content-Length", "0")))
+    return Answer(int(status_line.split()[1]), headers, body)
+
+
+async def eof(reader: asyncio.StreamReader) -> bool:
+    """True once the hub has closed the connection (nothing more comes)."""
+    try:
+        return await reader.read(1) == b""
+    except ConnectionError:
+        return True
+
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: hub\r\n\r\n"
+
+
+async def healthy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One keep-alive request on a raw connection, answered 200."""
+    writer.write(HEALTHZ)
+    answer = await response(reader)
+    assert (answer.status, answer.body) == (200, b"ok\n"), answer
+
+
+def phase_of(conn: GuardedConnection) -> str:
+    return str(getattr(getattr(conn.inner, "phase", None), "value", "?"))
+
+
+async def one_in(served: Served, phase: str) -> GuardedConnection:
+    """The (one) server-side connection in ``phase`` ("headers", "body"), once there is one."""
+    found: list[GuardedConnection] = []
+
+    def there() -> bool:
+        found[:] = [c for c in served.connections() if phase_of(c) == phase]
+        return len(found) == 1
+
+    await until(there, f"one connection in phase {phase}")
+    return found[0]
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def test_https_end_to_end_with_client_certificates(pki: Pki, tmp_path: Path, run: Runner) -> None:
+    """carol's certificate is her principal: she publishes over WSS and reads over HTTPS."""
+
+    async def main() -> None:
+        carol = pki.client_context(pki.client("carol"))
+        async with secure_hub(tmp_path, tls=pki.server_context("required"), client_tls=carol,
+                              access=policy()) as served:  # fmt: skip
+            ws_url = served.base.replace("https://", "wss://") + "/tube"
+            async with tube.connect(ws_url, ssl=carol) as hub:
+                receipt = await hub.publish("orders", [b"one", b"two", b"three"])
+            last = receipt.last_id
+            async with HttpHub(served.base, ssl=carol) as http:
+                got = [v async for vs in http.subscribe_values("orders", until_id=last)
+                       for v in vs]  # fmt: skip
+            assert got == [b"one", b"two", b"three"]
+            answer = await served.put("/rsio/pub/orders?request=1")
+            assert answer.status == 201, answer
+            assert answer.headers["Location"].startswith(served.base + "/rsio/sub/")
+            listing = await served.get("/streams")
+            assert [s["name"] for s in json.loads(listing.body)] == ["orders"]
+
+    run(main())
+
+
+@pytest.mark.parametrize("certificate", ["none", "expired", "untrusted"])
+def test_mutual_tls_refuses_a_bad_client_certificate_at_the_handshake(
+    pki: Pki, tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture, certificate: str
+) -> None:
+    async def main() -> None:
+        cert = {"none": None, "expired": pki.client("carol", expired=True),
+                "untrusted": pki.client("carol", untrusted=True)}[certificate]  # fmt: skip
+        caplog.set_level(logging.WARNING, "tidewire.guard")
+        async with secure_hub(tmp_path, tls=pki.server_context("required"),
+                              client_tls=pki.client_context(cert)) as served:  # fmt: skip
+            with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
+                await served.get("/healthz")
+            line = await logged(caplog, "tidewire.guard", "http", "TLS handshake failed")
+            assert HOST in line
+            await until(lambda: served.admission.total == 0, "the connection is released")
+            good = pki.client_context(pki.client("carol"))  # (and a good one gets in)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(served.base + "/healthz", ssl=good) as answer,
+            ):
+                assert answer.status == 200
+
+    run(main())
+
+
+def test_https_without_trusting_the_hub_is_refused_by_the_client(
+    pki: Pki, tmp_path: Path, run: Runner
+) -> None:
+    """Clients verify the hub too: the default context does not know the test CA."""
+
+    async def main() -> None:
+        async with (
+            secure_hub(tmp_path, tls=pki.server_context("none")) as served,
+            HttpHub(served.base, retries=0) as http,
+        ):
+            with pytest.raises(HttpRsioError, match="certificate"):
+                async for _ in http.subscribe_values("orders"):
+                    pass
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def test_missing_wrong_expired_or_malformed_credentials_get_401(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        caplog.set_level(logging.WARNING, "tidewire.http")
+        async with secure_hub(tmp_path, access=policy()) as served:
+            await append(served.hub, "orders", [b"a"])
+            answer = await served.put("/rsio/pub/orders?request=1")  # anonymous: not granted
+            refused(answer, 401)
+            assert answer.headers["WWW-Authenticate"] == 'Bearer realm="tidewire"'
+            assert "anonymous may not read stream 'orders'" in answer.text
+            cases = {
+                "wrong": {"Authorization": "Bearer alice.not-the-secret"},
+                "unknown": {"Authorization": "Bearer mallory.secret"},
+                "expired": {"Authorization": f"Bearer {OLD}"},
+                "no name": {"Authorization": "Bearer nodot"},
+                "not bearer": {"Authorization": f"Basic {ALICE}"},
+                "empty": {"Authorization": "Bearer "},
+            }
+            for case, headers in cases.items():
+                answer = await served.put("/rsio/pub/orders?request=1", headers=headers)
+                refused(answer, 401)
+                assert answer.headers["WWW-Authenticate"] == (
+                    'Bearer realm="tidewire", error="invalid_token"'), (case, answer)  # fmt: skip
+            assert "token:old expired" in (await served.put("/rsio/pub/orders", OLD)).text
+            line = await logged(caplog, "tidewire.http", "401", "claimed token:alice")
+            assert "/rsio/pub/orders" in line
+            # The right token, at last.
+            answer = await served.put("/rsio/pub/orders?request=1", ALICE)
+            assert answer.status == 201, answer
+            sub = answer.headers["Location"]
+            refused(await served.put(sub, "alice.wrong"), 401)  # (the subscription lives on)
+            answer = await served.put(sub, ALICE)
+            assert answer.status == 200, answer
+
+    run(main())
+
+
+def test_the_http_client_sends_its_token(tmp_path: Path, run: Runner) -> None:
+    async def main() -> None:
+        async with secure_hub(tmp_path, access=policy()) as served:
+            batch = await append(served.hub, "orders", [b"a", b"b"])
+            async with HttpHub(served.base, token=ALICE) as http:
+                got = [v async for vs in http.subscribe_values("orders", until_id=batch.last_id)
+                       for v in vs]  # fmt: skip
+                assert got == [b"a", b"b"]
+            for token, status in (("alice.wrong", 401), (BOB, 403), (None, 401)):
+                async with HttpHub(served.base, token=token) as http:
+                    with pytest.raises(HttpRsioError) as failed:
+                        async for _ in http.subscribe_values("orders"):
+                            pass
+                    assert (failed.value.status, failed.value.rsio) == (status, True)
+
+    run(main())
+
+
+def test_two_authorization_headers_are_refused(tmp_path: Path, run: Runner) -> None:
+    async def main() -> None:
+        async with secure_hub(tmp_path, access=policy()) as served:
+            reader, writer = await raw(served)
+            writer.write(b"PUT /rsio/pub/orders HTTP/1.1\r\nHost: hub\r\n"
+                         b"Authorization: Bearer " + ALICE.encode() + b"\r\n"
+                         b"Authorization: Bearer " + BOB.encode() + b"\r\n\r\n")  # fmt: skip
+            refused(await response(reader), 401)
+            writer.close()
+
+    run(main())
+
+
+def test_without_an_acl_a_wrong_token_is_still_401(tmp_path: Path, run: Runner) -> None:
+    async def main() -> None:
+        async with secure_hub(tmp_path, access=Access(tokens=TOKENS)) as served:
+            assert (await served.put("/rsio/pub/orders")).status == 201  # open: anyone
+            assert (await served.put("/rsio/pub/orders", BOB)).status == 201
+            refused(await served.put("/rsio/pub/orders", "bob.wrong"), 401)
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- the ACL
+
+
+def test_reading_a_stream_not_granted_is_403_and_logged_with_the_principal(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        caplog.set_level(logging.WARNING, "tidewire.http")
+        async with secure_hub(tmp_path, access=policy()) as served:
+            await append(served.hub, "orders", [b"secret"])
+            await append(served.hub, "public.news", [b"hello"])
+            for publisher in ("orders", "orders?format=value", "orders?format=records"):
+                answer = await served.put(f"/rsio/pub/{publisher}", BOB)
+                refused(answer, 403)
+                assert "WWW-Authenticate" not in answer.headers
+                assert answer.text == "token:bob may not read stream 'orders'\n"
+            line = await logged(caplog, "tidewire.http", "403", "token:bob")
+            assert "/rsio/pub/orders" in line
+            assert HOST in line
+            # What is granted works, for both.
+            for token, stream, value in ((BOB, "public.news", b"hello"),
+                                         (ALICE, "orders", b"secret")):  # fmt: skip
+                answer = await served.put(f"/rsio/pub/{stream}?format=value&request=1", token)
+                assert answer.status == 201, answer
+                answer = await served.put(answer.headers["Location"], token)
+                assert (answer.status, answer.body) == (200, value), answer
+
+    run(main())
+
+
+def test_a_subscription_answers_only_the_principal_that_made_it(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        caplog.set_level(logging.WARNING, "tidewire.http")
+        async with secure_hub(tmp_path, access=policy()) as served:
+            await append(served.hub, "public.news", [b"a", b"b", b"c"])
+            answer = await served.put("/rsio/pub/public.news?format=value&request=1", ALICE)
+            assert answer.status == 201
+            sub = answer.headers["Location"]
+            # bob may read the stream, but this subscription is alice's
+            for url in (sub, sub + "?request=5", sub + "/requestMore=5", sub + "/cancel"):
+                answer = await served.put(url, BOB)
+                refused(answer, 403)
+                assert "token:bob may not use subscription" in answer.text, answer
+                assert "token:alice" in answer.text
+            refused(await served.put(sub), 401)  # anonymous: credentials would help
+            await logged(caplog, "tidewire.http", "403", "refused token:bob")
+            # alice's subscription is untouched: nothing was requested, nothing cancelled
+            answer = await served.put(sub, ALICE)
+            assert (answer.status, answer.body) == (200, b"a"), answer
+            answer = await served.put(sub + "?request=2", ALICE)
+            assert decode_body(answer.headers.get("Content-Encoding"), answer.body) == [
+                b"b", b"c"]  # fmt: skip
+
+    run(main())
+
+
+def test_streams_lists_what_the_principal_may_read_and_open_paths_stay_open(
+    tmp_path: Path, run: Runner
+) -> None:
+    async def main() -> None:
+        async with secure_hub(tmp_path, access=policy()) as served:
+            await append(served.hub, "orders", [b"x"])
+            await append(served.hub, "public.news", [b"y"])
+
+            async def names(token: str | None) -> list[str]:
+                answer = await served.get("/streams", token)
+                assert answer.status == 200, answer
+                return sorted(s["name"] for s in json.loads(answer.body))
+
+            assert await names(ALICE) == ["orders", "public.news"]
+            assert await names(BOB) == ["public.news"]
+            assert await names(None) == []
+            refused(await served.get("/streams", "bob.wrong"), 401)
+            for path in ("/healthz", "/static/tube.js", "/static/tail.html"):
+                for token in (None, "bob.wrong"):
+                    answer = await served.get(path, token)
+                    assert answer.status == 200, (path, token, answer)
+            answer = await served.put("/tail?stream=orders", method="GET")
+            assert answer.status == 200  # (the redirect, followed)
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- connections
+
+
+def test_connections_per_peer_one_over_gets_503(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        caplog.set_level(logging.WARNING, "tidewire.guard")
+        limits = ConnectionLimits(max_connections_per_peer=3)
+        async with secure_hub(tmp_path, limits=limits) as served:
+            conns = [await raw(served) for _ in range(3)]  # just under: all served
+            for reader, writer in conns:
+                await healthy(reader, writer)
+            reader, writer = await raw(served)  # one over
+            answer = await response(reader)
+            refused(answer, 503)
+            assert answer.headers["Connection"] == "close"
+            assert "too many connections from 127.0.0.1 (the limit is 3)" in answer.text
+            assert await eof(reader)
+            writer.close()
+            assert served.listener.refused == 1
+            await logged(caplog, "tidewire.guard", "refused", "too many connections")
+            for reader, writer in conns:  # the first three carry on
+                await healthy(reader, writer)
+            conns[0][1].close()  # one leaves: one more may come
+            await until(lambda: served.admission.total == 2, "the hub saw it leave")
+            reader, writer = await raw(served)
+            await healthy(reader, writer)
+            for _, w in [*conns[1:], (reader, writer)]:
+                w.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- slow clients
+
+
+SLOW = HttpSettings(poll_seconds=5.0, header_seconds=5.0, body_seconds=7.0)
+PATIENT = ConnectionLimits(handshake_seconds=30.0)  # (so that header_seconds decides)
+
+
+def test_slow_headers_get_408_after_header_seconds_just_under_pass(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        caplog.set_level(logging.WARNING, "tidewire.guard")
+        async with secure_hub(tmp_path, settings=SLOW, limits=PATIENT) as served:
+            other = await raw(served)
+            await healthy(*other)
+            reader, writer = await raw(served)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: hub\r\nX-Slow: a")
+            conn = await one_in(served, "headers")
+            assert conn.deadline is not None
+            served.listener.sweep(conn.deadline - 0.01)  # just under
+            writer.write(b"bc\r\n\r\n")
+            answer = await response(reader)
+            assert answer.status == 200, answer
+            # The next request on the same connection gets header_seconds from its first byte.
+            writer.write(b"GET /healthz HTTP/1.1\r\nHo")
+            conn = await one_in(served, "headers")
+            assert conn.deadline is not None
+            first_byte = conn.deadline - SLOW.header_seconds
+            assert first_byte <= asyncio.get_running_loop().time()
+            served.listener.sweep(conn.deadline)  # just over
+            answer = await response(reader)
+            refused(answer, 408)
+            assert answer.headers["Connection"] == "close"
+            assert "request headers not complete within 5s" in answer.text
+            assert await eof(reader)
+            writer.close()
+            await logged(caplog, "tidewire.guard", "closing", "request headers")
+            await healthy(*other)  # the other connection carries on
+            other[1].close()
+
+    run(main())
+
+
+def test_the_first_request_also_keeps_the_handshake_deadline(tmp_path: Path, run: Runner) -> None:
+    async def main() -> None:
+        limits = ConnectionLimits(handshake_seconds=2.0)
+        async with secure_hub(tmp_path, settings=SLOW, limits=limits) as served:
+            reader, writer = await raw(served)
+            await until(lambda: len(served.connections()) == 1, "the hub has the connection")
+            (conn,) = served.connections()
+            handshake = conn.deadline
+            assert handshake is not None
+            writer.write(b"GET /heal")
+            await one_in(served, "headers")
+            assert conn.deadline == handshake  # (sooner than the first byte + header_seconds)
+            served.listener.sweep(handshake)
+            refused(await response(reader), 408)
+            assert await eof(reader)
+            writer.close()
+            # A connection that sends nothing at all is closed without an answer.
+            reader, writer = await raw(served)
+            await until(lambda: len(served.connections()) == 1, "the hub has the connection")
+            (conn,) = served.connections()
+            assert conn.deadline is not None
+            served.listener.sweep(conn.deadline)
+            assert await reader.read() == b""
+            writer.close()
+
+    run(main())
+
+
+def test_a_pipelined_request_behind_a_long_poll_gets_its_header_deadline(
+    tmp_path: Path, run: Runner
+) -> None:
+    async def main() -> None:
+        async with secure_hub(tmp_path, settings=SLOW, limits=PATIENT) as served:
+            answer = await served.put("/rsio/pub/s?format=value&request=1")
+            sub_path = URL(answer.headers["Location"]).path
+            reader, writer = await raw(served)
+            writer.write(f"PUT {sub_path} HTTP/1.1\r\nHost: hub\r\n\r\n".encode())
+            polling = await one_in(served, "handling")
+            writer.write(b"GET /healthz HTTP/1.1\r\nX-")  # the next one, while it waits
+            await until(lambda: getattr(polling.inner, "early", False), "the hub has its bytes")
+            await append(served.hub, "s", [b"v"])
+            answer = await response(reader)
+            assert (answer.status, answer.body) == (200, b"v"), answer
+            conn = await one_in(served, "headers")  # its deadline started when that ended
+            assert conn.deadline is not None
+            served.listener.sweep(conn.deadline)
+            refused(await response(reader), 408)
+            assert await eof(reader)
+            writer.close()
+
+    run(main())
+
+
+def test_a_slow_body_gets_408_after_body_seconds(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with secure_hub(tmp_path, settings=SLOW, limits=PATIENT) as served:
+            other = await raw(served)
+            reader, writer = await raw(served)
+            writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\nContent-Length: 100\r\n\r\n"
+                         + bytes(10))  # fmt: skip
+            conn = await one_in(served, "body")
+            assert conn.deadline is not None
+            served.listener.sweep(conn.deadline - 0.01)  # just under
+            writer.write(bytes(80))
+            await asyncio.sleep(0.01)
+            assert phase_of(conn) == "body"
+            served.listener.sweep(conn.deadline)  # just over
+            answer = await response(reader)
+            refused(answer, 408)
+            assert "request body not complete within 7s" in answer.text
+            assert answer.headers["Connection"] == "close"
+            async with asyncio.timeout(2):  # at once: the rest of the body is not waited for
+                assert await eof(reader)
+            writer.close()
+            # A body that comes in time is read (and dropped): the subscribe is answered.
+            reader, writer = await raw(served)
+            writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\nContent-Length: 100\r\n\r\n"
+                         + bytes(10))  # fmt: skip
+            conn = await one_in(served, "body")
+            assert conn.deadline is not None
+            served.listener.sweep(conn.deadline - 0.01)
+            writer.write(bytes(90))
+            assert (await response(reader)).status == 201
+            await healthy(reader, writer)
+            await healthy(*other)
+            writer.close()
+            other[1].close()
+
+    run(main())
+    assert not server_errors(caplog)
+
+
+def test_a_body_over_max_body_bytes_gets_413_just_under_passes(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        settings = HttpSettings(max_body_bytes=4 * KiB)
+        async with secure_hub(tmp_path, settings=settings) as served:
+            assert (await served.put("/rsio/pub/s", data=bytes(4 * KiB))).status == 201
+            answer = await served.put("/rsio/pub/s", data=bytes(4 * KiB + 1))
+            refused(answer, 413)
+            assert answer.text == "the request body is over 4096 bytes (http.max_body_bytes)\n"
+            assert answer.headers["Connection"] == "close"
+            # Refused by its length alone, at once: the body is neither waited for nor read.
+            reader, writer = await raw(served)
+            writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\n"
+                         b"Content-Length: 1000000000\r\n\r\n" + bytes(100))  # fmt: skip
+            refused(await response(reader), 413)
+            async with asyncio.timeout(2):
+                assert await eof(reader)
+            writer.close()
+            # Chunked: no length to refuse early; counted as it comes.
+            for size, status in ((4 * KiB, 201), (4 * KiB + 1, 413)):
+                reader, writer = await raw(served)
+                writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+                for _ in range(size // 1024):
+                    writer.write(b"400\r\n" + bytes(1024) + b"\r\n")
+                if size % 1024:
+                    writer.write(b"%x\r\n" % (size % 1024) + bytes(size % 1024) + b"\r\n")
+                writer.write(b"0\r\n\r\n")
+                answer = await response(reader)
+                assert answer.status == status, answer
+                if status == 413:
+                    refused(answer, 413)
+                    assert await eof(reader)
+                else:
+                    await healthy(reader, writer)
+                writer.close()
+            assert (await served.get("/healthz")).status == 200
+
+    run(main())
+    assert not server_errors(caplog)
+
+
+# --------------------------------------------------------------------------- many at once
+
+
+def rss() -> int:
+    """This process's resident set (the hub runs in it), in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+SLOWLORIS = 500
+# What 500 connections that each sent part of their headers may add to this process (both
+# ends: the hub's request handler, parser and guard per connection, and the test's stream
+# reader and writer): measured at about 10-20 MiB. Unbounded would be a buffer growing with
+# what each peer trickles in; aiohttp's parser caps a request line and a header at 8190 bytes.
+SLOWLORIS_RSS_BOUND = 48 * MiB
+
+
+def test_many_slowloris_connections_hold_bounded_memory_and_one_sweep_ends_them(
+    tmp_path: Path, run: Runner
+) -> None:
+    async def main() -> None:
+        limits = ConnectionLimits(max_connections_per_peer=SLOWLORIS + 10, handshake_seconds=30)
+        async with secure_hub(tmp_path, settings=SLOW, limits=limits) as served:
+            other = await raw(served)
+            await healthy(*other)
+            gc.collect()
+            before = rss()
+            slow = []
+            for i in range(SLOWLORIS):
+                reader, writer = await raw(served)
+                writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\nX-Pad: "
+                             + b"%d" % i + b"x" * 1000)  # fmt: skip
+                slow.append((reader, writer))
+
+            def all_waiting() -> bool:
+                return sum(phase_of(c) == "headers" for c in served.connections()) == SLOWLORIS
+
+            await until(all_waiting, f"{SLOWLORIS} connections wait for their headers")
+            grown = rss() - before
+            print(f"\nRSS with {SLOWLORIS} slowloris connections: +{grown / MiB:.1f} MiB")
+            assert grown < SLOWLORIS_RSS_BOUND, grown
+            await healthy(*other)  # meanwhile, others are served
+            loop = asyncio.get_running_loop()
+            served.listener.sweep(loop.time() + SLOW.header_seconds + 0.01)
+            answers = await asyncio.gather(*(response(r) for r, _ in slow))
+            assert {a.status for a in answers} == {408}
+            assert all(await asyncio.gather(*(eof(r) for r, _ in slow)))
+            await until(lambda: served.admission.total == 1, "every slow connection is gone")
+            assert len(served.connections()) == 1
+            for _, writer in slow:
+                writer.close()
+            await healthy(*other)
+            other[1].close()
+
+    run(main())
