@@ -402,6 +402,27 @@ def test_connections_per_peer(tmp_path: Path, run: Run, caplog: pytest.LogCaptur
     assert len(logged(caplog, "tidewire.guard", "too many connections from 127.0.0.1")) == 2
 
 
+def test_connections_per_peer_over_tls_are_told_why(tmp_path: Path, run: Run, pki: Pki) -> None:
+    limits = ConnectionLimits(max_connections_per_peer=1)
+
+    async def main() -> None:
+        tls = pki.server_context("none")
+        async with rsio_hub(tmp_path, limits=limits, tls=tls) as (hub, server, url):
+            await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
+            async with tidewire.connect(url, ssl=pki.client_context()) as first:
+                refused = await tidewire.connect(url, ssl=pki.client_context())
+                with pytest.raises(LogClosedError, match=r"too many connections from 127"):
+                    await refused.ready()
+                await refused.close()
+                await until(lambda: server.listener.refusing == 0)
+                assert server.listener.refused == 1
+                assert await values(first, "s", 1) == [b"x"]
+            await until(lambda: server.listener.admission.total == 0)
+            assert len(server.listener.connections) == 0
+
+    run(main())
+
+
 def test_handshake_deadline(tmp_path: Path, run: Run, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
 

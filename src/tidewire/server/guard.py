@@ -135,6 +135,10 @@ class _State(enum.Enum):
 
 _serials = itertools.count(1)
 
+MAX_TLS_REFUSALS = 64
+"""Refused connections a TLS listener handshakes with at once to tell them why; beyond it they
+are closed without a word."""
+
 
 class Admission:
     """Connections in total and per peer address, shared by every listener of the hub."""
@@ -187,6 +191,7 @@ class Listener:
         self.server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.refused = 0  # connections refused at admission (for tests and metrics)
+        self.refusing = 0  # refused connections in their TLS handshake (to be told why)
 
     def protocol(self) -> GuardedConnection:
         return GuardedConnection(self)
@@ -263,6 +268,7 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         self.active = False  # bytes moved since the last sweep
         self.stalled_since: float | None = None  # output paused (the peer does not read)
         self.admitted = False
+        self.refusing: str | None = None  # refused at admission: the reason, said after TLS
 
     # ------------------------------------------------------------------ towards the loop
 
@@ -278,9 +284,20 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         if reason is not None:
             listener.refused += 1
             log.warning("%s %s: refused: %s", listener.name, self.peer, reason)
-            self.state = _State.CLOSED
             if listener.refuse is not None and listener.tls is None:
                 self.raw.write(listener.refuse(reason))
+            elif listener.refuse is not None and listener.refusing < MAX_TLS_REFUSALS:
+                assert listener.tls is not None
+                # Over TLS the refusal can only be said after a handshake: do it, for a few
+                # at a time (a flood of refused peers must not buy handshakes by the thousand).
+                listener.refusing += 1
+                self.refusing = reason
+                listener.connections.add(self)  # for the handshake deadline
+                self.deadline = now + (listener.limits.handshake_seconds or 10.0)
+                self.deadline_reason = "no TLS handshake (refused connection)"
+                self.tls = listener.tls.wrap_bio(self._incoming, self._outgoing, server_side=True)
+                return
+            self.state = _State.CLOSED
             self.raw.close()
             return
         self.admitted = True
@@ -306,6 +323,8 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
             return
         self._incoming.write(data)
         if self.state is _State.TLS and not self._handshake():
+            return
+        if self.inner is None:  # refused, and told so: nothing more is read
             return
         eof = False
         chunks: list[bytes] = []
@@ -351,6 +370,12 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
             self._closed()
             return False
         self._send_tls()
+        if self.refusing is not None:  # refused at admission: say why, in the protocol's words
+            assert self.listener.refuse is not None
+            self.state = _State.OPEN
+            self.write(self.listener.refuse(self.refusing))
+            self.close()
+            return False
         self._open()
         return self.state is not _State.CLOSED
 
@@ -380,10 +405,13 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
 
     def _closed(self) -> None:
         self.state = _State.CLOSED
+        self.listener.connections.discard(self)
         if self.admitted:
             self.admitted = False
             self.listener.admission.release(self.host)
-            self.listener.connections.discard(self)
+        if self.refusing is not None:
+            self.refusing = None
+            self.listener.refusing -= 1
 
     # ------------------------------------------------------------------ deadlines
 
