@@ -37,7 +37,7 @@ from tidewire.protocols.tolliver import (
     encode_entry,
     matches,
 )
-from tidewire.server.tolliver import TolliverServer, start_tolliver_server
+from tidewire.server.tolliver import TolliverServer, TolliverSettings, start_tolliver_server
 from tidewire.tolliver import Delivery, Instance
 
 HOST = "127.0.0.1"
@@ -346,7 +346,9 @@ def test_remotes_cannot_make_the_hub_unreachable_with_subscriptions(tmp_path: Pa
 
     async def main() -> None:
         hub = Hub.open(str(tmp_path / "hub"))
-        server = await start_tolliver_server(hub, HOST, 0)
+        # (the protocol's own bound, above the listener's default tolliver.max_subscriptions)
+        settings = TolliverSettings(max_subscriptions=LIMITS.max_subscriptions)
+        server = await start_tolliver_server(hub, HOST, 0, settings)
         first, second = await Raw.open(server.port), await Raw.open(server.port)
         instance = Instance(str(tmp_path / "late.db"))
         try:

@@ -4,12 +4,17 @@ One connection is one point's session (the handshake runs in ``connect``); flows
 time, as the seed requires: ``save`` returns once the hub said COMMITTED, ``save_many`` once it
 said COMMITTED MANY (``latest`` follows the LATEST notifications meanwhile), ``read`` returns
 the events and the SENT summary.
+
+TLS: ``seguros://host:port`` (or ``ssl=`` a client context with ``seguro://``). The hub's
+certificate is always verified, host name included; a context with a client certificate
+(mutual TLS) proves the point: its subject CN must be the point's ``@p``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as _ssl
 from collections.abc import Generator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,11 +57,14 @@ class SeguroClient:
         while True:
             event = self.session.next_event()
             if event is None:
-                data = await self.reader.read(1 << 20)
+                try:
+                    data = await self.reader.read(1 << 20)
+                except (ConnectionError, _ssl.SSLError) as exc:
+                    raise SeguroError(f"the connection failed: {exc}") from None
                 self.session.receive_data(data)
                 if not data and self.session.next_event() is None:
-                    raise SeguroError("the hub closed the connection (a breach, or the point "
-                                      "has a session already)")  # fmt: skip
+                    raise SeguroError("the hub closed the connection (a breach, the point has "
+                                      "a session already, or this peer was refused)")  # fmt: skip
                 continue
             if isinstance(event, Breach):
                 raise SeguroError(f"the hub broke the protocol: {event.reason}")
@@ -95,15 +103,20 @@ class SeguroClient:
 
 
 class _Connect:
-    def __init__(self, url: str, point: str) -> None:
+    def __init__(self, url: str, point: str, ssl: _ssl.SSLContext | None) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "seguro" or not parts.hostname:
-            raise ValueError(f"not a seguro:// URL: {url!r}")
+        if parts.scheme not in ("seguro", "seguros") or not parts.hostname:
+            raise ValueError(f"not a seguro:// or seguros:// URL: {url!r}")
         self.host, self.port, self.point = parts.hostname, parts.port or 7403, point
+        if ssl is None and parts.scheme == "seguros":
+            ssl = _ssl.create_default_context()  # the system's CAs; verifies the host name
+            ssl.minimum_version = _ssl.TLSVersion.TLSv1_2
+        self.ssl = ssl
         self.client: SeguroClient | None = None
 
     async def _open(self) -> SeguroClient:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20,
+                                                       ssl=self.ssl)  # fmt: skip
         client = SeguroClient(reader, writer, self.point)
         try:
             await client.handshake()
@@ -124,6 +137,10 @@ class _Connect:
             await self.client.close()
 
 
-def connect(url: str, point: str) -> _Connect:
-    """A Seguro session for ``point`` at ``seguro://host:port`` (handshake included)."""
-    return _Connect(url, point)
+def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None) -> _Connect:
+    """A Seguro session for ``point`` at ``seguro://host:port`` (handshake included).
+
+    ``ssl``: a client context (TLS; ``seguros://`` without one uses the system's CAs). The
+    hub's certificate and host name are verified; for mutual TLS the context's certificate
+    must name ``point`` (its subject CN)."""
+    return _Connect(url, point, ssl)

@@ -14,16 +14,26 @@ A breach is answered the seed's way: the connection is dropped at once (and logg
 a breached ``SAVE MANY`` already handed to the log are stored (the next ``WELCOME`` says how far);
 those not yet handed over are discarded. One session per point: a second connection for a point
 that has one is dropped after its ``POINT``.
+
+Security (docs/protocols/seguro.md, "Security and limits"): the socket is a
+:class:`~tidewire.server.guard.Listener`'s (TLS, connection limits, handshake and idle
+deadlines; the handshake ends at ``WELCOME``). A verified client certificate names the point
+its holder may be: its subject CN must be the ``@p`` of ``POINT``. The principal
+(``cert:<CN>``, else ``anonymous``) needs ``read`` or ``write`` on the point's stream to be
+welcomed, ``write`` to ``SAVE``/``SAVE MANY``, ``read`` to ``READ``. A refusal is logged with
+the principal and the connection dropped: Seguro has no error reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 from typing import cast
 
 from ..hub import Hub
+from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
 from ..model import Batch, TidewireError
 from ..protocols.seguro import (
     Breach,
@@ -32,11 +42,13 @@ from ..protocols.seguro import (
     ManyEvents,
     Point,
     Read,
+    Refused,
     Save,
     SaveMany,
     ServerSession,
     StreamedMany,
 )
+from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
 __all__ = ["SeguroServer", "start_seguro_server"]
 
@@ -57,6 +69,8 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.point: str | None = None
+        self.principal = ANONYMOUS
+        self.cert_name: str | None = None  # the verified client certificate's subject CN
         self._wake = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -70,6 +84,9 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.peer = str(transport.get_extra_info("peername"))
+        cert = peer_certificate(transport)
+        self.cert_name = certificate_name(cert)
+        self.principal = certificate_principal(cert) or ANONYMOUS
         self.server.connections.add(self)
         self.session.initiate()
         self._flush()
@@ -150,6 +167,11 @@ class _Protocol(asyncio.Protocol):
                     case Breach(reason):
                         self.drop(f"protocol breach: {reason}")
                         return
+                    case Refused(command):
+                        action = "read" if command == "READ" else "write"
+                        self.drop(f"refused: {self.principal} may not {action} stream "
+                                  f"{self.point!r} ({command})")  # fmt: skip
+                        return
                     case _:  # Hello: the session queued IDENTIFY
                         self._waited("IDENTIFY")
                 self._flush()
@@ -159,6 +181,16 @@ class _Protocol(asyncio.Protocol):
             self.drop(f"the hub failed: {exc}")
 
     async def _point(self, point: str) -> None:
+        if self.cert_name is not None and self.cert_name != point:
+            self.drop(f"refused: {self.principal} may not be point {point} (a certificate "
+                      "must name the point it is for)")  # fmt: skip
+            return
+        access = self.server.access
+        may_read = access.may(self.principal, "read", point)
+        may_write = access.may(self.principal, "write", point)
+        if not (may_read or may_write):
+            self.drop(f"refused: {self.principal} may neither read nor write stream {point!r}")
+            return
         other = self.server.points.get(point)
         if other is not None:
             self.drop(f"point {point} already has a session ({other.peer})")
@@ -172,7 +204,8 @@ class _Protocol(asyncio.Protocol):
             await self.hub.log.wait_for(point, accepted - 1)
         latest = self.hub.latest(point)
         if self._waited("WELCOME"):
-            self.session.welcome(latest or None)
+            self.session.welcome(latest or None, may_read=may_read, may_write=may_write)
+            established(self.transport)  # the handshake deadline no longer applies
 
     def _waited(self, reply: str) -> bool:
         """The ship must wait for ``reply`` before saying more: bytes already here were sent
@@ -279,33 +312,52 @@ class _Protocol(asyncio.Protocol):
 class SeguroServer:
     """The listener, its connections, and the points that have a session."""
 
-    def __init__(self, hub: Hub, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        limits: Limits | None = None,
+        *,
+        access: Access | None = None,
+        admission: Admission | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.hub = hub
         self.limits = limits or Limits()
+        self.access = access if access is not None else Access()
         self.connections: set[_Protocol] = set()
         self.points: dict[str, _Protocol] = {}
-        self.server: asyncio.Server | None = None
+        self.listener = Listener(
+            "seguro",
+            lambda: _Protocol(self),
+            admission if admission is not None else Admission(ConnectionLimits()),
+            tls=tls,
+        )
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        self.listener.close()
         for protocol in list(self.connections):
             if protocol.transport is not None:
                 protocol.transport.close()
-        if self.server is not None:
-            await self.server.wait_closed()
+        await self.listener.wait_closed()
 
 
 async def start_seguro_server(
-    hub: Hub, host: str, port: int, limits: Limits | None = None
+    hub: Hub,
+    host: str,
+    port: int,
+    limits: Limits | None = None,
+    *,
+    access: Access | None = None,
+    admission: Admission | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> SeguroServer:
-    """Listen for Seguro on ``host:port`` (0 = any free port)."""
-    server = SeguroServer(hub, limits)
-    loop = asyncio.get_running_loop()
-    server.server = await loop.create_server(lambda: _Protocol(server), host, port)
+    """Listen for Seguro on ``host:port`` (0 = any free port). ``access``: the ACL (default:
+    open); ``admission``: connection limits shared with other listeners (default: a fresh
+    one, default limits); ``tls``: a server context (default: plain TCP)."""
+    server = SeguroServer(hub, limits, access=access, admission=admission, tls=tls)
+    await server.listener.start(host, port)
     return server

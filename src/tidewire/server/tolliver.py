@@ -15,6 +15,20 @@
 * The hub subscribes to every channel (all keys) that any remote subscribes to, so instances
   send it their messages on those channels; it never unsubscribes (**decision**).
 * A new connection from a UUID that has one replaces the old one.
+
+Security and limits (docs/protocols/tolliver.md, "Security and limits"): the socket is a
+:class:`~tidewire.server.guard.Listener`'s (TLS, connection limits, handshake and idle
+deadlines; the handshake ends when the remote is established). Over TLS a remote's verified
+certificate must name its instance: subject CN = the UUID of its handshake request. Its
+principal (``cert:<uuid>``, else ``anonymous``) needs ``read`` on stream C to subscribe to
+channel C and ``write`` to send messages on C. Bodies are at most
+:attr:`TolliverSettings.max_message_bytes`, subscriptions held at most
+:attr:`TolliverSettings.max_subscriptions`. Tolliver has no error message outside the
+handshake: every refusal is a log line naming the principal, then the connection is closed,
+before the handshake response when it concerns the handshake request. Nothing more is
+delivered to a remote that does not read (its socket's buffer above the high-water mark), and
+the guard drops it after ``limits.write_stall_seconds``; a remote whose messages wait for the
+log (more than ``MAX_PENDING_BYTES``) is not read meanwhile.
 """
 
 from __future__ import annotations
@@ -22,13 +36,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, cast
 
 from ..hub import Hub, Subscription
+from ..hub.access import (
+    ANONYMOUS,
+    Access,
+    Action,
+    Principal,
+    certificate_name,
+    certificate_principal,
+)
 from ..model import Batch, TidewireError, validate_stream_name
 from ..protocols.tolliver import (
     UNRELIABLE,
@@ -36,14 +60,16 @@ from ..protocols.tolliver import (
     Closed,
     Connection,
     Established,
+    Limits,
     Message,
     PeerSubscriptions,
     Received,
     Role,
 )
 from ..tolliver.store import uuid7
+from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
-__all__ = ["TolliverServer", "start_tolliver_server"]
+__all__ = ["TolliverServer", "TolliverSettings", "start_tolliver_server"]
 
 log = logging.getLogger("tidewire.tolliver")
 
@@ -53,6 +79,21 @@ DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
+MAX_PENDING_BYTES = 32 * 1024 * 1024  # per remote: bodies received, not yet stored
+
+
+@dataclass(frozen=True, slots=True)
+class TolliverSettings:
+    """A remote's bounds (settings ``tolliver.*``): a message body at most
+    ``max_message_bytes``; at most ``max_subscriptions`` held at once (handshake entries and
+    later subscribes together). Over either: the connection is closed."""
+
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_subscriptions: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_message_bytes <= 2**32 - 1 or self.max_subscriptions < 0:
+            raise ValueError("max_message_bytes is a u32 and max_subscriptions >= 0")
 
 
 class _Channel:
@@ -72,13 +113,16 @@ class _Channel:
     async def _pump(self) -> None:
         link = self.link
         try:
-            while (batches := await self.sub.next()) is not None:
+            while True:
+                await link.writable.wait()  # a remote that does not read gets nothing more
+                if (batches := await self.sub.next()) is None:
+                    break
                 link.deliver(self, batches)
                 link.flush()  # once per delivery, not per message
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
-            log.warning("tolliver %s: delivering %r stopped: %s", link.conn.peer, self.channel, exc)
+            log.warning("tolliver %s: delivering %r stopped: %s", link, self.channel, exc)
 
     def acked(self, message_ids: list[int]) -> int | None:
         """Record acks (of this channel's deliveries); the new offset (next event id to
@@ -104,19 +148,44 @@ class _Channel:
 class _Link(asyncio.Protocol):
     def __init__(self, server: TolliverServer) -> None:
         self.server = server
+        settings = server.settings
+        limits = Limits(max_body_bytes=settings.max_message_bytes,
+                        max_subscriptions=settings.max_subscriptions)  # fmt: skip
         self.conn = Connection(Role.ACCEPTOR, server.instance, VERSION, frozenset({VERSION}),
-                               set(server.wanted), auto_ack=False)  # fmt: skip
+                               set(server.wanted), limits=limits, auto_ack=False)  # fmt: skip
         self.transport: asyncio.Transport | None = None
         self.channels: dict[str, _Channel] = {}
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
+        self.peer = "?"  # the socket's address
+        self.principal = ANONYMOUS
+        self.cert_name: str | None = None  # the verified client certificate's subject CN
+        self.refused = False
+        self._vetted_peer: uuid.UUID | None = None  # the instance UUID checked against cert_name
+        self._vetted: set[tuple[str, str]] = set()  # subscriptions the ACL allowed
+        self._subscriptions: set[tuple[str, str]] | None = None  # the set _vetted copies
+        self._write_rights: dict[str, bool] = {}  # channel -> may send on it (a small cache)
+        self.writable = asyncio.Event()  # the transport's buffer is below its high-water mark
+        self.writable.set()
+        self._pending = 0  # bytes of bodies handed to the log and not yet stored
+        self._paused = False
         self._ids = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # when it fires (time.monotonic())
+
+    def __str__(self) -> str:
+        """For log lines: the address, the instance and the principal."""
+        return f"{self.peer} ({self.conn.peer or 'no handshake yet'}, {self.principal})"
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        self.peer = (f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple)
+                     else str(peername))  # fmt: skip
+        cert = peer_certificate(transport)
+        self.cert_name = certificate_name(cert)
+        self.principal = certificate_principal(cert) or ANONYMOUS
         self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
         self.server.links.add(self)
 
@@ -129,6 +198,13 @@ class _Link(asyncio.Protocol):
         self._events()
         return None
 
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        self.flush()  # (arms the resend timer again)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.links.discard(self)
         peer = self.conn.peer
@@ -140,6 +216,8 @@ class _Link(asyncio.Protocol):
             self._timer.cancel()
 
     def flush(self) -> None:
+        if self.refused:
+            return
         data = self.conn.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
@@ -154,39 +232,125 @@ class _Link(asyncio.Protocol):
 
     def _resend(self) -> None:
         self._timer = None
-        self.conn.handle_timer(time.monotonic())
+        self.handle_timer(time.monotonic())
+
+    def handle_timer(self, now: float) -> None:
+        """Resend what is due at ``now`` (``time.monotonic()``): nothing while the remote does
+        not read (its unacked messages would pile up in the buffer once a second); the timer
+        is armed again when it reads (:meth:`resume_writing`)."""
+        if not self.writable.is_set():
+            return
+        self.conn.handle_timer(now)
         self.flush()
+
+    # ------------------------------------------------------------------ access
+
+    def _refuse(self, reason: str) -> None:
+        """A refusal (identity, ACL): logged with the principal; the connection is closed
+        with nothing more sent (Tolliver has no error message outside the handshake)."""
+        log.warning("tolliver %s: refused: %s; closing the connection", self, reason)
+        self.refused = True
+        self.conn.data_to_send()  # (a handshake response, acks: never sent)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _vet(self, changed: bool = True) -> bool:
+        """Whether the peer may be the instance its handshake names and hold its
+        subscriptions (those not checked yet), else it is refused. ``changed=False``: only
+        if a handshake request came (cheap: once per chunk received). Runs before anything
+        is sent in reply."""
+        conn = self.conn
+        peer = conn.peer
+        if peer is not None and peer != self._vetted_peer:
+            if self.cert_name is not None:
+                if self.cert_name.lower() != str(peer):
+                    self._refuse(f"{self.principal} may not be instance {peer} (a certificate "
+                                 "must name the instance UUID it is for)")  # fmt: skip
+                    return False
+                self.principal = Principal(f"cert:{peer}")  # the UUID's canonical text
+            self._vetted_peer = peer
+        subscriptions = conn.peer_subscriptions
+        if self.server.access.open or not (changed or subscriptions is not self._subscriptions):
+            return True
+        for channel, _ in subscriptions - self._vetted:
+            if not self.server.access.may(self.principal, "read", channel):
+                self._refuse(self._forbidden("read", channel, "a subscription to it"))
+                return False
+        self._vetted = set(subscriptions)
+        self._subscriptions = subscriptions  # (a handshake request makes a new set)
+        return True
+
+    def _forbidden(self, action: Action, channel: str, what: str) -> str:
+        return f"{self.principal} may not {action} stream {channel!r} ({what})"
+
+    def _may_write(self, channel: str) -> bool:
+        allowed = self._write_rights.get(channel)
+        if allowed is None:
+            allowed = self.server.access.may(self.principal, "write", channel)
+            if len(self._write_rights) >= 256:
+                self._write_rights.clear()
+            self._write_rights[channel] = allowed
+        return allowed
 
     # ------------------------------------------------------------------ events
 
     def _events(self) -> None:
+        if self.refused:
+            return
         arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
         acks: list[int] = []  # handled together
+        everyone_writes = self.server.access.open
         while (event := self.conn.next_event()) is not None:
             if isinstance(event, Acked):  # (the hot path first)
                 acks.append(event.id)
                 continue
             match event:
+                case Received(message):
+                    if not everyone_writes and not self._may_write(message.channel):
+                        self._refuse(self._forbidden("write", message.channel, "a message"))
+                        return  # what arrived with it is neither stored nor acked
+                    arrived.setdefault(message.channel, []).append(message)
                 case Established(peer):
+                    if not self._vet():
+                        return
+                    established(self.transport)  # the handshake deadline no longer applies
                     old = self.server.by_peer.get(peer)
                     self.server.by_peer[peer] = self
                     if old is not None and old is not self and old.transport is not None:
                         old.transport.close()  # a reconnect replaces the stale connection
                 case PeerSubscriptions(subscriptions):
+                    if not self._vet():
+                        return
                     if self.conn.established:
                         self._follow({c for c, _ in subscriptions})
-                case Received(message):
-                    arrived.setdefault(message.channel, []).append(message)
                 case Closed(reason, error):
                     if error:
-                        log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
+                        log.warning("tolliver %s: closing: %s", self, reason)
                     if self.transport is not None:
                         self.transport.close()
+        if not self._vet(changed=False):  # a request answered 3 (its final is to come)
+            return
         if acks:
             self._acked(acks)
         for messages in arrived.values():
+            self._hold(sum(len(m.body) for m in messages))
             self.server.spawn(self._store(messages))
         self.flush()
+
+    def _hold(self, nbytes: int) -> None:
+        """Bodies on their way to the log: past ``MAX_PENDING_BYTES`` the socket is not read
+        (the sender's resends wait in its own store, not in the hub's memory)."""
+        self._pending += nbytes
+        if self._pending > MAX_PENDING_BYTES and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _release(self, nbytes: int) -> None:
+        self._pending -= nbytes
+        if self._paused and self._pending <= MAX_PENDING_BYTES // 2:
+            self._paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def _follow(self, channels: set[str]) -> None:
         """Follow the streams of the channels subscribed to; stop the others. The hub itself
@@ -260,15 +424,18 @@ class _Link(asyncio.Protocol):
         """Append to stream C (keys K) in one batch, then ack each (an ack says: durable in the
         hub)."""
         channel = messages[0].channel
+        nbytes = sum(len(m.body) for m in messages)
         try:
             keys = [m.key.encode() if m.key else None for m in messages]
             await self.server.hub.append(Batch.build(channel, [m.body for m in messages],
                                                      keys=keys), assign_ids=True)  # fmt: skip
         except TidewireError as exc:
-            log.warning("tolliver %s: %d message(s) on %r refused: %s", self.conn.peer,
+            log.warning("tolliver %s: %d message(s) on %r refused: %s", self,
                         len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
-        if self.conn.established and not self.conn.closed:
+        finally:
+            self._release(nbytes)
+        if self.conn.established and not self.conn.closed and not self.refused:
             for message in messages:
                 if message.reliable:
                     self.conn.ack(message.id)
@@ -287,8 +454,24 @@ def _utf8_key(key: bytes | None) -> bytes:
 
 
 class TolliverServer:
-    def __init__(self, hub: Hub) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        settings: TolliverSettings | None = None,
+        *,
+        access: Access | None = None,
+        admission: Admission | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.hub = hub
+        self.settings = settings or TolliverSettings()
+        self.access = access if access is not None else Access()
+        self.listener = Listener(
+            "tolliver",
+            lambda: _Link(self),
+            admission if admission is not None else Admission(ConnectionLimits()),
+            tls=tls,
+        )
         self.links: set[_Link] = set()
         self.by_peer: dict[uuid.UUID, _Link] = {}
         self.offsets: dict[tuple[uuid.UUID, str], int] = {}
@@ -296,7 +479,6 @@ class TolliverServer:
         self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
         self._dirty: dict[tuple[uuid.UUID, str], asyncio.TimerHandle] = {}  # not yet kept
         self.instance = uuid7()
-        self.server: asyncio.Server | None = None
         self._load()
 
     def _load(self) -> None:
@@ -324,8 +506,7 @@ class TolliverServer:
     async def start(self, host: str, port: int) -> None:
         if self._needs_instance:
             await self._record({"instance": str(self.instance)})
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: _Link(self), host, port)
+        await self.listener.start(host, port)
 
     def want(self, channels: set[str]) -> None:
         """Subscribe the hub to ``channels`` (every key), telling every connected remote."""
@@ -377,17 +558,14 @@ class TolliverServer:
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        self.listener.close()
         for link in list(self.links):
             if link.transport is not None:
                 link.transport.close()
-        if self.server is not None:
-            await self.server.wait_closed()
+        await self.listener.wait_closed()
         for key, handle in list(self._dirty.items()):  # keep the offsets not yet kept
             handle.cancel()
             self._save(key)
@@ -395,8 +573,21 @@ class TolliverServer:
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def start_tolliver_server(hub: Hub, host: str, port: int) -> TolliverServer:
-    """The hub's Tolliver instance, listening on ``host:port`` (0 = any free port)."""
-    server = TolliverServer(hub)
+async def start_tolliver_server(
+    hub: Hub,
+    host: str,
+    port: int,
+    settings: TolliverSettings | None = None,
+    *,
+    access: Access | None = None,
+    admission: Admission | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> TolliverServer:
+    """The hub's Tolliver instance, listening on ``host:port`` (0 = any free port).
+    ``settings``: a remote's bounds (default :class:`TolliverSettings()`); ``access``: the
+    ACL (default: open); ``admission``: connection limits shared with other listeners
+    (default: a fresh one, default limits); ``tls``: a server context, which should require
+    client certificates (default: plain TCP)."""
+    server = TolliverServer(hub, settings, access=access, admission=admission, tls=tls)
     await server.start(host, port)
     return server

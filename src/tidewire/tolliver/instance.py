@@ -14,6 +14,8 @@ durable :class:`~.store.Store`:
   (so one it was handling when it died is resent); ``dedupe=True`` drops repeats of (sender,
   id) handed over lately.
 * A new connection from a remote UUID that already has one replaces the old one.
+* ``connect(..., ssl=context)`` dials a remote over TLS (the hub's listener requires a client
+  certificate whose subject CN is this instance's UUID).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl as _ssl
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -58,6 +61,7 @@ def _ack(handled: list[tuple[_Link, int]]) -> None:
             link.conn.ack_many(message_ids)
             link.soon()
     handled.clear()
+
 
 log = logging.getLogger("tidewire.tolliver")
 
@@ -254,11 +258,27 @@ class Instance:
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
-    async def connect(self, host: str, port: int) -> uuid.UUID:
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl: _ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> uuid.UUID:
         """Connect to a remote and complete the handshake; the remote's UUID (bound it with
-        ``asyncio.timeout``)."""
+        ``asyncio.timeout``).
+
+        ``ssl``: a client context: TLS, the remote's certificate verified against the
+        context's CAs and its host name (``server_hostname``, default ``host``). A remote
+        that requires client certificates (the hub) needs one in the context whose subject
+        CN is this instance's UUID (:attr:`instance_id`). A refused connection raises
+        :class:`OSError` (``ssl.SSLError``, ``ConnectionError``)."""
         loop = asyncio.get_running_loop()
-        _, link = await loop.create_connection(lambda: _Link(self, Role.CONNECTOR), host, port)
+        _, link = await loop.create_connection(
+            lambda: _Link(self, Role.CONNECTOR), host, port, ssl=ssl,
+            server_hostname=(server_hostname or host) if ssl is not None else None,
+        )  # fmt: skip
         return cast(uuid.UUID, await link.ready)
 
     def _handshake_done(self) -> None:

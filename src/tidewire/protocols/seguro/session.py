@@ -7,7 +7,7 @@ Wire (shared/seeds/README.md and docs/protocols/seguro.md)::
                                             HELLO <v>\\n
     IDENTIFY <v>\\n
                                             POINT <@p>\\n
-    WELCOME <@p> [<latest id>]\\n           (or the connection is dropped: point taken)
+    WELCOME <@p> [<latest id>]\\n           (or the connection is dropped: point taken, or refused)
     -- flows, one at a time --
                                             SAVE <id> <len>\\n<data>\\n\\n
     [LATEST <id>\\n]  COMMITTED <id> <len>\\n
@@ -22,6 +22,11 @@ Numbers are decimal digits only (``strtoull`` would take signs, spaces and hex; 
 "wholly parseable" and the decisions say decimal, so anything but digits is a breach), within
 their bit width. Any breach of the seed's rules, by the peer, is answered by dropping the
 connection at once: the machine moves to CLOSED and emits :class:`Breach` with the reason.
+
+Authorization is the application's (the hub's ACL), but the machine enforces what it was told
+at :meth:`ServerSession.welcome` (``may_read``, ``may_write``): a command the session may not
+run is refused on its command line, before any of its data is read (:class:`Refused`; the
+connection is dropped like for a breach, since Seguro has no error reply).
 
 :class:`ServerSession` is the hub's side; :class:`ClientSession` a ship's. The server machine
 knows the latest committed id (it says it in WELCOME, LATEST, COMMITTED), so it enforces "ids
@@ -54,6 +59,7 @@ __all__ = [
     "ManyEvents",
     "Point",
     "Read",
+    "Refused",
     "Save",
     "SaveMany",
     "Seguro",
@@ -177,10 +183,18 @@ class Breach:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The session may not run ``command`` (``SAVE``, ``SAVE MANY`` or ``READ``) on its point
+    (:meth:`ServerSession.welcome`): drop the connection (nothing more is parsed or sent)."""
+
+    command: str
+
+
 Event = (
     Seguro | Hello | Identify | Point | Welcome | Save | SaveMany | ManyEvent | ManyEvents
     | StreamedMany
-    | Read | Committed | CommittedMany | Latest | Sent | Breach
+    | Read | Committed | CommittedMany | Latest | Sent | Breach | Refused
 )  # fmt: skip
 
 
@@ -355,6 +369,8 @@ class ServerSession(_Base):
         self._sent = 0
         self._sent_first = 0
         self._sent_last = 0
+        self.may_read = True  # what welcome() allowed
+        self.may_write = True
 
     def initiate(self) -> None:
         self._says("SEGURO " + " ".join(str(v) for v in self.versions))
@@ -416,8 +432,16 @@ class ServerSession(_Base):
                                   f"({self.state.value})")  # fmt: skip
         return True
 
+    def _refuse(self, command: str) -> None:
+        self.state = _State.CLOSED
+        self._events.append(Refused(command))
+
     def _command(self, line: bytes) -> None:
-        if line.startswith(b"SAVE MANY "):
+        if line.startswith(b"SAVE ") and not self.may_write:
+            self._refuse("SAVE MANY" if line.startswith(b"SAVE MANY ") else "SAVE")
+        elif line.startswith(b"READ ") and not self.may_read:
+            self._refuse("READ")
+        elif line.startswith(b"SAVE MANY "):
             parts = _fields(line[5:], 4, "SAVE MANY")
             n = _number(parts[1], 64, "count")
             start = _number(parts[2], 64, "start id")
@@ -500,8 +524,10 @@ class ServerSession(_Base):
             end = nl + 1 + size
             if end + 2 > end_buf:
                 break
-            if (seen == 0 and event_id != many.start) or (seen and event_id <= last) or (
-                event_id > many.end or seen + 1 > many.count
+            if (
+                (seen == 0 and event_id != many.start)
+                or (seen and event_id <= last)
+                or (event_id > many.end or seen + 1 > many.count)
             ):
                 break
             if buf[end : end + 2] != b"\n\n":
@@ -549,10 +575,12 @@ class ServerSession(_Base):
         if not self.closed:
             self._breach(reason)
 
-    def welcome(self, latest: int | None) -> None:
-        """Accept the point: ``WELCOME <@p> [<latest>]``."""
+    def welcome(self, latest: int | None, *, may_read: bool = True, may_write: bool = True) -> None:
+        """Accept the point: ``WELCOME <@p> [<latest>]``. ``may_read``/``may_write``: whether
+        the session may ``READ`` / ``SAVE`` and ``SAVE MANY`` (else :class:`Refused`)."""
         if self.state is not _State.WELCOME or self.point is None:
             raise LocalProtocolError("welcome() answers a POINT")
+        self.may_read, self.may_write = may_read, may_write
         self._advance(latest or 0, "WELCOME")
         self._says(f"WELCOME {self.point}" + ("" if latest is None else f" {latest}"))
         self.state = _State.IDLE
@@ -650,9 +678,11 @@ class ClientSession(_Base):
             self._events.append(Identify(self.version))
         elif self.state is _State.WELCOME:
             parts = line.split(b" ")
-            if parts[0] != b"WELCOME" or len(parts) not in (2, 3) or parts[1] != (
-                self.point or ""
-            ).encode():
+            if (
+                parts[0] != b"WELCOME"
+                or len(parts) not in (2, 3)
+                or parts[1] != (self.point or "").encode()
+            ):
                 raise _ProtocolBreach(f"expected WELCOME {self.point}, got {line[:80]!r}")
             latest = _number(parts[2], 64, "latest id") if len(parts) == 3 else None
             self.latest = latest or 0

@@ -58,7 +58,7 @@ _ENTRY = struct.Struct(">BII")
 class Limits:
     max_name_bytes: int = 4096  # a channel or key
     max_body_bytes: int = 16 * 1024 * 1024
-    max_subscriptions: int = 65536  # entries in one handshake
+    max_subscriptions: int = 65536  # entries in one handshake; held at once (Connection)
 
 
 def _check_name(what: str, name: str) -> bytes:

@@ -14,7 +14,9 @@ bytes to send; time is an argument (``now``, seconds) for resends.
   seconds (:meth:`handle_timer`) until acked; an ack for an id not awaited is ignored.
 * **Subscriptions.** The peer's are those of its handshake, then changed by messages on the
   reserved channel ``tolliver`` (no key; body: one subscription entry). An application message
-  on that channel is a breach; :meth:`send` refuses to send one.
+  on that channel is a breach; :meth:`send` refuses to send one. The peer holds at most
+  ``limits.max_subscriptions`` at once (handshake entries and later subscribes together); one
+  more is a breach.
 
 A breach by the peer closes the connection (Tolliver has no error message outside the handshake):
 :class:`Closed` with ``error=True`` and the reason.
@@ -334,7 +336,14 @@ class Connection:
         if entry.channel == CONTROL_CHANNEL:
             raise RemoteProtocolError(f"a subscription to the reserved channel {CONTROL_CHANNEL!r}")
         if entry.op == 0:
-            self.peer_subscriptions.add((entry.channel, entry.key))
+            subscription = (entry.channel, entry.key)
+            limit = self.limits.max_subscriptions
+            if (
+                len(self.peer_subscriptions) >= limit
+                and subscription not in self.peer_subscriptions
+            ):
+                raise RemoteProtocolError(f"more than {limit} subscriptions")
+            self.peer_subscriptions.add(subscription)
         else:
             self.peer_subscriptions.discard((entry.channel, entry.key))
 

@@ -1,0 +1,691 @@
+"""Tolliver's security and limits (issue 9) over real sockets: the hub's listener over mutual
+TLS with instances that dial it with a client certificate naming their UUID, the ACL (read to
+subscribe, write to send), and the limits (connections per peer, handshake and idle deadlines,
+message size, subscriptions). Tolliver has no error message outside the handshake: every
+refusal closes the connection (before any handshake response when it concerns the request),
+is logged naming the principal, and leaves the other remotes working. Certificates are made
+by trustme at test time (tests/certs.py); deadlines are driven by calling the listener's
+``sweep`` with a chosen time, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tidewire.hub import Hub
+from tidewire.hub.access import Access, Acl
+from tidewire.model import Batch
+from tidewire.protocols.tolliver import (
+    Acked,
+    Closed,
+    Connection,
+    Established,
+    Event,
+    HandshakeRequest,
+    Limits,
+    Message,
+    Received,
+    Role,
+    SubscriptionEntry,
+    encode,
+)
+from tidewire.server.guard import Admission, ConnectionLimits
+from tidewire.server.tolliver import TolliverServer, TolliverSettings, start_tolliver_server
+from tidewire.tolliver import Delivery, Instance, uuid7
+
+if TYPE_CHECKING:
+    from certs import Pki
+
+HOST = "127.0.0.1"
+
+
+def run(coro: Coroutine[Any, Any, None], timeout: float = 10.0) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(timeout):
+            await coro
+
+    asyncio.run(bounded())
+
+
+@dataclass
+class Setup:
+    hub: Hub
+    server: TolliverServer
+    tmp: Path
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def instance(self, name: str) -> Instance:
+        return Instance(str(self.tmp / f"{name}.db"))
+
+
+@asynccontextmanager
+async def tolliver_hub(
+    path: Path,
+    *,
+    tls: ssl.SSLContext | None = None,
+    acl: str | None = None,
+    limits: ConnectionLimits | None = None,
+    settings: TolliverSettings | None = None,
+) -> AsyncIterator[Setup]:
+    hub = Hub.open(str(path / "hub"))
+    access = Access(Acl.parse(acl)) if acl is not None else None
+    admission = Admission(limits or ConnectionLimits())
+    server = await start_tolliver_server(hub, HOST, 0, settings, access=access,
+                                         admission=admission, tls=tls)  # fmt: skip
+    try:
+        yield Setup(hub, server, path)
+    finally:
+        await server.close()
+        await hub.close()
+
+
+def lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == logger and r.levelno >= logging.WARNING]  # fmt: skip
+
+
+async def logged(caplog: pytest.LogCaptureFixture, logger: str, *parts: str) -> str:
+    """The first warning of ``logger`` containing every one of ``parts`` (polls, bounded)."""
+    deadline = time.monotonic() + 5
+    while True:
+        for line in lines(caplog, logger):
+            if all(p in line for p in parts):
+                return line
+        assert time.monotonic() < deadline, (parts, lines(caplog, logger))
+        await asyncio.sleep(0.005)
+
+
+async def take(instance: Instance) -> Delivery:
+    async for delivery in instance.messages():
+        return delivery
+    raise AssertionError("messages() ended")
+
+
+class Remote:
+    """A remote instance speaking through the sans-IO machine: it sends what it likes (any
+    channel, any subscription), and shows what the hub says."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Connection
+    ) -> None:
+        self.reader, self.writer, self.conn = reader, writer, conn
+        self.events: list[Event] = []
+        self.received = b""  # every byte the hub sent
+
+    @classmethod
+    async def open(
+        cls,
+        port: int,
+        *,
+        ssl: ssl.SSLContext | None = None,
+        instance: uuid.UUID | None = None,
+        subscriptions: Iterable[str] = (),
+    ) -> Remote:
+        reader, writer = await asyncio.open_connection(HOST, port, ssl=ssl)
+        conn = Connection(Role.CONNECTOR, instance or uuid7(), 1, frozenset({1}),
+                          {(c, "") for c in subscriptions})  # fmt: skip
+        return cls(reader, writer, conn)
+
+    def flush(self) -> None:
+        if data := self.conn.data_to_send():
+            self.writer.write(data)
+
+    async def _read(self) -> bool:
+        try:
+            data = await self.reader.read(65536)
+        except (ConnectionError, ssl.SSLError):
+            data = b""
+        self.received += data
+        self.conn.receive_data(data)
+        while (event := self.conn.next_event()) is not None:
+            self.events.append(event)
+        self.flush()
+        return bool(data)
+
+    async def until(self, kind: type, **fields: object) -> None:
+        """Until an event of ``kind`` with ``fields`` (the hub closing first fails)."""
+        while not any(isinstance(e, kind) and all(getattr(e, k) == v for k, v in fields.items())
+                      for e in self.events):  # fmt: skip
+            assert await self._read(), f"closed by the hub; events: {self.events}"
+
+    async def handshake(self) -> None:
+        self.conn.initiate()
+        self.flush()
+        await self.until(Established)
+
+    async def send(self, channel: str, body: bytes, message_id: int) -> None:
+        self.conn.send(Message(channel, "", body, message_id), 0.0)
+        self.flush()
+
+    async def works(self, message_id: int, channel: str = "carry-on") -> None:
+        """A reliable message is stored and acked: the connection carries on."""
+        await self.send(channel, b"still here", message_id)
+        await self.until(Acked, id=message_id)
+
+    async def closed(self) -> None:
+        """Until the hub closes the connection."""
+        while await self._read():
+            pass
+        assert self.conn.closed or any(isinstance(e, Closed) for e in self.events)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def certified(pki: Pki, instance: uuid.UUID, name: str | None = None) -> ssl.SSLContext:
+    """A client context whose certificate's CN is ``name`` (default: ``instance``)."""
+    return pki.client_context(pki.client(name if name is not None else str(instance)))
+
+
+# --------------------------------------------------------------------------- sans-IO
+
+
+def test_the_connection_bounds_the_subscriptions_a_peer_holds() -> None:
+    """Handshake entries and later subscribes together; one held already does not count, an
+    unsubscribe frees one."""
+    two = Limits(max_subscriptions=2)
+    hub = Connection(Role.ACCEPTOR, uuid7(), 1, frozenset({1}), limits=two)
+    peer = Connection(Role.CONNECTOR, uuid7(), 1, frozenset({1}), {("a", ""), ("b", "k")})
+    peer.initiate()
+    hub.receive_data(peer.data_to_send())
+    assert isinstance(hub.next_event(), Established)
+    peer.receive_data(hub.data_to_send())
+    while peer.next_event() is not None:
+        pass
+    for change in (("sub", "a"), ("unsub", "a"), ("sub", "c"), ("sub", "c")):
+        (peer.subscribe if change[0] == "sub" else peer.unsubscribe)(change[1])
+        hub.receive_data(peer.data_to_send())
+        while (event := hub.next_event()) is not None:
+            assert not isinstance(event, Closed), event
+    assert hub.peer_subscriptions == {("b", "k"), ("c", "")}
+    peer.subscribe("d")
+    hub.receive_data(peer.data_to_send())
+    events = []
+    while (event := hub.next_event()) is not None:
+        events.append(event)
+    assert events == [Closed("protocol error: more than 2 subscriptions", True)]
+    three = (SubscriptionEntry(0, "a"), SubscriptionEntry(0, "b"), SubscriptionEntry(0, "c"))
+    fresh = Connection(
+        Role.ACCEPTOR, uuid7(), 1, frozenset({1}), limits=Limits(max_subscriptions=2)
+    )
+    fresh.receive_data(bytes(encode(HandshakeRequest(1, uuid7(), three))))
+    assert fresh.next_event() == Closed(
+        "protocol error: 3 subscriptions in a handshake, over 2", True
+    )
+    assert fresh.data_to_send() == b""  # no response
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def test_instances_relay_through_the_hub_over_mutual_tls(pki: Pki, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, tls=pki.server_context("required")) as s:
+            a, b = s.instance("a"), s.instance("b")
+            b.subscribe("news")
+            try:
+                hub_id = await b.connect(HOST, s.port, ssl=certified(pki, b.instance_id))
+                assert hub_id == s.server.instance
+                await a.connect("localhost", s.port, ssl=certified(pki, a.instance_id))
+                deadline = time.monotonic() + 5
+                while not any(("news", "") in link.conn.peer_subscriptions
+                              for link in a.links.values()):  # fmt: skip
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.005)
+                await a.send("news", "k", b"over tls")
+                got = await take(b)
+                assert (got.channel, got.key, got.body) == ("news", "k", b"over tls")
+                while a.store.unacked():  # acked by the hub once stored
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.005)
+                (stored,) = [e for batch in await s.hub.read("news", 1) for e in batch]
+                assert stored.value == b"over tls"
+                principals = {str(link.principal) for link in s.server.links}
+                assert principals == {f"cert:{a.instance_id}", f"cert:{b.instance_id}"}
+            finally:
+                await a.close()
+                await b.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("credentials", ["none", "expired", "untrusted"])
+def test_bad_client_certificates_are_refused_at_the_tls_handshake(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture, credentials: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire")
+    reason = {"none": "certificate", "expired": "expired", "untrusted": "issuer"}[credentials]
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, tls=pki.server_context("required")) as s:
+            good_id = uuid7()
+            good = await Remote.open(s.port, ssl=certified(pki, good_id), instance=good_id)
+            bad = s.instance("bad")
+            name = str(bad.instance_id)
+            cert = {
+                "none": None,
+                "expired": pki.client(name, expired=True),
+                "untrusted": pki.client(name, untrusted=True),
+            }[credentials]
+            try:
+                await good.handshake()
+                with pytest.raises((ssl.SSLError, ConnectionError)):
+                    await bad.connect(HOST, s.port, ssl=pki.client_context(cert))
+                line = await logged(caplog, "tidewire.guard", "tolliver", "TLS handshake failed")
+                assert reason in line.lower(), line
+                assert bad.instance_id not in s.server.by_peer
+                await good.works(1)
+            finally:
+                good.close()
+                await bad.close()
+
+    run(main())
+
+
+def test_a_certificate_for_another_uuid_is_closed_before_any_response(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, tls=pki.server_context("required")) as s:
+            claimed, other = uuid7(), uuid7()
+            spoof = await Remote.open(s.port, ssl=certified(pki, other), instance=claimed)
+            spoof.conn.initiate()
+            spoof.flush()
+            await spoof.closed()
+            spoof.close()
+            assert spoof.received == b""  # not even the handshake response
+            line = await logged(caplog, "tidewire.tolliver", f"cert:{other}", str(claimed))
+            assert "refused" in line
+            assert claimed not in s.server.by_peer
+            instance = s.instance("i")
+            try:
+                with pytest.raises(ConnectionError):
+                    await instance.connect(HOST, s.port, ssl=certified(pki, other))
+                # the UUID in capitals is the same UUID (compared case-insensitively)
+                upper = certified(pki, instance.instance_id, str(instance.instance_id).upper())
+                assert await instance.connect(HOST, s.port, ssl=upper) == s.server.instance
+                link = s.server.by_peer[instance.instance_id]
+                assert str(link.principal) == f"cert:{instance.instance_id}"  # (lower case)
+            finally:
+                await instance.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- the ACL
+
+
+def acl_for(reader: uuid.UUID, writer: uuid.UUID) -> str:
+    return f"""
+[principal."cert:{reader}"]
+read = ["news", "sport.*"]
+
+[principal."cert:{writer}"]
+read = ["news"]
+write = ["news", "carry-on"]
+"""
+
+
+def test_a_subscription_the_acl_does_not_allow_is_refused(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+    reader_id, writer_id = uuid7(), uuid7()
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, tls=pki.server_context("required"),
+                                acl=acl_for(reader_id, writer_id)) as s:  # fmt: skip
+            writer = await Remote.open(s.port, ssl=certified(pki, writer_id), instance=writer_id)
+            try:
+                await writer.handshake()
+                # in the handshake request: closed before the response
+                bad = await Remote.open(s.port, ssl=certified(pki, reader_id), instance=reader_id,
+                                        subscriptions=["news", "secret"])  # fmt: skip
+                bad.conn.initiate()
+                bad.flush()
+                await bad.closed()
+                bad.close()
+                assert bad.received == b""
+                await logged(caplog, "tidewire.tolliver", f"cert:{reader_id} may not read "
+                             "stream 'secret' (a subscription to it)")  # fmt: skip
+                # later, by a control message
+                ctx = certified(pki, reader_id)
+                late = await Remote.open(s.port, ssl=ctx, instance=reader_id,
+                                         subscriptions=["sport.tennis"])  # fmt: skip
+                await late.handshake()
+                late.conn.subscribe("news")  # allowed
+                late.conn.subscribe("orders")  # not
+                late.flush()
+                await late.closed()
+                late.close()
+                line = await logged(caplog, "tidewire.tolliver", "stream 'orders'")
+                assert f"cert:{reader_id}" in line
+                await writer.works(1)
+            finally:
+                writer.close()
+
+    run(main())
+
+
+def test_a_message_on_a_channel_the_acl_does_not_allow_is_refused(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+    reader_id, writer_id = uuid7(), uuid7()
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, tls=pki.server_context("required"),
+                                acl=acl_for(reader_id, writer_id)) as s:  # fmt: skip
+            writer = await Remote.open(s.port, ssl=certified(pki, writer_id), instance=writer_id)
+            reader = await Remote.open(s.port, ssl=certified(pki, reader_id), instance=reader_id,
+                                       subscriptions=["news"])  # fmt: skip
+            try:
+                await writer.handshake()
+                await reader.handshake()
+                await writer.works(1, "news")  # allowed: stored and acked
+                await reader.until(Received)  # and relayed
+                await reader.send("news", b"not allowed", 7)
+                await reader.closed()
+                assert not any(isinstance(e, Acked) for e in reader.events)
+                await logged(caplog, "tidewire.tolliver", f"cert:{reader_id} may not write "
+                             "stream 'news' (a message)")  # fmt: skip
+                assert [e.value for b in await s.hub.read("news", 1) for e in b] == [b"still here"]
+                await writer.works(2, "news")
+            finally:
+                writer.close()
+                reader.close()
+
+    run(main())
+
+
+def test_the_acl_applies_to_anonymous_remotes_over_plain_tcp(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+    acl = '[principal.anonymous]\nread = ["public.*"]\nwrite = ["carry-on"]\n'
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, acl=acl) as s:
+            ok = await Remote.open(s.port, subscriptions=["public.news"])
+            try:
+                await ok.handshake()
+                await ok.works(1)
+                await ok.send("public.news", b"read-only", 2)
+                await ok.closed()
+                await logged(caplog, "tidewire.tolliver", "anonymous may not write stream "
+                             "'public.news'")  # fmt: skip
+            finally:
+                ok.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def test_connections_per_peer(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire.guard")
+    limits = ConnectionLimits(max_connections_per_peer=2)
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, limits=limits) as s:
+            first, second = await Remote.open(s.port), await Remote.open(s.port)
+            try:
+                await first.handshake()
+                await second.handshake()
+                third = await Remote.open(s.port)
+                third.conn.initiate()
+                third.flush()
+                await third.closed()
+                third.close()
+                assert third.received == b""
+                await logged(caplog, "tidewire.guard", "tolliver", "too many connections from")
+                await first.works(1)
+                await second.works(1)
+            finally:
+                first.close()
+                second.close()
+
+    run(main())
+
+
+def test_the_handshake_deadline(pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A remote that says nothing (after TLS, or before it) is closed by the sweep past the
+    deadline; one established is not."""
+    caplog.set_level(logging.WARNING, logger="tidewire.guard")
+    limits = ConnectionLimits(handshake_seconds=5, idle_seconds=100)
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, limits=limits, tls=pki.server_context()) as s:
+            loop = asyncio.get_running_loop()
+            good_id, silent_id = uuid7(), uuid7()
+            good = await Remote.open(s.port, ssl=certified(pki, good_id), instance=good_id)
+            silent = await Remote.open(s.port, ssl=certified(pki, silent_id), instance=silent_id)
+            plain, writer = await asyncio.open_connection(HOST, s.port)  # never starts TLS
+            try:
+                await good.handshake()
+                s.server.listener.sweep(loop.time() + 1)  # before the deadline: nothing
+                await good.works(1)
+                s.server.listener.sweep(loop.time() + 6)
+                await silent.closed()
+                assert await plain.read() == b""
+                await logged(caplog, "tidewire.guard", "no handshake within 5s")
+                await good.works(2)
+            finally:
+                good.close()
+                silent.close()
+                writer.close()
+
+    run(main())
+
+
+def test_the_idle_deadline(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Swept at ``t0 + idle``: the remote silent since ``t0`` is closed, the one that sent
+    meanwhile is not (whenever the listener's own sweeps ran in between)."""
+    caplog.set_level(logging.WARNING, logger="tidewire.guard")
+    limits = ConnectionLimits(idle_seconds=10)
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, limits=limits) as s:
+            loop = asyncio.get_running_loop()
+            idle, busy = await Remote.open(s.port), await Remote.open(s.port)
+            try:
+                await idle.handshake()
+                await busy.handshake()
+                t0 = loop.time()
+                s.server.listener.sweep(t0)
+                await asyncio.sleep(0.01)  # (time passes: a later sweep is later than t0)
+                await busy.works(1)
+                s.server.listener.sweep(t0 + 10)
+                await idle.closed()
+                await logged(caplog, "tidewire.guard", "idle for 10s")
+                await busy.works(2)
+            finally:
+                idle.close()
+                busy.close()
+
+    run(main())
+
+
+def rss() -> int:
+    """This process's resident set size, in bytes (the hub runs in it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_message_size_just_under_passes_just_over_is_refused_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body over ``max_message_bytes`` is refused from its header: the hub never reads it
+    (32 MiB of it, here) into memory."""
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+    limit = 64 * 1024
+    settings = TolliverSettings(max_message_bytes=limit)
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, settings=settings) as s:
+            other, remote = await Remote.open(s.port), await Remote.open(s.port)
+            try:
+                await other.handshake()
+                await remote.handshake()
+                await remote.send("big", b"x" * limit, 1)  # at the limit
+                await remote.until(Acked, id=1)
+                await remote.send("big", b"x" * (limit + 1), 2)  # one over
+                await remote.closed()
+                line = await logged(caplog, "tidewire.tolliver",
+                                    f"a body of {limit + 1} bytes, over {limit}")  # fmt: skip
+                assert "anonymous" in line
+                # a body of 32 MiB declared, then streamed: refused from the header
+                before = rss()
+                huge = await Remote.open(s.port)
+                await huge.handshake()
+                # code 3, channel length 3, key length 0, body length 32 MiB, id 9, "big"
+                huge.writer.write(struct.pack(">BIIII", 3, 3, 0, 32 << 20, 9) + b"big")
+                chunk = b"d" * (1 << 20)
+                try:
+                    for _ in range(32):
+                        huge.writer.write(chunk)
+                        await huge.writer.drain()
+                except ConnectionError:
+                    pass  # closed while it wrote
+                await huge.closed()
+                huge.close()
+                assert rss() - before < 16 * 1024 * 1024
+                assert [len(e.value) for b in await s.hub.read("big", 1) for e in b] == [limit]
+                await other.works(1)
+            finally:
+                other.close()
+                remote.close()
+
+    run(main())
+
+
+def test_subscriptions_just_under_pass_just_over_are_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+    settings = TolliverSettings(max_subscriptions=4)
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, settings=settings) as s:
+            four = await Remote.open(s.port, subscriptions=["a", "b", "c", "d"])
+            five = await Remote.open(s.port, subscriptions=["a", "b", "c", "d", "e"])
+            try:
+                await four.handshake()  # at the limit
+                four.conn.subscribe("a")  # held already: not one more
+                four.conn.unsubscribe("d")
+                four.conn.subscribe("e")  # four again
+                four.flush()
+                await four.works(1)
+                five.conn.initiate()  # one over, in the handshake: closed before a response
+                five.flush()
+                await five.closed()
+                assert five.received == b""
+                await logged(caplog, "tidewire.tolliver", "5 subscriptions in a handshake, over 4")
+                four.conn.subscribe("f")  # one over, later
+                four.flush()
+                await four.closed()
+                await logged(caplog, "tidewire.tolliver", "more than 4 subscriptions")
+                again = await Remote.open(s.port, subscriptions=["a"])
+                await again.handshake()
+                await again.works(2)
+                again.close()
+            finally:
+                four.close()
+                five.close()
+
+    run(main())
+
+
+def test_a_hub_relay_keeps_working_for_others_while_one_remote_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Refusals are per connection: events appended meanwhile reach the remote still there."""
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, settings=TolliverSettings(max_subscriptions=1)) as s:
+            ok = await Remote.open(s.port, subscriptions=["ticks"])
+            greedy = await Remote.open(s.port, subscriptions=["ticks", "more"])
+            try:
+                await ok.handshake()
+                greedy.conn.initiate()
+                greedy.flush()
+                await greedy.closed()
+                await s.hub.append(Batch.build("ticks", [b"t1"]), assign_ids=True)
+                await ok.until(Received)
+            finally:
+                ok.close()
+                greedy.close()
+
+    run(main())
+
+
+def test_a_remote_that_never_reads_gets_nothing_more_and_is_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """16 MiB of events for a remote that reads nothing: the hub's buffer for it stays near
+    the high-water mark (deliveries wait), and the sweep past the stall limit drops it."""
+    caplog.set_level(logging.WARNING, logger="tidewire.guard")
+    limits = ConnectionLimits(write_stall_seconds=30, idle_seconds=1000)
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, limits=limits) as s:
+            loop = asyncio.get_running_loop()
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (HOST, s.port))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            deaf = Remote(reader, writer, Connection(Role.CONNECTOR, uuid7(), 1, frozenset({1}),
+                                                     {("ticks", "")}))  # fmt: skip
+            other = await Remote.open(s.port)
+            try:
+                await deaf.handshake()
+                await other.handshake()
+                (guarded,) = [c for c in s.server.listener.connections
+                              if c.inner is s.server.by_peer[deaf.conn.instance]]  # fmt: skip
+                value = b"v" * (64 * 1024)
+                for _ in range(4):
+                    await s.hub.append(Batch.build("ticks", [value] * 64), assign_ids=True)
+                deadline = time.monotonic() + 5
+                while guarded.stalled_since is None:
+                    assert time.monotonic() < deadline, "the hub's output never backed up"
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(0.05)  # (what the hub would still write, it writes now)
+                queued = guarded.get_write_buffer_size()
+                assert queued < 1024 * 1024
+                link = s.server.by_peer[deaf.conn.instance]
+                assert link.conn.unacked()  # what it was sent, unread, unacked
+                for seconds in (2, 4, 6):  # no resends pile up either
+                    link.handle_timer(time.monotonic() + seconds)
+                assert guarded.get_write_buffer_size() == queued
+                s.server.listener.sweep(loop.time() + 31)
+                await logged(caplog, "tidewire.guard", "tolliver", "read nothing for")
+                assert guarded.is_closing()
+                await other.works(1)
+            finally:
+                deaf.close()
+                other.close()
+
+    run(main())
