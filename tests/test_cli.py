@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 import tidewire
+from certs import Pki
 from tidewire.cli import main
 from tidewire.log import Log
 from tidewire.model import Batch
@@ -337,3 +338,75 @@ def test_tail_reports_an_unreachable_hub(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tail", "s", "--url", "rsio://127.0.0.1:1"])
     assert result.exit_code == 1
     assert "Error:" in result.output
+
+
+# --------------------------------------------------------------------------- security
+
+
+def test_token_create_prints_a_token_that_its_table_accepts() -> None:
+    from tidewire.hub.access import Tokens
+
+    result = CliRunner().invoke(main, ["token", "create", "ci", "--days", "2"])
+    assert result.exit_code == 0, result.output
+    token = result.stdout.strip()
+    assert token.startswith("ci.")
+    assert len(token) > 40
+    tokens = Tokens.parse(result.stderr)  # the comment line and the table are valid TOML
+    assert tokens.authenticate(token, time.time()).name == "token:ci"
+    assert tokens.by_name["ci"].expires is not None
+    bad = CliRunner().invoke(main, ["token", "create", "a b"])
+    assert bad.exit_code != 0
+    assert "NAME" in bad.output
+
+
+def test_serve_with_tls_tokens_and_acl_from_the_command_line(tmp_path: Path, pki: Pki) -> None:
+    """The README's recipe: a token from `tidewire token create`, the hub on TLS with an ACL,
+    then `tidewire publish` and `tidewire tail` over rsios:// with the token; a stream the
+    token may not write is refused with the hub's reason."""
+    runner = CliRunner()
+    made = runner.invoke(main, ["token", "create", "ci"])
+    token = made.stdout.strip()
+    (tmp_path / "tokens.toml").write_text(made.stderr)
+    (tmp_path / "acl.toml").write_text('[principal."token:ci"]\nread = ["*"]\nwrite = ["o*"]\n')
+    args = ["--data-dir", str(tmp_path / "data"), "--http-port", "0", "--host", "0.0.0.0",
+            "--set", f"tls.cert_file={pki.server_cert}", "--set", f"tls.key_file={pki.server_key}",
+            "--set", f"tls.ca_file={pki.ca_file}",
+            "--set", f"auth.tokens_file={tmp_path / 'tokens.toml'}",
+            "--set", f"auth.acl_file={tmp_path / 'acl.toml'}"]  # fmt: skip
+    with server(*args) as proc:
+        lines = read_until(proc, "ready")
+        rsios = next(w for line in lines for w in line.split() if w.startswith("rsios://"))
+        url = rsios.replace("0.0.0.0", "127.0.0.1")
+        common = ["--url", url, "--token", token, "--ca-file", pki.ca_file]
+        ok = subprocess.run([sys.executable, "-m", "tidewire.cli", "publish", "orders", *common],
+                            input="a\nb\n", capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert ok.returncode == 0, ok.stderr
+        tail = subprocess.run(
+            [sys.executable, "-m", "tidewire.cli", "tail", "orders", "--limit", "2", *common],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert tail.returncode == 0, tail.stderr
+        assert [line.split("\t")[-1] for line in tail.stdout.splitlines()] == ["a", "b"]
+        refused = subprocess.run([sys.executable, "-m", "tidewire.cli", "publish", "secret",
+                                  *common], input="x\n", capture_output=True, text=True,
+                                 timeout=60)  # fmt: skip
+        assert refused.returncode != 0
+        assert "forbidden: token:ci may not write stream 'secret'" in refused.stderr
+        plain = subprocess.run([sys.executable, "-m", "tidewire.cli", "tail", "orders", "--limit",
+                                "1", "--url", url.replace("rsios:", "rsio:")],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert plain.returncode != 0  # clear text to a TLS port
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "without TLS" not in err
+    assert "without an ACL" not in err
+    assert "refused: token:ci may not write stream 'secret'" in err
+
+
+def test_serve_warns_when_exposed_without_tls_or_acl(tmp_path: Path) -> None:
+    with server("--data-dir", str(tmp_path), "--http-port", "0", "--host", "0.0.0.0") as proc:
+        read_until(proc, "ready")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "listening on 0.0.0.0 without TLS for http, rsio, seguro, tolliver" in err
+    assert "listening on 0.0.0.0 without an ACL" in err

@@ -83,6 +83,13 @@ def _client_options(url: str, token: str | None, ca_file: str | None, cert_file:
     return {"token": token, "ssl": client_context(ca_file, cert_file, key_file) if tls else None}
 
 
+def _seguro_tls(url: str, token: str | None, **files: str | None) -> Any:
+    """Seguro has no tokens (a ship is its certificate): only the TLS files count."""
+    if token is not None:
+        raise click.BadParameter("Seguro takes no token: use --cert-file", param_hint="--token")
+    return _client_options(url.replace("seguros:", "rsios:", 1), None, **files)["ssl"]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tidewire")
 def main() -> None:
@@ -366,7 +373,9 @@ _SEGURO_URL = click.option("--url", default="seguro://127.0.0.1:7403", show_defa
 @_SEGURO_URL
 @click.option("--id", "first_id", type=click.IntRange(min=1), default=None,
               help="the first event's id (default: the latest stored + 1)")  # fmt: skip
-def seguro_save(point: str, files: tuple[str, ...], url: str, first_id: int | None) -> None:
+@_credentials
+def seguro_save(point: str, files: tuple[str, ...], url: str, first_id: int | None,
+                **credentials: Any) -> None:  # fmt: skip
     """Save each FILE ("-" is stdin) as one event of POINT, with consecutive ids: SAVE for one,
     SAVE MANY for several. Prints what the hub committed."""
     import asyncio
@@ -379,7 +388,7 @@ def seguro_save(point: str, files: tuple[str, ...], url: str, first_id: int | No
         for name in files or ("-",):
             read = sys.stdin.buffer.read if name == "-" else Path(name).read_bytes
             datas.append(await loop.run_in_executor(None, read))
-        async with connect(url, point) as ship:
+        async with connect(url, point, ssl=_seguro_tls(url, **credentials)) as ship:
             start = first_id if first_id is not None else ship.latest + 1
             events = [(start + i, data) for i, data in enumerate(datas)]
             if len(events) == 1:
@@ -401,14 +410,16 @@ def seguro_save(point: str, files: tuple[str, ...], url: str, first_id: int | No
 @click.option("--from", "from_id", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="JSON lines; data in base64")
-def seguro_read(point: str, url: str, from_id: int, limit: int, as_json: bool) -> None:
+@_credentials
+def seguro_read(point: str, url: str, from_id: int, limit: int, as_json: bool,
+                **credentials: Any) -> None:  # fmt: skip
     """Read up to LIMIT events of POINT from id --from (READ)."""
     import asyncio
 
     from .client.seguro import SeguroError, connect
 
     async def run() -> None:
-        async with connect(url, point) as ship:
+        async with connect(url, point, ssl=_seguro_tls(url, **credentials)) as ship:
             events, sent = await ship.read(from_id, limit)
         for event_id, data in events:
             if as_json:
