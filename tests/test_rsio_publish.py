@@ -1231,7 +1231,7 @@ def test_documented_exchange_on_a_real_socket(tmp_path: Path, run: Runner) -> No
             host, port = url.removeprefix("rsio://").split(":")
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(h("00 00 01 01") + h("40 01 0e 74 3f 66 6f 72 6d 61 74 3d 76 61 6c 75 65"))
-            assert await reader.readexactly(4) == h("01 00 01 01")
+            assert await reader.readexactly(5) == h("01 00 02 01 02")  # extensions 1 and 2
             assert await reader.readexactly(19) == h(
                 "03 0e 74 3f 66 6f 72 6d 61 74 3d 76 61 6c 75 65 01 80 40"
             )
