@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from certs import Pki
+    from loops import Run
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +52,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     from certs import Pki
 
     return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    """Run a coroutine on asyncio's loop, then (second parametrization) on uvloop, bounded in
+    time (tests/loops.py). A module may define its own ``run`` with another bound."""
+    from loops import runner
+
+    return runner(str(request.param))

@@ -26,20 +26,19 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from certs import Pki
+from loops import Run
 from tidewire.client import tube
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import Hub
@@ -56,25 +55,7 @@ HOST = "127.0.0.1"
 KiB = 1024
 MiB = 1024 * KiB
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-Runner = Callable[[Coroutine[Any, Any, None]], None]
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(20):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
+Runner = Run
 
 
 # --------------------------------------------------------------------------- credentials

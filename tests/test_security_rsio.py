@@ -9,15 +9,15 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
-import uvloop
 
 import tidewire
+from loops import Run
 from tidewire.client.rsio import RsioClient, RsioError
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
@@ -38,25 +38,6 @@ from tidewire.server.rsio import RsioServer, start_rsio_server
 if TYPE_CHECKING:
     from certs import Pki
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-Run = Callable[[Coroutine[Any, Any, None]], None]
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Run:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(20):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
 
 
 @asynccontextmanager

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from loops import logged
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl
 from tidewire.model import Batch
@@ -95,20 +96,6 @@ async def tolliver_hub(
         await hub.close()
 
 
-def lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == logger and r.levelno >= logging.WARNING]  # fmt: skip
-
-
-async def logged(caplog: pytest.LogCaptureFixture, logger: str, *parts: str) -> str:
-    """The first warning of ``logger`` containing every one of ``parts`` (polls, bounded)."""
-    deadline = time.monotonic() + 5
-    while True:
-        for line in lines(caplog, logger):
-            if all(p in line for p in parts):
-                return line
-        assert time.monotonic() < deadline, (parts, lines(caplog, logger))
-        await asyncio.sleep(0.005)
 
 
 async def take(instance: Instance) -> Delivery:

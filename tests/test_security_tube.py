@@ -18,16 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 from playwright.async_api import async_playwright
 
 from certs import Pki
+from loops import Run
 from test_security_http import (
     ALICE,
     BOB,
@@ -50,25 +48,7 @@ from tidewire.server.app import TUBE_CONNECTIONS_KEY
 from tidewire.server.guard import ConnectionLimits
 from tidewire.server.tube import TubeSettings
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-Runner = Callable[[Coroutine[Any, Any, None]], None]
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(20):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
+Runner = Run
 
 
 def tube_url(served: Served) -> str:
