@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import uvloop
 
+from tidewire.observe.logs import ConnectionContext
+
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
     "uvloop": uvloop.new_event_loop,
@@ -35,9 +37,17 @@ def runner(loop: str) -> Run:
     return run
 
 
+def line(record: logging.LogRecord) -> str:
+    """A record's message as the text log shows it: with its connection's context, if any
+    (``[protocol #id peer principal] message``)."""
+    context = getattr(record, "connection", None)
+    prefix = context.prefix() if isinstance(context, ConnectionContext) else ""
+    return prefix + record.getMessage()
+
+
 def warnings(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
-    """The messages of ``logger`` at WARNING or above."""
-    return [r.getMessage() for r in caplog.records
+    """The lines of ``logger`` at WARNING or above (with their connection's context)."""
+    return [line(r) for r in caplog.records
             if r.name == logger and r.levelno >= logging.WARNING]  # fmt: skip
 
 

@@ -92,7 +92,8 @@ def test_bad_environment_and_flags() -> None:
         load_config(None, {"nope": "1"}, environ={})
 
 
-VALID_TEXT = {"tls.client_auth": ("none", "none"), "tls.min_version": ("1.3", "1.3")}
+VALID_TEXT = {"tls.client_auth": ("none", "none"), "tls.min_version": ("1.3", "1.3"),
+              "log_format": ("json", "json")}
 COMPANIONS = {  # settings that are only valid together
     "tls.cert_file": ("tls.key_file", "tls.ca_file"),
     "tls.key_file": ("tls.cert_file", "tls.ca_file"),

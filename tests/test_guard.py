@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from loops import Run
+from loops import Run, line
 from tidewire.server.guard import (
     Admission,
     ConnectionLimits,
@@ -141,7 +142,7 @@ def guarded(listener: Listener) -> list[GuardedConnection]:
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "tidewire.guard"]
+    return [line(r) for r in caplog.records if r.name == "tidewire.guard"]
 
 
 # --------------------------------------------------------------------------- admission
@@ -210,7 +211,7 @@ def test_admission_is_shared_by_listeners_and_refuses_in_the_protocols_words(
     refused = [m for m in messages(caplog) if "refused" in m]
     assert len(refused) == 2
     assert all("too many connections from 127.0.0.1 (the limit is 3)" in m for m in refused)
-    assert all(m.startswith("test 127.0.0.1:") for m in refused)
+    assert all(re.match(r"\[test #\d+ 127\.0\.0\.1:\d+\] ", m) for m in refused)
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -449,7 +450,7 @@ def test_plain_text_to_a_tls_listener(run: Run, pki: Pki, caplog: pytest.LogCapt
 
     run(main())
     (failed,) = [m for m in messages(caplog) if "TLS handshake failed" in m]
-    assert failed.startswith("test 127.0.0.1:")
+    assert re.match(r"\[test #\d+ 127\.0\.0\.1:\d+\] ", failed)
 
 
 @pytest.mark.parametrize(

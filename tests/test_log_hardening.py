@@ -48,7 +48,7 @@ STREAM = "s"
 STAGING_PREFIX = ".creating-"  # tidewire.log.stream.STAGING_PREFIX (spelled out: the contract)
 
 WriteItems = list[tuple[Batch, int | None]]
-WriteResult = tuple[list[Batch], list[Batch]]
+WriteResult = tuple[list[Batch], list[Batch], float | None]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -38,7 +38,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from certs import Pki
-from loops import Run
+from loops import Run, logged
 from tidewire.client import tube
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import Hub
@@ -176,23 +176,6 @@ async def until(condition: Callable[[], bool], what: str, limit: float = 5.0) ->
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         await asyncio.sleep(0.001)
-
-
-def warnings(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == logger and r.levelno >= logging.WARNING]  # fmt: skip
-
-
-async def logged(caplog: pytest.LogCaptureFixture, logger: str, *parts: str) -> str:
-    """The first warning of ``logger`` holding every one of ``parts`` (polls, bounded)."""
-    found: list[str] = []
-
-    def seen() -> bool:
-        found[:] = [m for m in warnings(caplog, logger) if all(p in m for p in parts)]
-        return bool(found)
-
-    await until(seen, f"a {logger} warning with {parts}: {warnings(caplog, logger)}")
-    return found[0]
 
 
 def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:

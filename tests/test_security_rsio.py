@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ import pytest
 
 import tidewire
 from loops import Run
+from loops import line as log_line
 from tidewire.client.rsio import RsioClient, RsioError
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
@@ -95,7 +97,7 @@ def decode_all(data: bytes) -> list[object]:
 
 def logged(caplog: pytest.LogCaptureFixture, logger: str, words: str) -> list[str]:
     return [
-        r.getMessage()
+        log_line(r)
         for r in caplog.records
         if r.name == logger and r.levelno >= logging.WARNING and words in r.getMessage()
     ]
@@ -206,7 +208,7 @@ def test_bad_client_certificates_fail_and_are_logged(
 
     run(main())
     (line,) = logged(caplog, "tidewire.guard", "TLS handshake failed")
-    assert line.startswith("rsio 127.0.0.1:")
+    assert re.match(r"\[rsio #\d+ 127\.0\.0\.1:\d+\] ", line)
 
 
 # --------------------------------------------------------------------------- tokens

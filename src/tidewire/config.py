@@ -31,6 +31,7 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "data_dir": (str, "./tidewire-data", "directory of the embedded log"),
     "host": (str, "127.0.0.1", "address every listener binds to"),
     "log_level": (str, "info", "debug, info, warning or error"),
+    "log_format": (str, "text", "text (readable lines) or json (one JSON object per line)"),
     "http.port": (int, 7480, "HTTP listener (admin, RS.io over HTTP; 0 = any free port)"),
     "http.poll_seconds": (float, 25.0,
                           "RS.io over HTTP: a fetch with nothing to send gets 204 after it"),
@@ -243,6 +244,8 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
 def _check(values: Mapping[str, Any]) -> None:
     if values["log_level"] not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {values['log_level']!r} is not debug/info/warning/error")
+    if values["log_format"] not in ("text", "json"):
+        raise ConfigError(f"log_format: {values['log_format']!r} is not text or json")
     for key, (low, high) in _LIMITS.items():
         if not low <= values[key] <= high:
             raise ConfigError(f"{key}: {values[key]} is outside {low:g}..{high:g}")

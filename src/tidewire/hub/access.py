@@ -26,6 +26,9 @@ every table whose key (itself a glob) matches its name::
     [principal.anonymous]
     read = ["public.*"]
 
+    [principal."token:prometheus"]
+    monitor = true                # /metrics and the admin API (/api/...)
+
 Without an ACL file (``auth.acl_file`` unset) every principal may do everything: the
 development default, for a hub bound to 127.0.0.1. With one, what it does not grant is
 refused. The checks run in the protocol adapters, which turn :class:`~tidewire.model.Forbidden`
@@ -62,7 +65,8 @@ __all__ = [
     "mint_token",
 ]
 
-Action = Literal["read", "write"]
+Action = Literal["read", "write", "monitor"]
+"""``monitor`` is not about a stream: the hub's metrics and admin API (the stream is ``""``)."""
 
 
 class AccessFileError(TidewireError, ValueError):
@@ -93,6 +97,7 @@ class Grant:
     principal: str
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
+    monitor: bool = False  # the hub's metrics and admin API (every stream's figures, peers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +122,15 @@ class Acl:
             raise AccessFileError(f"{source}: 'principal' must be a table of tables")
         grants = []
         for name, rights in table.items():
-            if not isinstance(rights, dict) or not set(rights) <= {"read", "write"}:
-                raise AccessFileError(
-                    f"{source}: principal {name!r}: only 'read' and 'write' lists are allowed"
-                )
+            if not isinstance(rights, dict) or not set(rights) <= {"read", "write", "monitor"}:
+                raise AccessFileError(f"{source}: principal {name!r}: only 'read' and 'write' "
+                                      "lists and 'monitor' (true/false) are allowed")  # fmt: skip
+            monitor = rights.get("monitor", False)
+            if not isinstance(monitor, bool):
+                raise AccessFileError(f"{source}: principal {name!r}: monitor must be true or "
+                                      "false")  # fmt: skip
             grants.append(Grant(name, _patterns(source, name, rights, "read"),
-                                _patterns(source, name, rights, "write")))  # fmt: skip
+                                _patterns(source, name, rights, "write"), monitor))  # fmt: skip
         return cls(tuple(grants))
 
     @classmethod
@@ -132,7 +140,11 @@ class Acl:
     def allows(self, principal: Principal, action: Action, stream: str) -> bool:
         key = (principal.name, action, stream)
         allowed = self._cache.get(key)
-        if allowed is None:
+        if allowed is None and action == "monitor":
+            allowed = any(grant.monitor for grant in self.grants
+                          if fnmatchcase(principal.name, grant.principal))  # fmt: skip
+            self._cache[key] = allowed
+        elif allowed is None:
             allowed = any(
                 fnmatchcase(stream, pattern)
                 for grant in self.grants
@@ -288,6 +300,11 @@ class Access:
 
     def may(self, principal: Principal, action: Action, stream: str) -> bool:
         return self.acl is None or self.acl.allows(principal, action, stream)
+
+    def check_monitor(self, principal: Principal) -> None:
+        """Raise :class:`Forbidden` unless ``principal`` may see the metrics and admin API."""
+        if self.acl is not None and not self.acl.allows(principal, "monitor", ""):
+            raise Forbidden(f"{principal} may not monitor the hub (ACL: monitor = true)")
 
     def streams(self, principal: Principal, names: Iterable[str]) -> list[str]:
         """The ``names`` that ``principal`` may read (for listings)."""

@@ -16,6 +16,7 @@ from typing import Literal
 
 from ..log import Log, LogConfig, StreamStats
 from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
+from ..observe.metrics import HubCollector, Metrics
 from .subscription import Subscription
 from .txn import Transactions, TxnReceipt
 
@@ -53,6 +54,11 @@ class Hub:
         self.clock = clock
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self._retention_task: asyncio.Task[None] | None = None
+        self._sampler_task: asyncio.Task[None] | None = None
+        self.metrics = Metrics()
+        self.metrics.registry.register(HubCollector(self))
+        log.on_append = self.metrics.append_seconds.observe
+        log.on_fsync = self.metrics.fsync_seconds.observe
         self._retention_run: asyncio.Future[int] | None = None
         self.txns = Transactions(self)
         self.txns.load()
@@ -74,9 +80,11 @@ class Hub:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start the background tasks (retention)."""
+        """Start the background tasks (retention, the metrics' rate samples)."""
         if self._retention_task is None:
             self._retention_task = asyncio.create_task(self._retention_loop())
+        if self._sampler_task is None:
+            self._sampler_task = asyncio.create_task(self.metrics.run_sampler())
 
     async def close(self) -> None:
         """Cancel every subscription, finish queued appends (flush + fsync), close the log."""
@@ -85,6 +93,11 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
             self._retention_task = None
+        if self._sampler_task is not None:
+            self._sampler_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler_task
+            self._sampler_task = None
         if self._retention_run is not None:  # a pass in its thread: let it finish first
             with contextlib.suppress(Exception):
                 await self._retention_run
@@ -118,24 +131,41 @@ class Hub:
     def subscriptions(self) -> int:
         return len(self._subscriptions)
 
+    def live_subscriptions(self) -> list[Subscription]:
+        """The subscriptions not cancelled nor complete, oldest first."""
+        return sorted((s for s in list(self._subscriptions) if not s.done), key=lambda s: s.id)
+
     # ------------------------------------------------------------------ write and read
 
-    async def append(self, batch: Batch, *, assign_ids: bool = False) -> Batch:
-        """Append durably; returns the batch as stored (see :meth:`Log.append`)."""
+    async def append(self, batch: Batch, *, assign_ids: bool = False, via: str = "api") -> Batch:
+        """Append durably; returns the batch as stored (see :meth:`Log.append`). ``via``: the
+        protocol it came by, for the metrics."""
         _writable(batch.stream)
-        return await self.log.append(batch, assign_ids=assign_ids)
+        stored = await self.log.append(batch, assign_ids=assign_ids)
+        self.metrics.received(via, stored.stream, len(stored), stored.nbytes)
+        return stored
 
-    async def commit(self, txn: str, batch: Batch) -> TxnReceipt:
+    async def commit(self, txn: str, batch: Batch, *, via: str = "api") -> TxnReceipt:
         """Append ``batch`` exactly once for the transaction id ``txn`` (its ids are ignored):
         a repeated commit returns where the first one put the events (see :mod:`.txn`)."""
         _writable(batch.stream)
-        return await self.txns.commit(txn, batch)
+        receipt = await self.txns.commit(txn, batch)
+        if not receipt.already:
+            self.metrics.received(via, batch.stream, len(batch), batch.nbytes)
+        return receipt
 
     async def read(
-        self, stream: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
-    ) -> list[Batch]:
+        self, stream: str, from_id: int, max_bytes: int = 1024 * 1024,
+        max_events: int = 2**63 - 1, *, via: str | None = None,
+    ) -> list[Batch]:  # fmt: skip
+        """Committed events from ``from_id``; ``via``: a protocol sending them to a peer,
+        counted in the metrics as delivered."""
         validate_stream_name(stream)
-        return await self.log.read_async(stream, from_id, max_bytes, max_events)
+        batches = await self.log.read_async(stream, from_id, max_bytes, max_events)
+        if via is not None and batches:
+            self.metrics.sent(via, stream, sum(len(b) for b in batches),
+                              sum(b.nbytes for b in batches))  # fmt: skip
+        return batches
 
     def resolve_start(self, stream: str, start: Start, *, skip_lost: bool = False) -> int:
         """The first id a subscription starting at ``start`` will deliver (0 = earliest)."""
@@ -161,10 +191,14 @@ class Hub:
         key: bytes | None = None,
         skip_lost: bool = False,
         max_batch_bytes: int = 1024 * 1024,
+        via: str = "api",
+        connection: int | None = None,
     ) -> Subscription:
         """Follow ``stream`` from ``start``, then live. Deliveries wait for :meth:`request`.
 
-        The stream need not exist yet: the subscription waits for its first events.
+        The stream need not exist yet: the subscription waits for its first events. ``via``
+        (the protocol) and ``connection`` (the guard's connection id) are for the metrics and
+        the admin API.
         """
         validate_stream_name(stream)
         sub = Subscription(
@@ -175,6 +209,8 @@ class Hub:
             key=key,
             skip_lost=skip_lost,
             max_batch_bytes=max_batch_bytes,
+            via=via,
+            connection=connection,
         )
         self._subscriptions.add(sub)
         return sub

@@ -18,6 +18,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..model import MAX_ID, Batch, DataLossError
+from ..observe.metrics import next_subscription_id
 from .filters import filter_key
 
 if TYPE_CHECKING:
@@ -51,7 +52,12 @@ class Subscription:
         skip_lost: bool = False,
         max_batch_bytes: int = 1024 * 1024,
         readahead_bytes: int = 1024 * 1024,
+        via: str = "api",
+        connection: int | None = None,
     ) -> None:
+        self.id = next_subscription_id()
+        self.via = via  # the protocol delivering it (metrics, admin API)
+        self.connection = connection  # the guard's connection id, if any
         self.hub = hub
         self.stream = stream
         self.next_id = next_id
@@ -208,7 +214,13 @@ class Subscription:
                 if len(batch) > budget:
                     batch = batch.slice(0, budget)
                     next_id = batch.last_id + 1
-                    self._carry = []  # read again from the new position
+                    # Read again from the new position: nothing read past it is kept, neither
+                    # this batch's rest nor the batches after it.
+                    self._carry = []
+                    self.next_id = next_id
+                    out.append(batch)
+                    budget = 0
+                    break
             self.next_id = next_id
             out.append(batch)
             budget -= len(batch)
@@ -218,6 +230,8 @@ class Subscription:
         if self.demand < MAX_DEMAND:
             self.demand -= delivered
         self.delivered += delivered
+        if out:
+            self.hub.metrics.sent(self.via, self.stream, delivered, sum(b.nbytes for b in out))
         return out
 
     def __repr__(self) -> str:

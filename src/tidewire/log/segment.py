@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import struct
+import time
 import zlib
 from array import array
 from bisect import bisect_right
@@ -78,6 +79,7 @@ class Segment:
     index_ids: array[int] = field(default_factory=lambda: array("Q"))
     index_pos: array[int] = field(default_factory=lambda: array("Q"))
     bytes_since_index: int = 0
+    fsync_seconds: float = 0.0  # how long the last write's fdatasync took (the metrics)
 
     # ------------------------------------------------------------------ opening
 
@@ -241,7 +243,9 @@ class Segment:
                 offset += n
                 pending = _skip(pending, n)
             if fsync:
+                started = time.perf_counter()
                 os.fdatasync(self.fd)
+                self.fsync_seconds = time.perf_counter() - started
         except BaseException:
             try:
                 os.ftruncate(self.fd, self.size)

@@ -24,7 +24,9 @@ import fcntl
 import logging
 import os
 import shutil
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..model import (
@@ -76,7 +78,7 @@ class _Writer:
     room: asyncio.Event = field(default_factory=asyncio.Event)
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0  # appenders in the admission queue
-    writing: asyncio.Future[tuple[list[Batch], list[Batch]]] | None = None  # in the worker
+    writing: asyncio.Future[tuple[list[Batch], list[Batch], float | None]] | None = None
 
 
 @dataclass(slots=True)
@@ -99,6 +101,10 @@ class Log:
         self._tails: dict[str, _Tail] = {}
         self._lock_fd = -1
         self._closed = False
+        # Latency observers (the hub's histograms), seconds: each append call, to its commit;
+        # each group commit's fsync.
+        self.on_append: Callable[[float], None] | None = None
+        self.on_fsync: Callable[[float], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -244,6 +250,7 @@ class Log:
             raise LogClosedError("the log is closed")
         if self.read_only:
             raise LogClosedError("the log is open read-only")
+        started = time.perf_counter()
         estimate = batch.nbytes + HEADER_SIZE
         if estimate > self.config.max_record_bytes:
             raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
@@ -267,7 +274,10 @@ class Log:
                 writer.waiting -= 1
         else:
             future = self._enqueue(writer, batch, assign_ids, estimate)
-        return await future
+        stored = await future
+        if self.on_append is not None:
+            self.on_append(time.perf_counter() - started)
+        return stored
 
     def _full(self, writer: _Writer, size: int) -> bool:
         pending = writer.queued_bytes + writer.inflight_bytes
@@ -324,7 +334,7 @@ class Log:
                 try:
                     # Shielded: the thread writes on whatever happens to this task, so this
                     # task must never act as if the write had not happened.
-                    stored, kept = await asyncio.shield(write)
+                    stored, kept, fsync_seconds = await asyncio.shield(write)
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError) and stream.failed is None:
                         stream.failed = RuntimeError("the committer was cancelled mid-write")
@@ -342,6 +352,8 @@ class Log:
                     writer.inflight_bytes = 0
                     writer.room.set()
                 writer.writing = None
+                if fsync_seconds is not None and self.on_fsync is not None:
+                    self.on_fsync(fsync_seconds)
                 for pending, batch in zip(group, stored, strict=True):
                     if not pending.future.done():
                         pending.future.set_result(batch)
@@ -381,12 +393,12 @@ class Log:
 
     def _write(
         self, stream: StreamLog, items: list[tuple[Batch, int | None]]
-    ) -> tuple[list[Batch], list[Batch]]:
+    ) -> tuple[list[Batch], list[Batch], float | None]:
         """Encode a group (in a worker thread) and write it durably. Returns the batch stored for
-        each item, and the batches of the records written."""
+        each item, the batches of the records written, and how long the fsync took."""
         records, stored = self._encode_group(items)
-        stream.write(records, fsync=self.config.fsync)
-        return stored, [r.batch for r in records]
+        fsync_seconds = stream.write(records, fsync=self.config.fsync)
+        return stored, [r.batch for r in records], fsync_seconds
 
     def _encode_group(
         self, items: list[tuple[Batch, int | None]]

@@ -216,8 +216,9 @@ class StreamLog:
 
     # ------------------------------------------------------------------ writing (one writer)
 
-    def write(self, records: Sequence[EncodedRecord], *, fsync: bool) -> None:
+    def write(self, records: Sequence[EncodedRecord], *, fsync: bool) -> float | None:
         """Write ``records`` (already id-checked by the caller) durably, then publish them.
+        Returns how long the fsync took (seconds; ``None`` without one).
 
         Only one thread writes at a time (the group committer guarantees it).
         """
@@ -229,6 +230,7 @@ class StreamLog:
             if active.size and active.size + incoming > self.settings.segment_bytes:
                 active = self._roll(active)
             active.write(records, fsync=fsync)
+            fsync_seconds = active.fsync_seconds if fsync else None
         except BaseException as exc:
             self.failed = exc
             log.error("stream %r: write failed, the stream is closed until restart: %s",
@@ -237,6 +239,7 @@ class StreamLog:
         with self._lock:
             active.commit(records, self.settings.index_interval_bytes)
             self._publish()
+        return fsync_seconds
 
     def _roll(self, active: Segment) -> Segment:
         active.seal()

@@ -8,7 +8,10 @@ aiohttp is the library for HTTP and WebSocket, server and client, throughout tid
 * ``GET /streams`` -> JSON list of ``{name, events, first_id, latest_id, bytes, segments}`` of
   the streams the principal may read; the hub's own streams (``_tidewire.*``: transactions,
   Tolliver state) only with ``?internal=1``
-* ``/static/...`` (the browser client and pages) and ``/tail``: open (code, not data)
+* ``/static/...`` (the browser client and pages), ``/tail`` and the dashboard ``/``: open
+  (code, not data)
+* ``GET /metrics`` (Prometheus) and ``GET /api/...`` (the admin API): :mod:`.admin`,
+  docs/observability.md; with an ACL, for principals granted ``monitor``
 
 Security and limits (docs/protocols/rsio-http.md, "Security and limits"), in three places:
 
@@ -46,7 +49,9 @@ from ..hub import Hub
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..hub.hub import RESERVED_PREFIX
 from ..model import AccessError, Unauthenticated
+from ..observe.logs import connection_log
 from ..protocols.rsio_http import ERROR_HEADER
+from .admin import add_admin_routes
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
 from .rsio import RsioServerProtocol, RsioSettings
 from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, principal
@@ -112,8 +117,11 @@ def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSetting
             protocol.shutdown("server shutting down")
 
     app.on_shutdown.append(goodbye)
-    app.router.add_get("/static/{name}", functools.partial(_static, _web_files()))
+    files = _web_files()
+    app.router.add_get("/static/{name}", functools.partial(_static, files))
     app.router.add_get("/tail", _tail)
+    dashboard = files.get("dashboard.html")
+    add_admin_routes(app, hub, dashboard[0] if dashboard is not None else None)
     return app
 
 
@@ -147,7 +155,7 @@ async def _tail(request: web.Request) -> web.StreamResponse:
 
 def _open_path(path: str) -> bool:
     """Paths served to anyone, whatever their credentials: health, and the browser's code."""
-    return path in ("/healthz", "/tail") or path.startswith("/static/")
+    return path in ("/", "/healthz", "/tail") or path.startswith("/static/")
 
 
 class _BodyDropped(TimeoutError):
@@ -210,9 +218,9 @@ def _refuse_access(request: web.Request, exc: AccessError,
     elif who is not None and who.anonymous:  # credentials would help: ask for them
         status = 401
         headers["WWW-Authenticate"] = REALM
-    log.warning("http %s %s %s: %d, refused %s: %s", request.remote, request.method,
-                request.rel_url.raw_path[:200], status,
-                who if who is not None else "the credentials", message)  # fmt: skip
+    connection_log(log, request.transport, "http").warning(
+        "%s %s: %d, refused %s: %s", request.method, request.rel_url.raw_path[:200], status,
+        who if who is not None else "the credentials", message)  # fmt: skip
     response = web.Response(status=status, text=message + "\n", headers=headers)
     if request.body_exists:
         _stop_reading(request, response)  # (rather than read a body nobody will look at)
@@ -221,8 +229,8 @@ def _refuse_access(request: web.Request, exc: AccessError,
 
 def _too_large(request: web.Request, limit: int) -> web.Response:
     message = f"the request body is over {limit} bytes (http.max_body_bytes)"
-    log.warning("http %s %s %s: 413 %s", request.remote, request.method,
-                request.rel_url.raw_path[:200], message)  # fmt: skip
+    connection_log(log, request.transport, "http").warning(
+        "%s %s: 413 %s", request.method, request.rel_url.raw_path[:200], message)
     response = web.Response(status=413, text=message + "\n", headers={ERROR_HEADER: "true"})
     _stop_reading(request, response)
     return response
@@ -407,6 +415,9 @@ class GuardedSite(web.BaseSite):
         self.settings = settings
         self.listener = Listener("http", self._connection, admission, tls=tls,
                                  refuse=_refuse_connection, expire=_expire)  # fmt: skip
+        app = getattr(runner, "app", None)
+        if isinstance(app, web.Application) and HUB_KEY in app:
+            app[HUB_KEY].metrics.listeners.append(self.listener)
 
     @property
     def name(self) -> str:

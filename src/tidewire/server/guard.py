@@ -40,9 +40,12 @@ import enum
 import itertools
 import logging
 import ssl
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
+
+from ..observe.logs import ConnectionContext, ConnectionLog
 
 __all__ = [
     "Admission",
@@ -196,6 +199,10 @@ class Listener:
     def protocol(self) -> GuardedConnection:
         return GuardedConnection(self)
 
+    def open_connections(self) -> Iterator[GuardedConnection]:
+        """The admitted connections, still open (the metrics and the admin API)."""
+        return (c for c in list(self.connections) if c.admitted)
+
     async def start(self, host: str, port: int, **kwargs: Any) -> asyncio.Server:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(self.protocol, host, port, **kwargs)
@@ -260,6 +267,13 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         self._outgoing = ssl.MemoryBIO()
         self.host = "?"
         self.peer = "?"
+        # Every line about the connection carries its id, protocol and peer (observe.logs); the
+        # wrapped protocol logs on the same context, setting its protocol and principal.
+        self.context = ConnectionContext(self.serial, listener.name, "?")
+        self.log = ConnectionLog(log, self.context)
+        self.opened_at = time.time()
+        self.bytes_in = 0  # on the wire (TLS included)
+        self.bytes_out = 0
         self.state = _State.TLS
         self.started = 0.0
         self.deadline: float | None = None  # the handshake (or an HTTP request's headers)
@@ -276,14 +290,14 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         self.raw = cast(asyncio.Transport, transport)
         peername = transport.get_extra_info("peername")
         self.host = str(peername[0]) if isinstance(peername, tuple) else str(peername)
-        self.peer = _peer(peername)
+        self.peer = self.context.peer = _peer(peername)
         listener = self.listener
         now = asyncio.get_running_loop().time()
         self.started = self.last_active = now
         reason = listener.admission.admit(self.host)
         if reason is not None:
             listener.refused += 1
-            log.warning("%s %s: refused: %s", listener.name, self.peer, reason)
+            self.log.warning("refused: %s", reason)
             if listener.refuse is not None and listener.tls is None:
                 self.raw.write(listener.refuse(reason))
             elif listener.refuse is not None and listener.refusing < MAX_TLS_REFUSALS:
@@ -315,8 +329,22 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         self.inner = self.listener.factory()
         self.inner.connection_made(self)
 
+    @property
+    def protocol(self) -> str:
+        """What the connection speaks (the listener's name, or ``tube`` once upgraded)."""
+        return self.context.protocol
+
+    @property
+    def principal(self) -> str | None:
+        return self.context.principal
+
+    @property
+    def secure(self) -> bool:
+        return self.tls is not None
+
     def data_received(self, data: bytes) -> None:
         self.active = True
+        self.bytes_in += len(data)
         if self.tls is None:
             if self.inner is not None:
                 cast(asyncio.Protocol, self.inner).data_received(data)
@@ -337,7 +365,7 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
                 eof = True
                 break
             except ssl.SSLError as exc:
-                log.warning("%s %s: TLS error: %s", self.listener.name, self.peer, _tls_reason(exc))
+                self.log.warning("TLS error: %s", _tls_reason(exc))
                 self.abort()
                 return
             if not chunk:  # SSLObject.read() gives b"" for the peer's close_notify
@@ -362,8 +390,7 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
             self._send_tls()
             return False
         except (ssl.SSLError, OSError) as exc:
-            log.warning("%s %s: TLS handshake failed: %s", self.listener.name, self.peer,
-                        _tls_reason(exc))  # fmt: skip
+            self.log.warning("TLS handshake failed: %s", _tls_reason(exc))
             self._send_tls()  # the alert, so the peer knows why
             if self.raw is not None:
                 self.raw.close()
@@ -381,7 +408,9 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
 
     def _send_tls(self) -> None:
         if self._outgoing.pending and self.raw is not None and not self.raw.is_closing():
-            self.raw.write(self._outgoing.read())
+            data = self._outgoing.read()
+            self.bytes_out += len(data)
+            self.raw.write(data)
 
     def eof_received(self) -> bool | None:
         if self.inner is not None:
@@ -437,9 +466,8 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
             self.last_active = now
         stall = limits.write_stall_seconds
         if self.stalled_since is not None and stall > 0 and now - self.stalled_since >= stall:
-            log.warning("%s %s: dropped: it read nothing for %gs with %d bytes waiting for it",
-                        self.listener.name, self.peer, now - self.stalled_since,
-                        self.get_write_buffer_size())  # fmt: skip
+            self.log.warning("dropped: it read nothing for %gs with %d bytes waiting for it",
+                             now - self.stalled_since, self.get_write_buffer_size())
             self.abort()
             return
         if self.deadline is not None and now >= self.deadline:
@@ -449,7 +477,7 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
             self._expire(f"idle for {limits.idle_seconds:g}s")
 
     def _expire(self, reason: str) -> None:
-        log.warning("%s %s: closing: %s", self.listener.name, self.peer, reason)
+        self.log.warning("closing: %s", reason)
         self.deadline = None
         self.last_active = float("inf")  # once
         if self.inner is None:  # still in the TLS handshake
@@ -471,12 +499,13 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         if raw is None or raw.is_closing():
             return
         if self.tls is None:
+            self.bytes_out += _size(data)
             raw.write(data)
             return
         try:
             self.tls.write(data)
         except ssl.SSLError as exc:  # pragma: no cover - only after a fatal TLS error
-            log.warning("%s %s: TLS error: %s", self.listener.name, self.peer, _tls_reason(exc))
+            self.log.warning("TLS error: %s", _tls_reason(exc))
             self.abort()
             return
         self._send_tls()
@@ -485,7 +514,9 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         if self.tls is None:
             self.active = True
             if self.raw is not None and not self.raw.is_closing():
-                self.raw.writelines(list_of_data)
+                data = list(list_of_data)
+                self.bytes_out += sum(map(_size, data))
+                self.raw.writelines(data)
             return
         for data in list_of_data:
             self.write(data)
@@ -571,6 +602,10 @@ def peer_certificate(transport: object) -> dict[str, Any] | None:
     get = getattr(transport, "get_extra_info", None)
     cert = get("peercert") if get is not None else None
     return cert if isinstance(cert, dict) and cert else None
+
+
+def _size(data: bytes | bytearray | memoryview) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
 
 
 def _peer(peername: object) -> str:

@@ -31,6 +31,7 @@ from ..hub import Hub, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
+from ..observe.logs import connection_log
 from ..protocols.rsio import (
     EXT_AUTH,
     EXT_PUBLISH,
@@ -129,11 +130,15 @@ class RsioServerProtocol(asyncio.Protocol):
         *,
         access: Access | None = None,
         principal: Principal = ANONYMOUS,
+        via: str = "rsio",
     ) -> None:
         """``principal``: who the peer is before any ``authenticate`` (extension 2), e.g. the
         bearer token of a Tube connection's upgrade request; a verified client certificate
-        (mutual TLS) names it when the transport has one."""
+        (mutual TLS) names it when the transport has one. ``via``: the protocol carrying RS.io
+        (``rsio`` over TCP, ``tube``), for the metrics and the log lines."""
         self.hub = hub
+        self.via = via
+        self.connection: int | None = None  # the guard's connection id
         self.access = access if access is not None else Access()
         self.principal = principal
         self.settings = settings = settings or RsioSettings()
@@ -144,6 +149,7 @@ class RsioServerProtocol(asyncio.Protocol):
         )
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.log = connection_log(log, None, via)
         self.pumps: dict[int, tuple[Subscription | _Listing | _Records, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
         self.inlet_bytes = 0
@@ -158,9 +164,12 @@ class RsioServerProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         transport = self.transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.peer = str(transport.get_extra_info("peername"))
+        self.log = connection_log(log, transport, self.via)
+        self.peer = self.log.context.peer
+        self.connection = self.log.context.conn
         if self.principal.anonymous:  # mutual TLS: the certificate names the peer
             self.principal = certificate_principal(peer_certificate(transport)) or ANONYMOUS
+        self.log.context.principal = self.principal.name
         self.registry.add(self)
         self.conn.initiate()
         self._flush()
@@ -229,7 +238,7 @@ class RsioServerProtocol(asyncio.Protocol):
                 case Cancel(subscriber):
                     self._stop(subscriber)
                 case SubscriptionErrored(subscriber, reason):
-                    log.info("rsio %s: subscription %d refused: %s", self.peer, subscriber, reason)
+                    self.log.info("subscription %d refused: %s", subscriber, reason)
                     self._stop(subscriber)
                 case OnNextRun(subscriber, elements):
                     inlet = self.inlets.get(subscriber)
@@ -255,14 +264,14 @@ class RsioServerProtocol(asyncio.Protocol):
                         inlet.ended = "" if isinstance(event, OnComplete) else event.error
                         inlet.wake.set()
                 case OfferRefused(offer, reason):
-                    log.info("rsio %s: offer %d refused: %s", self.peer, offer, reason)
+                    self.log.info("offer %d refused: %s", offer, reason)
                 case HandshakeCompleted():
                     established(self.transport)
                 case Authenticate(token):
                     self._authenticate(token)
                 case ConnectionClosed(reason, _, error):
                     if error:
-                        log.warning("rsio %s: closing: %s", self.peer, reason)
+                        self.log.warning("closing: %s", reason)
                     self._cancel_all()
                     self._flush()
                     if self.transport is not None:
@@ -275,15 +284,16 @@ class RsioServerProtocol(asyncio.Protocol):
         connection (goodbye), since the client asked to be someone it cannot prove to be."""
         try:
             self.principal = self.access.authenticate(token)
+            self.log.context.principal = self.principal.name
         except Unauthenticated as exc:
-            log.warning("rsio %s: authentication failed: %s", self.peer, exc)
+            self.log.warning("authentication failed: %s", exc)
             self.shutdown(f"authentication failed: {exc}")
             return
-        log.info("rsio %s: authenticated as %s", self.peer, self.principal)
+        self.log.info("authenticated as %s", self.principal)
         self.conn.send(Authenticated(self.principal.name))
 
     def _refused(self, exc: Forbidden) -> str:
-        log.warning("rsio %s: refused: %s", self.peer, exc)
+        self.log.warning("refused: %s", exc)
         return f"forbidden: {exc}"
 
     def _subscribe(self, publisher: str, subscriber: int, initial: int) -> None:
@@ -302,7 +312,7 @@ class RsioServerProtocol(asyncio.Protocol):
                 self.access.check(self.principal, "read", name.stream)
                 sub = self.hub.subscribe(
                     name.stream, name.start, until_id=name.until, key=name.key,
-                    max_batch_bytes=MAX_DELIVERY_BYTES,
+                    max_batch_bytes=MAX_DELIVERY_BYTES, via=self.via, connection=self.connection,
                 )  # fmt: skip
                 if name.format == "records":
                     sub = _Records(sub)
@@ -358,7 +368,7 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.task = asyncio.create_task(self._commit_loop(inlet))
 
     def _refuse(self, offer: int, reason: str) -> None:
-        log.info("rsio %s: offer %d refused: %s", self.peer, offer, reason)
+        self.log.info("offer %d refused: %s", offer, reason)
         self.conn.send(OfferEnded(offer, reason))
 
     def _gather_txn(self, inlet: _Inlet, parts: list[bytes], count: int, nbytes: int) -> None:
@@ -476,7 +486,7 @@ class RsioServerProtocol(asyncio.Protocol):
                             parts, inlet.count + count, inlet.nbytes + nbytes)  # fmt: skip
                     else:
                         append = asyncio.ensure_future(
-                            self.hub.append(batch, assign_ids=not explicit)
+                            self.hub.append(batch, assign_ids=not explicit, via=self.via)
                         )
                         append.add_done_callback(lambda _: inlet.wake.set())
                         inflight.append((append, count, nbytes))
@@ -487,14 +497,14 @@ class RsioServerProtocol(asyncio.Protocol):
                 await inlet.wake.wait()
             if not self.conn.closed:
                 if inlet.ended:
-                    log.info("rsio %s: offer %d: the publisher failed: %s", self.peer, offer,
+                    self.log.info("offer %d: the publisher failed: %s", offer,
                              inlet.ended)  # fmt: skip
                 self.conn.send(OfferEnded(offer, ""))
                 self._flush()
         except asyncio.CancelledError:
             raise
         except (TidewireError, ValueError) as exc:
-            log.warning("rsio %s: offer %d into %r failed: %s", self.peer, offer,
+            self.log.warning("offer %d into %r failed: %s", offer,
                         inlet.name.stream, exc)  # fmt: skip
             if not self.conn.closed:
                 if self.conn.is_subscribed(offer):
@@ -521,15 +531,15 @@ class RsioServerProtocol(asyncio.Protocol):
                 reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
             if reason is None and inlet.count:
                 batch, _ = self._batch(inlet, inlet.parts)  # (its own ids do not matter)
-                receipt = await self.hub.commit(txn, batch)
+                receipt = await self.hub.commit(txn, batch, via=self.via)
                 if receipt.already:
-                    log.info("rsio %s: transaction %r was committed before: not appended again",
-                             self.peer, txn)  # fmt: skip
+                    self.log.info("transaction %r was committed before: not appended again",
+                             txn)  # fmt: skip
                 if not self.conn.closed:
                     self.conn.send(Committed(offer, inlet.count, receipt.first_id,
                                              receipt.last_id))  # fmt: skip
             if reason is not None:
-                log.warning("rsio %s: offer %d (transaction %r) failed: %s", self.peer, offer,
+                self.log.warning("offer %d (transaction %r) failed: %s", offer,
                             txn, reason)  # fmt: skip
             if not self.conn.closed:
                 if self.conn.is_subscribed(offer):
@@ -539,7 +549,7 @@ class RsioServerProtocol(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except (TidewireError, ValueError) as exc:
-            log.warning("rsio %s: transaction %r into %r failed: %s", self.peer, txn,
+            self.log.warning("transaction %r into %r failed: %s", txn,
                         inlet.name.stream, exc)  # fmt: skip
             if not self.conn.closed:
                 if self.conn.is_subscribed(offer):
@@ -716,6 +726,7 @@ class RsioServer:
             "rsio", self._protocol, admission or Admission(ConnectionLimits()), tls=tls,
             refuse=_refusal,
         )  # fmt: skip
+        hub.metrics.listeners.append(self.listener)
 
     def _protocol(self) -> RsioServerProtocol:
         return RsioServerProtocol(self.hub, self.connections, self.settings, access=self.access)

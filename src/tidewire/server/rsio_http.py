@@ -39,6 +39,7 @@ from ..hub import Hub, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
 from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
+from ..observe.logs import connection_log
 from ..protocols.rsio.publisher import (
     PublisherName,
     PublisherNameError,
@@ -175,7 +176,7 @@ class RsioHttp:
         try:
             source: Subscription | _Records = self.hub.subscribe(
                 name.stream, name.start, until_id=name.until, key=name.key,
-                max_batch_bytes=self.settings.max_response_bytes,
+                max_batch_bytes=self.settings.max_response_bytes, via="rsio-http",
             )  # fmt: skip
         except (TidewireError, ValueError) as exc:
             return self._refuse(request, 400, str(exc))
@@ -193,8 +194,9 @@ class RsioHttp:
 
     def _refuse(self, request: web.Request, status: int, message: str, *, rsio: bool = True,
                 headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
-        log.warning("rsio-http %s %s %s: %d %s", request.remote, request.method,
-                    request.rel_url.raw_path[:200], status, message)  # fmt: skip
+        connection_log(log, request.transport, "http").warning(
+            "rsio-http %s %s: %d %s", request.method, request.rel_url.raw_path[:200], status,
+            message)  # fmt: skip
         return _error(status, message, rsio=rsio, headers=headers)
 
     # ------------------------------------------------------------------ the pump

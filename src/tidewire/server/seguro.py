@@ -35,6 +35,7 @@ from typing import cast
 from ..hub import Hub
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
 from ..model import Batch, TidewireError
+from ..observe.logs import connection_log
 from ..protocols.seguro import (
     Breach,
     Limits,
@@ -68,6 +69,7 @@ class _Protocol(asyncio.Protocol):
         self.session = ServerSession(limits=server.limits, bulk=True)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.log = connection_log(log, None, "seguro")
         self.point: str | None = None
         self.principal = ANONYMOUS
         self.cert_name: str | None = None  # the verified client certificate's subject CN
@@ -83,10 +85,12 @@ class _Protocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.peer = str(transport.get_extra_info("peername"))
+        self.log = connection_log(log, transport, "seguro")
+        self.peer = self.log.context.peer
         cert = peer_certificate(transport)
         self.cert_name = certificate_name(cert)
         self.principal = certificate_principal(cert) or ANONYMOUS
+        self.log.context.principal = self.principal.name
         self.server.connections.add(self)
         self.session.initiate()
         self._flush()
@@ -133,8 +137,8 @@ class _Protocol(asyncio.Protocol):
             self.transport.write(data)
 
     def drop(self, reason: str) -> None:
-        log.warning("seguro %s (%s): dropping the connection: %s", self.peer,
-                    self.point or "no point yet", reason)  # fmt: skip
+        self.log.warning("(%s) dropping the connection: %s", self.point or "no point yet",
+                         reason)  # fmt: skip
         if self.transport is not None:
             self.transport.abort()
 
@@ -217,7 +221,7 @@ class _Protocol(asyncio.Protocol):
 
     async def _save(self, event_id: int, data: bytes) -> None:
         assert self.point is not None
-        await self.hub.append(Batch.build(self.point, [data], ids=[event_id]))
+        await self.hub.append(Batch.build(self.point, [data], ids=[event_id]), via="seguro")
         if self._waited("COMMITTED"):
             self.session.committed()
 
@@ -233,7 +237,7 @@ class _Protocol(asyncio.Protocol):
         def ship() -> None:
             nonlocal ids, values, size
             batch = Batch.build(self.point or "", values, ids=ids)
-            append = asyncio.ensure_future(self.hub.append(batch))
+            append = asyncio.ensure_future(self.hub.append(batch, via="seguro"))
             append.add_done_callback(lambda _: self._wake.set())
             inflight.append((append, ids[-1], size))
             self._pending_bytes += size
@@ -295,7 +299,7 @@ class _Protocol(asyncio.Protocol):
         next_id, left = start, limit
         while left > 0 and self.point in self.hub.log:
             first = max(next_id, self.hub.log.start_id(self.point))  # "or the first above it"
-            batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left)
+            batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left, via="seguro")
             if not batches:
                 break
             for batch in batches:
@@ -332,6 +336,7 @@ class SeguroServer:
             admission if admission is not None else Admission(ConnectionLimits()),
             tls=tls,
         )
+        hub.metrics.listeners.append(self.listener)
 
     @property
     def port(self) -> int:

@@ -54,6 +54,8 @@ from ..hub.access import (
     certificate_principal,
 )
 from ..model import Batch, TidewireError, validate_stream_name
+from ..observe.logs import connection_log
+from ..observe.metrics import TolliverPeer
 from ..protocols.tolliver import (
     UNRELIABLE,
     Acked,
@@ -103,7 +105,8 @@ class _Channel:
         self.link = link
         self.channel = channel
         self.sub: Subscription = link.server.hub.subscribe(
-            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True
+            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
+            connection=link.log.context.conn,
         )
         self.sub.request(MAX_UNACKED)
         self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
@@ -122,7 +125,7 @@ class _Channel:
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
-            log.warning("tolliver %s: delivering %r stopped: %s", link, self.channel, exc)
+            link.log.warning("delivering %r stopped: %s", self.channel, exc)
 
     def acked(self, message_ids: list[int]) -> int | None:
         """Record acks (of this channel's deliveries); the new offset (next event id to
@@ -157,6 +160,7 @@ class _Link(asyncio.Protocol):
         self.channels: dict[str, _Channel] = {}
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
         self.peer = "?"  # the socket's address
+        self.log = connection_log(log, None, "tolliver")
         self.principal = ANONYMOUS
         self.cert_name: str | None = None  # the verified client certificate's subject CN
         self.refused = False
@@ -180,12 +184,12 @@ class _Link(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        peername = transport.get_extra_info("peername")
-        self.peer = (f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple)
-                     else str(peername))  # fmt: skip
+        self.log = connection_log(log, transport, "tolliver")
+        self.peer = self.log.context.peer
         cert = peer_certificate(transport)
         self.cert_name = certificate_name(cert)
         self.principal = certificate_principal(cert) or ANONYMOUS
+        self.log.context.principal = self.principal.name
         self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
         self.server.links.add(self)
 
@@ -208,6 +212,8 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.links.discard(self)
         peer = self.conn.peer
+        if peer is not None:  # (the metrics' counter lives on across connections)
+            self.server.resends[peer] = self.server.resends.get(peer, 0) + self.conn.resends
         if peer is not None and self.server.by_peer.get(peer) is self:
             del self.server.by_peer[peer]
         for channel in self.channels.values():
@@ -248,7 +254,7 @@ class _Link(asyncio.Protocol):
     def _refuse(self, reason: str) -> None:
         """A refusal (identity, ACL): logged with the principal; the connection is closed
         with nothing more sent (Tolliver has no error message outside the handshake)."""
-        log.warning("tolliver %s: refused: %s; closing the connection", self, reason)
+        self.log.warning("refused: %s; closing the connection", reason)
         self.refused = True
         self.conn.data_to_send()  # (a handshake response, acks: never sent)
         if self.transport is not None:
@@ -325,7 +331,7 @@ class _Link(asyncio.Protocol):
                         self._follow({c for c, _ in subscriptions})
                 case Closed(reason, error):
                     if error:
-                        log.warning("tolliver %s: closing: %s", self, reason)
+                        self.log.warning("(%s) closing: %s", self.conn.peer, reason)
                     if self.transport is not None:
                         self.transport.close()
         if not self._vet(changed=False):  # a request answered 3 (its final is to come)
@@ -427,11 +433,11 @@ class _Link(asyncio.Protocol):
         nbytes = sum(len(m.body) for m in messages)
         try:
             keys = [m.key.encode() if m.key else None for m in messages]
-            await self.server.hub.append(Batch.build(channel, [m.body for m in messages],
-                                                     keys=keys), assign_ids=True)  # fmt: skip
+            batch = Batch.build(channel, [m.body for m in messages], keys=keys)
+            await self.server.hub.append(batch, assign_ids=True, via="tolliver")
         except TidewireError as exc:
-            log.warning("tolliver %s: %d message(s) on %r refused: %s", self,
-                        len(messages), channel, exc)  # fmt: skip
+            self.log.warning("(%s) %d message(s) on %r refused: %s", self.conn.peer,
+                             len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
         finally:
             self._release(nbytes)
@@ -475,11 +481,34 @@ class TolliverServer:
         self.links: set[_Link] = set()
         self.by_peer: dict[uuid.UUID, _Link] = {}
         self.offsets: dict[tuple[uuid.UUID, str], int] = {}
+        self.resends: dict[uuid.UUID, int] = {}  # by remote, over its past connections
+        hub.metrics.listeners.append(self.listener)
+        hub.metrics.tolliver = self.peers
         self.tasks: set[asyncio.Task[None]] = set()
         self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
         self._dirty: dict[tuple[uuid.UUID, str], asyncio.TimerHandle] = {}  # not yet kept
         self.instance = uuid7()
         self._load()
+
+    def peers(self) -> tuple[str, list[TolliverPeer]]:
+        """The hub's instance UUID and every remote it knows: connected now, or away with
+        offsets kept (the metrics and the admin API)."""
+        out: dict[uuid.UUID, TolliverPeer] = {}
+        for link in list(self.links):
+            peer = link.conn.peer
+            if peer is None or not link.conn.established:
+                continue
+            channels = tuple(sorted({c for c, _ in link.conn.peer_subscriptions}))
+            out[peer] = TolliverPeer(str(peer), link.peer, True, channels, link.conn.unacked_count,
+                                     self.resends.get(peer, 0) + link.conn.resends)  # fmt: skip
+        away: dict[uuid.UUID, set[str]] = {}
+        for peer, channel in self.offsets:
+            if peer not in out:
+                away.setdefault(peer, set()).add(channel)
+        for peer, names in away.items():
+            out[peer] = TolliverPeer(str(peer), None, False, tuple(sorted(names)), 0,
+                                     self.resends.get(peer, 0))  # fmt: skip
+        return str(self.instance), sorted(out.values(), key=lambda p: p.uuid)
 
     def _load(self) -> None:
         """The hub's UUID and the remotes' offsets, from ``_tidewire.tolliver``."""

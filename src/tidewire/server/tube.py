@@ -29,6 +29,7 @@ from aiohttp import WSMsgType, web
 
 from ..hub import Hub
 from ..hub.access import Access
+from ..observe.logs import connection_log
 from ..protocols.tube import Closed, Connection, Established, Limits, MessageReceived, Role
 from .rsio import RsioServerProtocol, RsioSettings
 from .rsio_http import principal
@@ -108,7 +109,7 @@ class TubeTransport(asyncio.Transport):
                 if self._closing and not self._wake.is_set():
                     break
         except (ConnectionError, RuntimeError) as exc:  # the peer went away mid-write
-            log.info("tube %s: writing stopped: %s", self.peer, exc)
+            connection_log(log, self, "tube").info("writing stopped: %s", exc)
         finally:
             self._closing = True
             if not self.ws.closed:
@@ -136,6 +137,8 @@ class TubeTransport(asyncio.Transport):
         ``cipher``, ``ssl_object``) are the HTTP connection's."""
         if name == "peername":
             return self.peer
+        if name == "guard" and self.http is not None:  # (the connection's id and log context)
+            return self.http.get_extra_info("guard", default)
         if name in _TLS_INFO and self.http is not None:
             return self.http.get_extra_info(name, default)
         return default
@@ -190,7 +193,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
         keepalive=settings.keepalive_seconds, now=loop.time(),
     )  # fmt: skip
     transport = TubeTransport(ws, tube, peer, request.transport)
-    protocol = RsioServerProtocol(hub, registry, rsio, access=access, principal=principal(request))
+    conn_log = connection_log(log, request.transport, "tube")
+    protocol = RsioServerProtocol(hub, registry, rsio, access=access, principal=principal(request),
+                                  via="tube")  # fmt: skip
     transport.protocol = protocol
     writer = asyncio.create_task(transport.run_writer())
     timer: asyncio.TimerHandle | None = None
@@ -218,7 +223,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
                 protocol.connection_made(transport)
             elif isinstance(event, Closed):
                 if event.error:
-                    log.warning("tube %s: closing: %s", peer, event.reason)
+                    conn_log.warning("closing: %s", event.reason)
                 transport.close_code, transport.close_reason = event.code, event.reason
                 transport.close()
         transport.flush()
@@ -233,11 +238,11 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
                 tube.receive_message(message.data, loop.time())
                 handle()
             elif message.type == WSMsgType.TEXT:
-                log.warning("tube %s: a text WebSocket message (Tube is binary): closing", peer)
+                conn_log.warning("a text WebSocket message (Tube is binary): closing")
                 await ws.close(code=1003, message=b"Tube messages are binary")
                 break
             elif message.type == WSMsgType.ERROR:
-                log.warning("tube %s: %s", peer, ws.exception())
+                conn_log.warning("%s", ws.exception())
                 break
             else:  # CLOSE, CLOSING, CLOSED
                 break

@@ -130,6 +130,7 @@ class Connection:
     peer: uuid.UUID | None = None
     spoken: int | None = None
     peer_subscriptions: set[tuple[str, str]] = field(default_factory=set)
+    resends: int = 0  # reliable messages resent (no ack within resend_interval)
     _decoder: Decoder = field(init=False)
     _out: bytearray = field(default_factory=bytearray)
     _events: deque[Event] = field(default_factory=deque)
@@ -235,6 +236,11 @@ class Connection:
     def unacked(self) -> list[int]:
         return sorted(self._unacked)
 
+    @property
+    def unacked_count(self) -> int:
+        """Reliable messages sent and not acked yet."""
+        return len(self._unacked)
+
     # ------------------------------------------------------------------ time
 
     def next_deadline(self) -> float | None:
@@ -253,6 +259,7 @@ class Connection:
                 break
             due.append((message_id, frame))
         later = now + self.resend_interval
+        self.resends += len(due)
         for message_id, frame in due:
             self._out += frame
             self._unacked[message_id] = (frame, later)

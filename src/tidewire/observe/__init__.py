@@ -1,0 +1,1 @@
+"""What operators see: metrics (:mod:`.metrics`) and log lines (:mod:`.logs`)."""

@@ -1,0 +1,158 @@
+"""The operators' side of the HTTP app: ``/metrics`` (Prometheus), the JSON admin API
+(``/api/...``, docs/observability.md) and the dashboard page at ``/``.
+
+Every figure is read from the hub when asked (:mod:`tidewire.observe.metrics`): the API costs
+nothing while nobody looks. With an ACL, ``/metrics`` and ``/api`` need a principal granted
+``monitor``; the dashboard page itself is open (code, not data).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import __version__
+from ..hub import Hub
+from ..hub.hub import RESERVED_PREFIX
+from ..hub.subscription import MAX_DEMAND
+from ..observe.metrics import CONNECTION_PROTOCOLS, SUBSCRIPTION_PROTOCOLS, subscription_lag
+
+__all__ = [
+    "add_admin_routes",
+    "connections",
+    "overview",
+    "stats",
+    "streams",
+    "subscriptions",
+    "tolliver",
+]
+
+Json = dict[str, Any]
+
+
+def overview(hub: Hub) -> Json:
+    """The hub at a glance (``GET /api/overview``)."""
+    metrics = hub.metrics
+    ei = bi = eo = bo = 0
+    for stream in list(metrics.traffic):
+        t = metrics.totals(stream)
+        ei, bi, eo, bo = ei + t[0], bi + t[1], eo + t[2], bo + t[3]
+    rates = metrics.rates()
+    conns = dict.fromkeys(CONNECTION_PROTOCOLS, 0)
+    for c in metrics.connections():
+        conns[c.protocol] = conns.get(c.protocol, 0) + 1
+    subs = dict.fromkeys(SUBSCRIPTION_PROTOCOLS, 0)
+    for s in hub.live_subscriptions():
+        subs[s.via] = subs.get(s.via, 0) + 1
+    return {
+        "version": __version__,
+        "started_at": int(metrics.started_at * 1000),
+        "uptime_seconds": round(time.time() - metrics.started_at, 3),
+        "data_dir": hub.log.directory,
+        "streams": sum(1 for s in hub.log.streams() if not s.startswith(RESERVED_PREFIX)),
+        "events_in": ei, "bytes_in": bi, "events_out": eo, "bytes_out": bo,
+        "events_in_rate": rates[0], "bytes_in_rate": rates[1],
+        "events_out_rate": rates[2], "bytes_out_rate": rates[3],
+        "connections": conns,
+        "subscriptions": subs,
+    }  # fmt: skip
+
+
+def streams(hub: Hub, *, internal: bool = False) -> list[Json]:
+    """Per stream (``GET /api/streams``); the hub's own (``_tidewire.*``) with ``internal``."""
+    metrics = hub.metrics
+    out = []
+    for s in sorted(hub.streams(), key=lambda s: s.name):
+        if s.name.startswith(RESERVED_PREFIX) and not internal:
+            continue
+        ei, bi, eo, bo = metrics.totals(s.name)
+        rate = metrics.rates(s.name)
+        out.append({
+            "name": s.name, "events": s.events, "first_id": s.first_id,
+            "latest_id": s.latest_id, "bytes": s.bytes, "segments": s.segments,
+            "events_in": ei, "bytes_in": bi, "events_out": eo, "bytes_out": bo,
+            "events_in_rate": rate[0], "bytes_in_rate": rate[1],
+            "events_out_rate": rate[2], "bytes_out_rate": rate[3],
+            "protocols": {p: t.as_dict()
+                          for p, t in sorted(metrics.traffic.get(s.name, {}).items())},
+        })  # fmt: skip
+    return out
+
+
+def connections(hub: Hub) -> list[Json]:
+    """The open connections (``GET /api/connections``), by id."""
+    return [{"id": c.serial, "protocol": c.protocol, "peer": c.peer, "principal": c.principal,
+             "opened_at": int(c.opened_at * 1000), "bytes_in": c.bytes_in,
+             "bytes_out": c.bytes_out, "tls": c.secure}
+            for c in sorted(hub.metrics.connections(), key=lambda c: c.serial)]  # fmt: skip
+
+
+def subscriptions(hub: Hub) -> list[Json]:
+    """The live subscriptions (``GET /api/subscriptions``), oldest first."""
+    out = []
+    for s in hub.live_subscriptions():
+        latest = hub.latest(s.stream)
+        out.append({"id": s.id, "protocol": s.via, "stream": s.stream,
+                    "connection": s.connection, "next_id": s.next_id, "latest_id": latest,
+                    "delivered": s.delivered, "demand": s.demand,
+                    "unbounded": s.demand >= MAX_DEMAND,
+                    "lag": subscription_lag(latest, s.next_id)})  # fmt: skip
+    return out
+
+
+def tolliver(hub: Hub) -> Json:
+    """The hub's Tolliver instance and its peers (``GET /api/tolliver``)."""
+    instance, peers = hub.metrics.tolliver_peers()
+    return {"instance": instance,
+            "peers": [{"uuid": p.uuid, "address": p.address, "connected": p.connected,
+                       "channels": list(p.channels), "unacked": p.unacked,
+                       "resends": p.resends} for p in peers]}  # fmt: skip
+
+
+def stats(hub: Hub, *, internal: bool = False) -> Json:
+    """Everything (``GET /api/stats``: what the dashboard polls)."""
+    return {"overview": overview(hub), "streams": streams(hub, internal=internal),
+            "connections": connections(hub), "subscriptions": subscriptions(hub),
+            "tolliver": tolliver(hub)}  # fmt: skip
+
+
+def add_admin_routes(app: web.Application, hub: Hub, dashboard: bytes | None) -> None:
+    """Mount ``/metrics``, ``/api/...`` and (when given its HTML) the dashboard at ``/``."""
+    from .app import ACCESS_KEY  # (app imports this module)
+    from .rsio_http import principal
+
+    def monitor(request: web.Request) -> None:
+        request.app[ACCESS_KEY].check_monitor(principal(request))  # Forbidden: 401/403
+
+    def internal(request: web.Request) -> bool:
+        return request.query.get("internal") in ("1", "true")
+
+    async def metrics(request: web.Request) -> web.Response:
+        monitor(request)
+        body = generate_latest(hub.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def api(build: Any) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            monitor(request)
+            return web.json_response(build(request), headers={"Cache-Control": "no-store"})
+
+        return handler
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/overview", api(lambda r: overview(hub)))
+    app.router.add_get("/api/streams", api(lambda r: streams(hub, internal=internal(r))))
+    app.router.add_get("/api/connections", api(lambda r: connections(hub)))
+    app.router.add_get("/api/subscriptions", api(lambda r: subscriptions(hub)))
+    app.router.add_get("/api/tolliver", api(lambda r: tolliver(hub)))
+    app.router.add_get("/api/stats", api(lambda r: stats(hub, internal=internal(r))))
+    if dashboard is not None:
+        page = dashboard
+
+        async def index(request: web.Request) -> web.Response:
+            return web.Response(body=page, content_type="text/html", charset="utf-8")
+
+        app.router.add_get("/", index)
