@@ -181,7 +181,7 @@ def test_offline_tools_report_bad_settings_without_a_traceback(
 ) -> None:
     monkeypatch.setenv("TIDEWIRE_HTTP_PORT", "abc")
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["streams"])
+    result = CliRunner().invoke(main, ["dump", "orders"])  # (the default data directory)
     assert result.exit_code == 1
     assert "TIDEWIRE_HTTP_PORT: 'abc' is not a valid int" in result.output
     config = tmp_path / "t.toml"
@@ -197,11 +197,14 @@ def test_streams_table_and_json(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines()]
     assert rows[0] == ["STREAM", "EVENTS", "FIRST", "LATEST", "BYTES"]
-    assert [r[:4] for r in rows[1:]] == [["orders", "2", "1", "2"], ["zeta", "5", "1", "5"]]
+    assert set(rows[1][0]) == {"─"}  # the header's rule, then a row per stream
+    assert [r[:4] for r in rows[2:]] == [["orders", "2", "1", "2"], ["zeta", "5", "1", "5"]]
+    zeta = os.path.getsize(next((tmp_path / "zeta").glob("*.log")))
+    assert rows[3][4:] == [str(zeta), "B"]  # bytes for people (here under 1 KiB)
     result = CliRunner().invoke(main, ["streams", "--data-dir", str(tmp_path), "--json"])
     first = json.loads(result.output.splitlines()[0])
-    assert first["name"] == "orders"
-    assert first["bytes"] == os.path.getsize(next((tmp_path / "orders").glob("*.log")))
+    size = os.path.getsize(next((tmp_path / "orders").glob("*.log")))
+    assert first == {"name": "orders", "events": 2, "first_id": 1, "latest_id": 2, "bytes": size}
 
 
 def test_dump_text_json_from_and_limit(tmp_path: Path) -> None:

@@ -25,14 +25,13 @@ import pytest
 from playwright.async_api import async_playwright
 
 from certs import Pki
-from loops import Run
+from loops import Run, logged
 from test_security_http import (
     ALICE,
     BOB,
     OLD,
     Served,
     bearer,
-    logged,
     policy,
     secure_hub,
     until,

@@ -1,8 +1,10 @@
-"""The ``tidewire`` command: ``serve`` runs the hub; ``streams`` and ``dump`` read a data
+"""The ``tidewire`` command: ``serve`` runs the hub; ``streams`` and ``stats`` ask a running hub
+(its admin API, docs/observability.md), ``streams --data-dir`` and ``dump`` read a data
 directory offline (read-only: no lock taken, nothing repaired, safe while a server runs);
-``tail`` follows a stream of a running hub over RS.io.
+``tail``, ``publish`` and ``bench`` talk RS.io to a running hub.
 
-click is the library for the command line.
+click is the library for the command line, rich for its tables and progress bars (progress
+goes to stderr, so that stdout stays the data).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -24,17 +27,24 @@ from .config import SETTINGS, ConfigError, env_name, load_config
 from .log import Log
 from .model import Batch, Event, LogClosedError, LogError, TidewireError, UnknownStream
 
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .client.admin import AdminClient, AdminError, Stats
+
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 _DATA_DIR_HELP = "data directory (default: $TIDEWIRE_DATA_DIR or ./tidewire-data)"
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, log_format: str = "text") -> None:
+    from .observe.logs import setup_logging
+
+    setup_logging(level, log_format)
 
 
 def _data_dir(option: str | None) -> str:
@@ -88,6 +98,239 @@ def _seguro_tls(url: str, token: str | None, **files: str | None) -> Any:
     if token is not None:
         raise click.BadParameter("Seguro takes no token: use --cert-file", param_hint="--token")
     return _client_options(url.replace("seguros:", "rsios:", 1), None, **files)["ssl"]
+
+
+# --------------------------------------------------------------------------- the admin API
+
+_HTTP_URL = click.option("--url", default="http://127.0.0.1:7480", show_default=True,
+                         envvar="TIDEWIRE_HTTP_URL",
+                         help="the hub's HTTP endpoint ($TIDEWIRE_HTTP_URL)")  # fmt: skip
+
+
+def _admin(url: str, token: str | None, ca_file: str | None, cert_file: str | None,
+           key_file: str | None) -> AdminClient:  # fmt: skip
+    """The admin API's client: TLS for https:// or when a TLS file is given (http:// then
+    becomes https://, as rsio:// becomes rsios:// for ``_client_options``)."""
+    from .client.admin import AdminClient
+    from .server.guard import client_context
+
+    tls = url.startswith("https:") or ca_file is not None or cert_file is not None
+    if tls and url.startswith("http:"):
+        url = "https:" + url[len("http:") :]
+    try:
+        ssl = client_context(ca_file, cert_file, key_file) if tls else None
+    except OSError as exc:  # (ssl.SSLError too)
+        raise click.ClickException(f"cannot load the TLS files: {exc}") from None
+    try:
+        return AdminClient(url, token=token, ssl=ssl)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--url") from None
+
+
+def _admin_message(exc: AdminError) -> str:
+    """The error, with what to do about it."""
+    hint = {
+        0: "is the hub running? --url or $TIDEWIRE_HTTP_URL names it",
+        401: "give a token with --token or $TIDEWIRE_TOKEN",
+        403: "the ACL must grant this principal monitor = true",
+        404: "does this hub serve the admin API (/api)?",
+    }.get(exc.status)
+    if exc.tls:
+        hint = "--ca-file names the CA that signed the hub's certificate"
+    return f"{exc} ({hint})" if hint else str(exc)
+
+
+def _ask(admin: AdminClient, call: Callable[[AdminClient], Awaitable[T]]) -> T:
+    """Run ``call(admin)`` in a fresh event loop; an :class:`AdminError` is the command's."""
+    import asyncio
+
+    from .client.admin import AdminError
+
+    async def run() -> T:
+        async with admin:
+            return await call(admin)
+
+    try:
+        return asyncio.run(run())
+    except AdminError as exc:
+        raise click.ClickException(_admin_message(exc)) from None
+
+
+# --------------------------------------------------------------------------- rich output
+
+
+def _isatty(file: Any) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError):  # (no such method; closed)
+        return False
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr). Off a terminal it has no colours and is wide
+    enough that no table is cut or wrapped to 80 columns (for grep, awk, logs)."""
+    from rich.console import Console
+
+    file = sys.stderr if stderr else sys.stdout
+    return Console(file=file, highlight=False, width=None if _isatty(file) else 10_000)
+
+
+def _table(title: str | None, *columns: str) -> Table:
+    """A table of plain columns: the first and every ``<NAME`` left-justified, the others (the
+    numbers) right-justified."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", show_edge=False,
+                  pad_edge=False)  # fmt: skip
+    for i, column in enumerate(columns):
+        left = i == 0 or column.startswith("<")
+        table.add_column(column.lstrip("<"), justify="left" if left else "right")
+    return table
+
+
+def _lines(*tables: Table) -> RenderableType:
+    """Tables one after another, a blank line between, each with its title and caption on
+    lines of their own (a table wraps them to its own width)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    parts: list[RenderableType] = []
+    for table in tables:
+        if parts:
+            parts.append(Text(""))
+        if table.title:
+            parts.append(Text(str(table.title), style="bold"))
+            table.title = None
+        parts.append(table)
+        if table.caption:
+            parts.append(Text(str(table.caption)))
+            table.caption = None
+    return Group(*parts)
+
+
+def _progress(show: bool | None, *, stdout_too: bool = False) -> Progress:
+    """Progress bars on stderr: with ``show`` (--progress/--no-progress), else when stderr is
+    a terminal (and, with ``stdout_too``, stdout is not: lines scrolling through the same
+    terminal would tear the bar). Off a terminal the bars are printed once, when they end."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    if show is None:
+        show = _isatty(sys.stderr) and not (stdout_too and _isatty(sys.stdout))
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("events"), TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=_console(stderr=True), disable=not show,
+        redirect_stdout=False, redirect_stderr=False,  # stdout is the data's, never the bar's
+    )  # fmt: skip
+
+
+def _size(n: float) -> str:
+    """Bytes for people: 512 B, 40.0 KiB, 1.5 MiB."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    i = 0
+    while abs(n) >= 1024 and i < len(units) - 1:
+        n /= 1024
+        i += 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
+
+
+def _rate(n: float) -> str:
+    return f"{n:,.1f}"
+
+
+def _id(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def _duration(seconds: float) -> str:
+    """1d 02h 03m 04s, 3m 04s, 4.5s."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d {hours:02d}h {minutes:02d}m {s:02d}s"
+    if hours:
+        return f"{hours}h {minutes:02d}m {s:02d}s"
+    return f"{minutes}m {s:02d}s"
+
+
+def _streams_table(rows: list[dict[str, Any]], *, rates: bool, title: str | None = None) -> Table:
+    """Streams: name, events, first/latest id, bytes; and the rates in and out (a hub's)."""
+    columns = ["STREAM", "EVENTS", "FIRST", "LATEST", "BYTES"]
+    table = _table(title, *columns, *(["IN EV/S", "OUT EV/S"] if rates else []))
+    for s in rows:
+        cells = [s["name"], str(s["events"]), _id(s["first_id"]), _id(s["latest_id"]),
+                 _size(s["bytes"])]  # fmt: skip
+        if rates:
+            cells += [_rate(s["events_in_rate"]), _rate(s["events_out_rate"])]
+        table.add_row(*cells)
+    return table
+
+
+def _stats_view(stats: Stats, url: str) -> RenderableType:
+    """``tidewire stats``: the hub, its streams, connections and subscriptions by protocol,
+    every subscription, and the Tolliver peers."""
+    from .hub.hub import RESERVED_PREFIX
+
+    o = stats["overview"]
+    hub = _table(f"tidewire {o['version']} at {url}: up {_duration(o['uptime_seconds'])}, "
+                 f"{o['streams']} stream(s), data in {o['data_dir']}",
+                 "TRAFFIC", "EVENTS", "BYTES", "EV/S", "BYTES/S")  # fmt: skip
+    hub.add_row("in", str(o["events_in"]), _size(o["bytes_in"]), _rate(o["events_in_rate"]),
+                _size(o["bytes_in_rate"]) + "/s")  # fmt: skip
+    hub.add_row("out", str(o["events_out"]), _size(o["bytes_out"]),
+                _rate(o["events_out_rate"]), _size(o["bytes_out_rate"]) + "/s")  # fmt: skip
+
+    public = [s for s in stats["streams"] if not s["name"].startswith(RESERVED_PREFIX)]
+    streams = _streams_table(cast(list[dict[str, Any]], public), rates=True, title="streams")
+
+    protocols = _table("connections and subscriptions by protocol", "PROTOCOL", "CONNECTIONS",
+                       "SUBSCRIPTIONS", "BYTES IN", "BYTES OUT")  # fmt: skip
+    traffic: dict[str, list[int]] = {}
+    for c in stats["connections"]:
+        counted = traffic.setdefault(c["protocol"], [0, 0])
+        counted[0] += c["bytes_in"]
+        counted[1] += c["bytes_out"]
+    names = list(dict.fromkeys([*o["connections"], *o["subscriptions"], *traffic]))
+    for name in names:
+        bytes_in, bytes_out = traffic.get(name, [0, 0])
+        conns = o["connections"].get(name)
+        protocols.add_row(name, _id(conns), str(o["subscriptions"].get(name, 0)),
+                          _size(bytes_in), _size(bytes_out))  # fmt: skip
+    protocols.add_row("total", str(sum(o["connections"].values())),
+                      str(sum(o["subscriptions"].values())), "", "", style="bold")  # fmt: skip
+
+    subs = _table("subscriptions", "STREAM", "<PROTOCOL", "CONNECTION", "NEXT ID", "DELIVERED",
+                  "DEMAND", "LAG")  # fmt: skip
+    for s in sorted(stats["subscriptions"], key=lambda s: (s["stream"], s["id"])):
+        subs.add_row(s["stream"], s["protocol"], _id(s["connection"]), str(s["next_id"]),
+                     str(s["delivered"]), "unbounded" if s["unbounded"] else str(s["demand"]),
+                     str(s["lag"]))  # fmt: skip
+    if not stats["subscriptions"]:
+        subs.caption = "none"
+
+    t = stats["tolliver"]
+    peers = _table(f"tolliver instance {t['instance'] or '(none)'}: peers", "PEER", "<ADDRESS",
+                   "<CONNECTED", "<CHANNELS", "UNACKED", "RESENDS")  # fmt: skip
+    for p in t["peers"]:
+        peers.add_row(p["uuid"], p["address"] or "-", "yes" if p["connected"] else "no",
+                      ", ".join(p["channels"]) or "-", str(p["unacked"]),
+                      str(p["resends"]))  # fmt: skip
+    if not t["peers"]:
+        peers.caption = "none"
+    return _lines(hub, streams, protocols, subs, peers)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -144,7 +387,7 @@ def serve(
         config = load_config(config_path, overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    _setup_logging(config.log_level)
+    _setup_logging(config.log_level, str(config.values["log_format"]))
     try:
         run_server(config)
     except (LogError, OSError, ConfigError) as exc:
@@ -153,26 +396,108 @@ def serve(
 
 
 @main.command()
-@click.option("--data-dir", help=_DATA_DIR_HELP)
+@_HTTP_URL
+@click.option("--data-dir", default=None,
+              help="read this data directory instead, offline (no hub needed; no rates)")
+@click.option("--internal", is_flag=True, help="include the hub's own streams (_tidewire.*)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per stream")
-def streams(data_dir: str | None, as_json: bool) -> None:
-    """List the streams of a data directory: name, events, first/latest id, bytes."""
-    log = _open_read_only(_data_dir(data_dir))
-    try:
-        stats = log.stats()
-    finally:
-        log.close_sync()
+@_credentials
+def streams(url: str, data_dir: str | None, internal: bool, as_json: bool,
+            **credentials: Any) -> None:  # fmt: skip
+    """List the streams of a running hub (its admin API): name, events, first/latest id,
+    bytes, and the events per second in and out. With --data-dir, list those of a data
+    directory instead, read directly (read-only: no lock, no repair; safe while a server
+    runs)."""
+    from .hub.hub import RESERVED_PREFIX
+
+    rows: list[dict[str, Any]]
+    if data_dir is not None:
+        log = _open_read_only(data_dir)
+        try:
+            rows = [{"name": s.name, "events": s.events, "first_id": s.first_id,
+                     "latest_id": s.latest_id, "bytes": s.bytes} for s in log.stats()]  # fmt: skip
+        finally:
+            log.close_sync()
+        rows = [r for r in rows if internal or not r["name"].startswith(RESERVED_PREFIX)]
+        keys = ["name", "events", "first_id", "latest_id", "bytes"]
+    else:
+        admin = _admin(url, **credentials)
+        rows = cast(list[dict[str, Any]], _ask(admin, lambda a: a.streams(internal=internal)))
+        keys = ["name", "events", "first_id", "latest_id", "bytes", "events_in_rate",
+                "events_out_rate", "bytes_in_rate", "bytes_out_rate"]  # fmt: skip
     if as_json:
-        for s in stats:
-            click.echo(json.dumps({"name": s.name, "events": s.events, "first_id": s.first_id,
-                                   "latest_id": s.latest_id, "bytes": s.bytes}))  # fmt: skip
+        for row in rows:
+            click.echo(json.dumps({k: row.get(k) for k in keys}))
         return
-    width = max([len("STREAM"), *(len(s.name) for s in stats)])
-    click.echo(f"{'STREAM':<{width}}  {'EVENTS':>12}  {'FIRST':>12}  {'LATEST':>12}  {'BYTES':>14}")
-    for s in stats:
-        first = "-" if s.first_id is None else str(s.first_id)
-        latest = "-" if s.latest_id is None else str(s.latest_id)
-        click.echo(f"{s.name:<{width}}  {s.events:>12}  {first:>12}  {latest:>12}  {s.bytes:>14}")
+    _console().print(_streams_table(rows, rates=data_dir is None))
+
+
+@main.command()
+@_HTTP_URL
+@click.option("--json", "as_json", is_flag=True,
+              help="print /api/stats as one JSON object (with --watch: one per refresh)")
+@click.option("--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="refresh every SECONDS until Ctrl-C")
+@click.option("--count", type=click.IntRange(min=1), default=None, hidden=True,
+              help="with --watch: stop after N refreshes")
+@_credentials
+def stats(url: str, as_json: bool, watch: float | None, count: int | None,
+          **credentials: Any) -> None:  # fmt: skip
+    """Show a running hub (its admin API): version, uptime, totals and rates in and out; its
+    streams; connections and subscriptions by protocol; every subscription (demand, lag);
+    the Tolliver peers (unacked deliveries, resends)."""
+    import asyncio
+
+    from rich.live import Live
+    from rich.text import Text
+
+    from .client.admin import AdminError
+
+    admin = _admin(url, **credentials)
+    out = _console()
+
+    def show(data: Stats | AdminError, live: Live | None) -> None:
+        if as_json:
+            if isinstance(data, AdminError):
+                click.echo(_admin_message(data), err=True)
+            else:
+                click.echo(json.dumps(data))
+            return
+        view: RenderableType
+        if isinstance(data, AdminError):
+            view = Text(f"{_admin_message(data)}; trying again every {watch:g}s")
+        else:
+            view = _stats_view(data, admin.base_url)
+        if live is not None:
+            live.update(view, refresh=True)
+        else:
+            out.print(view)
+
+    async def run(admin: AdminClient) -> None:
+        data: Stats | AdminError = await admin.stats()  # a first error is final
+        if watch is None:
+            show(data, None)
+            return
+        # On a terminal the view is redrawn in place; elsewhere each refresh is printed.
+        live = Live(console=out, auto_refresh=False, redirect_stdout=False,
+                    redirect_stderr=False) if out.is_terminal and not as_json else None  # fmt: skip
+        with live or contextlib.nullcontext():
+            shown = 0
+            while True:
+                show(data, live)
+                shown += 1
+                if count is not None and shown >= count:
+                    return
+                await asyncio.sleep(watch)
+                try:
+                    data = await admin.stats()
+                except AdminError as exc:
+                    if exc.status in (401, 403):
+                        raise
+                    data = exc  # (the hub restarts, say): shown, and tried again
+
+    with contextlib.suppress(KeyboardInterrupt):
+        _ask(admin, run)
 
 
 def _b64(data: bytes) -> str:
@@ -185,29 +510,40 @@ def _text(data: bytes | None) -> str:
     return repr(data)[2:-1]  # printable ASCII as is, everything else escaped
 
 
+_PROGRESS = click.option("--progress/--no-progress", default=None,
+                         help="progress bars on stderr (default: when stderr is a terminal)")
+
+
 @main.command()
 @click.argument("stream")
 @click.option("--data-dir", help=_DATA_DIR_HELP)
 @click.option("--from", "from_id", type=click.IntRange(min=0), default=0, help="first id")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="at most N events")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines; key and value in base64")
-def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_json: bool) -> None:
-    """Print the events of STREAM: id, timestamp (ms), key, value."""
+@_PROGRESS
+def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_json: bool,
+         progress: bool | None) -> None:  # fmt: skip
+    """Print the events of STREAM: id, timestamp (ms), key, value. The progress bar (stderr)
+    shows by default when stderr is a terminal and stdout is not."""
     log = _open_read_only(_data_dir(data_dir))
     try:
         if stream not in log:
             raise click.ClickException(str(UnknownStream(stream)))
         remaining = sys.maxsize if limit is None else limit
         next_id = max(from_id, 1)
-        while remaining > 0:
-            batches = log.read(stream, next_id, 1024 * 1024, remaining)
-            if not batches:
-                break
-            for batch in batches:
-                for event in batch:
-                    _print_event(event, as_json)
-                remaining -= len(batch)
-                next_id = batch.last_id + 1
+        total = max(0, log.latest(stream) - max(next_id, log.start_id(stream)) + 1)
+        with _progress(progress, stdout_too=True) as bars:
+            task = bars.add_task(f"dump {stream}", total=min(total, remaining))
+            while remaining > 0:
+                batches = log.read(stream, next_id, 1024 * 1024, remaining)
+                if not batches:
+                    break
+                for batch in batches:
+                    for event in batch:
+                        _print_event(event, as_json)
+                    remaining -= len(batch)
+                    next_id = batch.last_id + 1
+                    bars.advance(task, len(batch))
     except TidewireError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -330,6 +666,115 @@ def publish(
         raise SystemExit(130) from None
     except (RsioError, OSError, ValueError, TidewireError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option("--url", default="rsio://127.0.0.1:7400", show_default=True, envvar="TIDEWIRE_URL",
+              help="the hub's RS.io endpoint ($TIDEWIRE_URL)")  # fmt: skip
+@click.option("--stream", default="bench", show_default=True, help="the stream to publish to")
+@click.option("--events", "count", type=click.IntRange(min=1), default=100_000,
+              show_default=True, help="events to publish")  # fmt: skip
+@click.option("--size", type=click.IntRange(min=0), default=100, show_default=True,
+              help="bytes per value")  # fmt: skip
+@click.option("--batch", "batch_size", type=click.IntRange(min=1), default=1000,
+              show_default=True, help="events per batch")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON object per figure: name, value, unit")  # fmt: skip
+@_PROGRESS
+@_credentials
+def bench(url: str, stream: str, count: int, size: int, batch_size: int, as_json: bool,
+          progress: bool | None, **credentials: Any) -> None:  # fmt: skip
+    """Measure a running hub over RS.io: publish --events values of --size bytes to --stream
+    in batches of --batch, many batches in flight (one publisher), then read them back with a
+    subscription from the first id published. Prints events/s and MB/s (10^6 bytes of values)
+    of both, and the commit latency of a batch, from its submit to its receipt (durable): p50
+    and p99."""
+    import asyncio
+    import functools
+    import time
+
+    from .client.rsio import Receipt, RsioError, connect
+
+    payload = os.urandom(size)
+    latencies: list[float] = []
+
+    async def run() -> list[tuple[str, float, str]]:
+        async with connect(url, **_client_options(url, **credentials)) as hub:
+            with _progress(progress) as bars:
+                up = bars.add_task(f"publish {stream}", total=count)
+
+                def committed(submitted: float, n: int, future: asyncio.Future[Receipt]) -> None:
+                    if not future.cancelled() and future.exception() is None:
+                        latencies.append(time.perf_counter() - submitted)
+                        bars.advance(up, n)
+
+                futures: list[asyncio.Future[Receipt]] = []
+                async with await hub.publisher(stream) as pub:
+                    start = time.perf_counter()
+                    for done in range(0, count, batch_size):
+                        n = min(batch_size, count - done)
+                        batch = Batch.build(stream, [payload] * n)
+                        submitted = time.perf_counter()
+                        future = await pub.submit(batch)
+                        future.add_done_callback(functools.partial(committed, submitted, n))
+                        futures.append(future)
+                    receipts = [await future for future in futures]
+                    published = time.perf_counter() - start
+                first, last = receipts[0].first_id, receipts[-1].last_id
+
+                down = bars.add_task(f"subscribe {stream}", total=last - first + 1)
+                received = received_bytes = 0
+                start = time.perf_counter()
+                async with contextlib.aclosing(
+                    hub.subscribe(stream, from_id=first, until_id=last)
+                ) as batches:
+                    async for batch in batches:
+                        received += len(batch)
+                        received_bytes += batch.values.nbytes
+                        bars.advance(down, len(batch))
+                read = time.perf_counter() - start
+        latencies.sort()
+        return [
+            ("publish_events_per_second", count / published, "events/s"),
+            ("publish_mb_per_second", count * size / published / 1e6, "MB/s"),
+            ("subscribe_events_per_second", received / read, "events/s"),
+            ("subscribe_mb_per_second", received_bytes / read / 1e6, "MB/s"),
+            ("commit_latency_p50_ms", _percentile(latencies, 0.50) * 1e3, "ms"),
+            ("commit_latency_p99_ms", _percentile(latencies, 0.99) * 1e3, "ms"),
+            ("first_id", first, "id"),
+            ("last_id", last, "id"),
+        ]
+
+    try:
+        figures = asyncio.run(run())
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (RsioError, LogClosedError, OSError, ValueError, TidewireError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        for name, value, unit in figures:
+            click.echo(json.dumps({"name": name, "value": value, "unit": unit}))
+        return
+    f = {name: value for name, value, _ in figures}
+    table = _table(f"{count:,} events of {size} B to {stream} (ids {f['first_id']:.0f}.."
+                   f"{f['last_id']:.0f}), in batches of {batch_size}", "PHASE", "EVENTS/S",
+                   "MB/S")  # fmt: skip
+    for phase in ("publish", "subscribe"):
+        table.add_row(phase, f"{f[phase + '_events_per_second']:,.0f}",
+                      f"{f[phase + '_mb_per_second']:,.2f}")  # fmt: skip
+    table.caption = (f"commit latency (submit to receipt) over {len(latencies)} batch(es): "
+                     f"p50 {f['commit_latency_p50_ms']:.2f} ms, "
+                     f"p99 {f['commit_latency_p99_ms']:.2f} ms")  # fmt: skip
+    _console().print(_lines(table))
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """The nearest-rank percentile of sorted figures (0 for none)."""
+    if not ordered:
+        return 0.0
+    import math
+
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 @main.group()

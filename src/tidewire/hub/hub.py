@@ -193,12 +193,13 @@ class Hub:
         max_batch_bytes: int = 1024 * 1024,
         via: str = "api",
         connection: int | None = None,
+        counted: bool = True,
     ) -> Subscription:
         """Follow ``stream`` from ``start``, then live. Deliveries wait for :meth:`request`.
 
         The stream need not exist yet: the subscription waits for its first events. ``via``
         (the protocol) and ``connection`` (the guard's connection id) are for the metrics and
-        the admin API.
+        the admin API; ``counted=False`` when the protocol counts what it sends itself.
         """
         validate_stream_name(stream)
         sub = Subscription(
@@ -211,6 +212,7 @@ class Hub:
             max_batch_bytes=max_batch_bytes,
             via=via,
             connection=connection,
+            counted=counted,
         )
         self._subscriptions.add(sub)
         return sub

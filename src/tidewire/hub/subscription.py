@@ -54,9 +54,11 @@ class Subscription:
         readahead_bytes: int = 1024 * 1024,
         via: str = "api",
         connection: int | None = None,
+        counted: bool = True,
     ) -> None:
         self.id = next_subscription_id()
         self.via = via  # the protocol delivering it (metrics, admin API)
+        self.counted = counted  # False: the protocol counts what it sends (a filter of its own)
         self.connection = connection  # the guard's connection id, if any
         self.hub = hub
         self.stream = stream
@@ -230,7 +232,7 @@ class Subscription:
         if self.demand < MAX_DEMAND:
             self.demand -= delivered
         self.delivered += delivered
-        if out:
+        if out and self.counted:
             self.hub.metrics.sent(self.via, self.stream, delivered, sum(b.nbytes for b in out))
         return out
 

@@ -106,7 +106,7 @@ class _Channel:
         self.channel = channel
         self.sub: Subscription = link.server.hub.subscribe(
             channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
-            connection=link.log.context.conn,
+            connection=link.log.context.conn, counted=False,  # (deliver() counts what it sends)
         )
         self.sub.request(MAX_UNACKED)
         self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
@@ -331,7 +331,8 @@ class _Link(asyncio.Protocol):
                         self._follow({c for c, _ in subscriptions})
                 case Closed(reason, error):
                     if error:
-                        self.log.warning("(%s) closing: %s", self.conn.peer, reason)
+                        self.log.warning("(%s) closing: %s", self.conn.peer or "no handshake yet",
+                                         reason)  # fmt: skip
                     if self.transport is not None:
                         self.transport.close()
         if not self._vet(changed=False):  # a request answered 3 (its final is to come)
@@ -405,8 +406,14 @@ class _Link(asyncio.Protocol):
         self._ids = next_id
         if skipped:
             channel.sub.request(skipped)
+            channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
         if items:
             self.conn.send_many(name, items, time.monotonic())
+            if skipped:  # (what was skipped is not counted as sent)
+                nbytes = sum(20 + len(k) + len(v) for k, v, _ in items)
+            else:
+                nbytes = sum(b.nbytes for b in batches)
+            self.server.hub.metrics.sent("tolliver", name, len(items), nbytes)
 
     def _acked(self, message_ids: list[int]) -> None:
         peer = self.conn.peer
@@ -436,7 +443,8 @@ class _Link(asyncio.Protocol):
             batch = Batch.build(channel, [m.body for m in messages], keys=keys)
             await self.server.hub.append(batch, assign_ids=True, via="tolliver")
         except TidewireError as exc:
-            self.log.warning("(%s) %d message(s) on %r refused: %s", self.conn.peer,
+            self.log.warning("(%s) %d message(s) on %r refused: %s",
+                             self.conn.peer or "no handshake yet",
                              len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
         finally:
@@ -494,12 +502,13 @@ class TolliverServer:
         """The hub's instance UUID and every remote it knows: connected now, or away with
         offsets kept (the metrics and the admin API)."""
         out: dict[uuid.UUID, TolliverPeer] = {}
-        for link in list(self.links):
-            peer = link.conn.peer
-            if peer is None or not link.conn.established:
+        for link in list(self.links):  # (until connection_lost: closed ones too, so that the
+            peer = link.conn.peer  # resends counter never goes back)
+            if peer is None:
                 continue
             channels = tuple(sorted({c for c, _ in link.conn.peer_subscriptions}))
-            out[peer] = TolliverPeer(str(peer), link.peer, True, channels, link.conn.unacked_count,
+            out[peer] = TolliverPeer(str(peer), link.peer, link.conn.established, channels,
+                                     link.conn.unacked_count,
                                      self.resends.get(peer, 0) + link.conn.resends)  # fmt: skip
         away: dict[uuid.UUID, set[str]] = {}
         for peer, channel in self.offsets:

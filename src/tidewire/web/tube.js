@@ -101,13 +101,15 @@ export class TubeSocket {
     const whole = new Uint8Array(m.size);
     let at = 0;
     for (const p of m.parts) { whole.set(p, at); at += p.length; }
+    // A handler that throws must not break the chain: later messages (and onClose) still come.
+    const failed = (err) => { console.error("tube: a message handler failed:", err); };
     if (m.code === 0) {
-      this.inflating = this.inflating.then(() => this.onMessage(whole));
+      this.inflating = this.inflating.then(() => this.onMessage(whole)).catch(failed);
     } else if (m.code === 1) { // deflate, zlib format
       this.inflating = this.inflating.then(async () => {
         const stream = new Blob([whole]).stream().pipeThrough(new DecompressionStream("deflate"));
         this.onMessage(new Uint8Array(await new Response(stream).arrayBuffer()));
-      });
+      }).catch(failed);
     } else {
       this.ws.send(new Uint8Array([(8 + m.code) << 3])); // not supported: say so, drop it
     }

@@ -1,0 +1,418 @@
+// The hub's dashboard (served at /): polls /api/stats (docs/observability.md) and renders it,
+// and tails one stream live over RS.io on Tube on WebSocket (/static/tube.js), with
+// backpressure. A plain ES module, no build step. Data reaches the DOM as textContent only.
+//
+// Query: ?refresh=<ms> (how often to poll), ?tail=<stream> (tail it at once), ?window=<n>
+// (the tail's demand window).
+
+import { RsioOverTube, decodeEnvelope } from "/static/tube.js";
+
+const REFRESH_MS = 2000; // how often /api/stats is polled
+const FETCH_TIMEOUT_MS = 10000; // a poll that takes longer counts as failed
+const TAIL_WINDOW = 16; // demand asked for at a time; topped up when half of it is used
+const TAIL_KEEP = 200; // rows the tail shows
+const TAIL_RETRY_MS = [1000, 2000, 5000, 10000]; // reconnecting a tail whose connection closed
+const TOKEN_KEY = "tidewire.token"; // in sessionStorage: the tab's, gone with it
+
+const params = new URLSearchParams(location.search);
+const refreshMs = positive(params.get("refresh"), REFRESH_MS);
+const tailWindow = Math.max(2, positive(params.get("window"), TAIL_WINDOW));
+
+const $ = (id) => document.getElementById(id);
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+function positive(text, fallback) {
+  const n = Number(text);
+  return text !== null && Number.isFinite(n) && n > 0 ? Math.floor(n) : fallback;
+}
+
+// ---------------------------------------------------------------- formatting
+
+function integer(n) { return n === null || n === undefined ? "—" : String(n); }
+
+function rate(n) { return Number(n || 0).toFixed(1); }
+
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n || 0), i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+function duration(seconds) {
+  let s = Math.floor(seconds || 0);
+  const d = Math.floor(s / 86400); s -= d * 86400;
+  const h = Math.floor(s / 3600); s -= h * 3600;
+  const m = Math.floor(s / 60); s -= m * 60;
+  const pad = (x) => String(x).padStart(2, "0");
+  if (d) return `${d}d ${pad(h)}h ${pad(m)}m`;
+  if (h) return `${h}h ${pad(m)}m ${pad(s)}s`;
+  return m ? `${m}m ${pad(s)}s` : `${s}s`;
+}
+
+// Bytes as UTF-8 text; else (not UTF-8, or control characters other than tab and newlines)
+// printable ASCII with every other byte as \xNN and a backslash as \\.
+function text(b) {
+  if (b === null) return "";
+  try {
+    const decoded = utf8.decode(b);
+    if (!/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/.test(decoded)) return decoded;
+  } catch { /* not UTF-8 */ }
+  let out = "";
+  for (const c of b) {
+    if (c === 0x5c) out += "\\\\";
+    else if (c >= 0x20 && c < 0x7f) out += String.fromCharCode(c);
+    else out += `\\x${c.toString(16).padStart(2, "0")}`;
+  }
+  return out;
+}
+
+function time(ms) { // an event's timestamp (any 64-bit value: not every one is a Date)
+  const d = new Date(ms);
+  return Number.isNaN(d.getTime()) ? String(ms) : d.toISOString();
+}
+
+// ---------------------------------------------------------------- tables
+
+// Make tbody's rows those of `items`, in order, reusing the row of each key (so a row, and a
+// button in it, survives a refresh). `columns`: [class, item => text] for each cell;
+// `extra(tr)`, if given, is called once on a new row (after its cells) to add more.
+function fill(table, items, keyName, keyOf, columns, extra = null) {
+  const tbody = $(table).tBodies[0];
+  const old = new Map();
+  for (const tr of tbody.rows) old.set(tr.dataset[keyName], tr);
+  const rows = items.map((item) => {
+    const key = String(keyOf(item));
+    let tr = old.get(key);
+    old.delete(key);
+    if (!tr) {
+      tr = document.createElement("tr");
+      tr.dataset[keyName] = key;
+      for (const [cls] of columns) {
+        const td = document.createElement("td");
+        td.className = cls;
+        tr.appendChild(td);
+      }
+      if (extra) extra(tr, item);
+    }
+    columns.forEach(([, value], i) => {
+      const shown = value(item);
+      if (tr.cells[i].textContent !== shown) tr.cells[i].textContent = shown;
+    });
+    return tr;
+  });
+  for (const tr of old.values()) tr.remove();
+  rows.forEach((tr, i) => { if (tbody.rows[i] !== tr) tbody.insertBefore(tr, tbody.rows[i] || null); });
+  $(`${table}-empty`).hidden = items.length > 0;
+}
+
+// {protocol: n} as "rsio 1 · tube 2": <span data-protocol="rsio"><b class="count">1</b>...
+function counts(id, byProtocol) {
+  const spans = Object.entries(byProtocol || {}).map(([protocol, n]) => {
+    const span = document.createElement("span");
+    span.dataset.protocol = protocol;
+    const count = document.createElement("b");
+    count.className = "count";
+    count.textContent = String(n);
+    span.append(`${protocol} `, count);
+    return span;
+  });
+  $(id).replaceChildren(...spans.flatMap((span, i) => (i ? [" · ", span] : [span])));
+}
+
+function render(stats) {
+  const o = stats.overview;
+  $("version").textContent = o.version;
+  $("uptime").textContent = duration(o.uptime_seconds);
+  $("stream-count").textContent = String(o.streams);
+  $("rate-in").textContent = `${rate(o.events_in_rate)} ev/s (${bytes(o.bytes_in_rate)}/s)`;
+  $("rate-out").textContent = `${rate(o.events_out_rate)} ev/s (${bytes(o.bytes_out_rate)}/s)`;
+  $("overview").title = `data: ${o.data_dir}; in ${o.events_in} events, out ${o.events_out} events`;
+
+  fill("streams", stats.streams, "stream", (s) => s.name, [
+    ["name", (s) => s.name],
+    ["events num", (s) => integer(s.events)],
+    ["bytes num", (s) => bytes(s.bytes)],
+    ["rate-in num", (s) => rate(s.events_in_rate)],
+    ["rate-out num", (s) => rate(s.events_out_rate)],
+    ["latest num", (s) => integer(s.latest_id)],
+  ], (tr, s) => {
+    const td = document.createElement("td");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "tail";
+    button.textContent = "tail";
+    button.addEventListener("click", () => { chooseTail(s.name); });
+    td.className = "actions";
+    td.appendChild(button);
+    tr.appendChild(td);
+  });
+  for (const tr of $("streams").tBodies[0].rows) {
+    tr.classList.toggle("tailing", tail !== null && tr.dataset.stream === tail.stream);
+  }
+
+  counts("connections-by-protocol", o.connections);
+  counts("subscriptions-by-protocol", o.subscriptions);
+  fill("connections", stats.connections, "connection", (c) => c.id, [
+    ["id num", (c) => String(c.id)],
+    ["protocol", (c) => c.protocol],
+    ["peer", (c) => c.peer || "—"],
+    ["principal", (c) => c.principal ?? "—"],
+    ["bytes-in num", (c) => bytes(c.bytes_in)],
+    ["bytes-out num", (c) => bytes(c.bytes_out)],
+  ]);
+
+  fill("subscriptions", stats.subscriptions, "subscription", (s) => s.id, [
+    ["id num", (s) => String(s.id)],
+    ["protocol", (s) => s.protocol],
+    ["stream", (s) => s.stream],
+    ["connection num", (s) => integer(s.connection)],
+    ["demand num", (s) => (s.unbounded ? "unbounded" : String(s.demand))],
+    ["lag num", (s) => String(s.lag)],
+  ]);
+
+  const tolliver = stats.tolliver || { instance: null, peers: [] };
+  $("tolliver-instance").textContent = tolliver.instance || "—";
+  fill("tolliver", tolliver.peers, "peer", (p) => p.uuid, [
+    ["uuid", (p) => p.uuid],
+    ["address", (p) => p.address || "—"],
+    ["connected", (p) => (p.connected ? "yes" : "no")],
+    ["channels", (p) => p.channels.join(", ")],
+    ["unacked num", (p) => String(p.unacked)],
+    ["resends num", (p) => String(p.resends)],
+  ]);
+}
+
+// ---------------------------------------------------------------- polling /api/stats
+
+const poll = { timer: null, busy: false, again: false, refreshes: 0, last: null, error: null,
+               needsToken: false };
+
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+function status(message, error = false) {
+  $("status").textContent = message;
+  $("status").className = error ? "error" : "";
+  document.body.classList.toggle("stale", error);
+}
+
+function askToken(message) {
+  poll.needsToken = true;
+  $("auth-message").textContent = message;
+  $("auth").hidden = false;
+  $("token-forget").hidden = token() === null;
+}
+
+async function refresh() {
+  if (poll.busy) { poll.again = true; return; }
+  clearTimeout(poll.timer);
+  poll.busy = true;
+  const abort = new AbortController();
+  const timeout = setTimeout(() => abort.abort(), Math.max(FETCH_TIMEOUT_MS, refreshMs));
+  try {
+    const headers = { Accept: "application/json" };
+    if (token() !== null) headers.Authorization = `Bearer ${token()}`;
+    const response = await fetch("/api/stats", { headers, cache: "no-store", signal: abort.signal });
+    if (response.status === 401 || response.status === 403) {
+      const why = (await response.text()).trim();
+      poll.error = `${response.status}: ${why}`;
+      status(`the hub refuses /api/stats (${poll.error}): waiting for a token`, true);
+      askToken(token() === null ? "The hub asks for a token (a principal granted monitor)."
+        : `The hub refused that token (${response.status}: ${why}). Another one?`);
+      return;
+    }
+    if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+    const stats = await response.json();
+    render(stats);
+    poll.refreshes += 1;
+    poll.last = Date.now();
+    poll.error = null;
+    poll.needsToken = false;
+    $("auth").hidden = true;
+    status(`updated ${new Date(poll.last).toLocaleTimeString()}`);
+  } catch (err) {
+    poll.error = abort.signal.aborted ? "no answer in time" : String(err.message || err);
+    status(`cannot get /api/stats: ${poll.error} (retrying every ${refreshMs / 1000} s)`, true);
+  } finally {
+    clearTimeout(timeout);
+    poll.busy = false;
+    if (poll.again) {
+      poll.again = false;
+      refresh();
+    } else if (!poll.needsToken) { // (refused: the same credentials would be refused again)
+      poll.timer = setTimeout(refresh, refreshMs);
+    }
+  }
+}
+
+$("auth").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const value = $("token").value.trim();
+  if (!value) return;
+  sessionStorage.setItem(TOKEN_KEY, value);
+  $("token").value = "";
+  $("auth").hidden = true;
+  status("trying the token");
+  refresh();
+  if (tail !== null) chooseTail(tail.stream); // again, as that principal
+});
+
+$("token-forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("token-forget").hidden = true;
+  refresh();
+  if (tail !== null) chooseTail(tail.stream); // again, anonymous
+});
+
+// ---------------------------------------------------------------- the live tail
+
+let tail = null; // {stream, hub, sub, outstanding, count, lastId, retries, retryTimer}
+let paused = false;
+
+function tailStatus(message, error = false) {
+  $("tail-status").textContent = message;
+  $("tail-status").className = error ? "error" : "";
+}
+
+function showDemand() { $("tail-demand").textContent = String(tail ? tail.outstanding : 0); }
+
+function topUp() { // ask for more only when not paused and half the window is used
+  if (!tail || !tail.sub || paused || tail.outstanding > tailWindow / 2) return;
+  const n = tailWindow - tail.outstanding;
+  tail.outstanding += n;
+  tail.sub.request(n);
+  showDemand();
+}
+
+function addEvent(e) {
+  const tr = document.createElement("tr");
+  tr.className = "event";
+  tr.dataset.id = String(e.id);
+  const cells = [["id num", String(e.id)], ["time", time(e.timestamp)],
+                 ["key", text(e.key)], ["value", text(e.value)]];
+  for (const [cls, shown] of cells) {
+    const td = document.createElement("td");
+    td.className = cls;
+    td.textContent = shown;
+    tr.appendChild(td);
+  }
+  const body = $("tail-events").tBodies[0];
+  body.prepend(tr);
+  while (body.rows.length > TAIL_KEEP) body.lastElementChild.remove();
+}
+
+function stopTail() {
+  if (tail === null) return;
+  const t = tail;
+  tail = null;
+  clearTimeout(t.retryTimer);
+  if (t.hub === null) return;
+  try {
+    if (t.sub) t.sub.cancel();
+    t.hub.close(); // (a connection per tail: the next may carry another token)
+  } catch { // not open yet: just drop it
+    t.hub.tube.close();
+  }
+}
+
+// Tail `stream` from now on (what is published after this), instead of any other.
+function chooseTail(stream) {
+  stopTail();
+  tail = { stream, hub: null, sub: null, outstanding: 0, count: 0, lastId: null, retries: 0,
+           retryTimer: null };
+  $("tail-stream").textContent = stream;
+  $("tail-count").textContent = "0";
+  $("tail-events").tBodies[0].replaceChildren();
+  $("tail-pause").disabled = false;
+  for (const tr of $("streams").tBodies[0].rows) tr.classList.toggle("tailing", tr.dataset.stream === stream);
+  const url = new URL(location.href);
+  url.searchParams.set("tail", stream);
+  history.replaceState(null, "", url);
+  connectTail(tail, "latest");
+}
+
+function connectTail(t, from) {
+  const url = new URL("/tube", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  const hub = new RsioOverTube(url.href, token() === null ? {} : { token: token() });
+  t.hub = hub;
+  t.sub = null;
+  t.outstanding = 0;
+  showDemand();
+  tailStatus("connecting");
+  const current = () => tail === t && t.hub === hub;
+  hub.ready.then(() => {
+    if (!current()) return;
+    t.retries = 0;
+    tailStatus(paused ? "paused" : "live");
+    t.outstanding = tailWindow;
+    const name = `${encodeURIComponent(t.stream)}?from=${encodeURIComponent(from)}`;
+    t.sub = hub.subscribe(name, tailWindow, (element) => {
+      if (!current()) return;
+      const e = decodeEnvelope(element);
+      t.outstanding -= 1;
+      t.count += 1;
+      t.lastId = e.id;
+      $("tail-count").textContent = String(t.count);
+      addEvent(e);
+      showDemand();
+      topUp();
+    }, {
+      onComplete: () => { if (current()) tailStatus("complete"); },
+      onError: (reason) => {
+        if (!current()) return;
+        if (hub.closed !== null) { retryTail(t, reason); return; }
+        t.sub = null; // the hub said no (or failed the subscription): no retry
+        t.outstanding = 0;
+        showDemand();
+        tailStatus(`refused: ${reason}`, true);
+      },
+    });
+    showDemand();
+  }, (err) => {
+    if (!current()) return;
+    if (hub.token !== null && hub.goodbye !== null) { // the hub said no to the token
+      tailStatus(`refused: ${hub.goodbye}`, true);
+    } else {
+      retryTail(t, err.message);
+    }
+  });
+}
+
+function retryTail(t, reason) { // the connection closed: again, from the next event
+  const delay = TAIL_RETRY_MS[Math.min(t.retries, TAIL_RETRY_MS.length - 1)];
+  t.retries += 1;
+  t.sub = null;
+  t.outstanding = 0;
+  showDemand();
+  tailStatus(`disconnected (${reason}); retrying in ${delay / 1000} s`, true);
+  t.retryTimer = setTimeout(() => {
+    if (tail === t) connectTail(t, t.lastId === null ? "latest" : String(t.lastId + 1));
+  }, delay);
+}
+
+$("tail-pause").addEventListener("click", () => {
+  paused = !paused;
+  $("tail-pause").textContent = paused ? "Resume" : "Pause";
+  if (tail && tail.sub) tailStatus(paused ? "paused" : "live");
+  topUp();
+});
+
+// ---------------------------------------------------------------- start
+
+window.tidewireDashboard = {
+  state: () => ({
+    refreshes: poll.refreshes, lastRefresh: poll.last, error: poll.error,
+    needsToken: poll.needsToken, refreshMs,
+    tail: tail === null ? null : {
+      stream: tail.stream, live: tail.sub !== null, count: tail.count, lastId: tail.lastId,
+      outstanding: tail.outstanding, paused,
+    },
+  }),
+  tail: (stream) => chooseTail(stream),
+  pause: () => { if (!paused) $("tail-pause").click(); },
+  resume: () => { if (paused) $("tail-pause").click(); },
+};
+
+if (params.get("tail")) chooseTail(params.get("tail"));
+refresh();
