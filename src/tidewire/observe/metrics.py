@@ -46,6 +46,8 @@ __all__ = [
     "TolliverPeer",
     "Traffic",
     "next_subscription_id",
+    "per_protocol",
+    "subscription_lag",
 ]
 
 CONNECTION_PROTOCOLS = ("rsio", "http", "tube", "tolliver", "seguro")
@@ -234,8 +236,17 @@ class Metrics:
         return self.tolliver()
 
 
-def _lag(latest: int, next_id: int) -> int:
+def subscription_lag(latest: int, next_id: int) -> int:
+    """Committed events a subscription at ``next_id`` has not been handed (never below 0)."""
     return max(0, latest - (next_id - 1))
+
+
+def per_protocol(protocols: Iterable[str], known: tuple[str, ...]) -> dict[str, int]:
+    """How many of each protocol in ``protocols``; every one of ``known`` is a key (0: none)."""
+    count = dict.fromkeys(known, 0)
+    for protocol in protocols:
+        count[protocol] = count.get(protocol, 0) + 1
+    return count
 
 
 class HubCollector:
@@ -250,10 +261,8 @@ class HubCollector:
         yield from self._log(hub)
         conns = GaugeMetricFamily("tidewire_connections", "Open connections, by protocol",
                                   labels=["protocol"])  # fmt: skip
-        count = dict.fromkeys(CONNECTION_PROTOCOLS, 0)
-        for c in metrics.connections():
-            count[c.protocol] = count.get(c.protocol, 0) + 1
-        for protocol, n in count.items():
+        counts = per_protocol((c.protocol for c in metrics.connections()), CONNECTION_PROTOCOLS)
+        for protocol, n in counts.items():
             conns.add_metric([protocol], n)
         yield conns
         refused = CounterMetricFamily("tidewire_connections_refused",
@@ -317,14 +326,13 @@ class HubCollector:
         lag = GaugeMetricFamily("tidewire_subscription_lag_events",
                                 "Committed events not yet delivered (latest id minus the last "
                                 "id delivered)", labels=labels)  # fmt: skip
-        per_protocol = dict.fromkeys(SUBSCRIPTION_PROTOCOLS, 0)
-        for sub in hub.live_subscriptions():
-            per_protocol[sub.via] = per_protocol.get(sub.via, 0) + 1
+        subs = hub.live_subscriptions()
+        for sub in subs:
             key = [str(sub.id), sub.via, sub.stream,
                    "" if sub.connection is None else str(sub.connection)]  # fmt: skip
             demand.add_metric(key, sub.demand)
-            lag.add_metric(key, _lag(hub.latest(sub.stream), sub.next_id))
-        for protocol, n in per_protocol.items():
+            lag.add_metric(key, subscription_lag(hub.latest(sub.stream), sub.next_id))
+        for protocol, n in per_protocol((s.via for s in subs), SUBSCRIPTION_PROTOCOLS).items():
             count.add_metric([protocol], n)
         yield from (count, demand, lag)
 
@@ -341,8 +349,3 @@ class HubCollector:
             unacked.add_metric([p.uuid], p.unacked)
             resends.add_metric([p.uuid], p.resends)
         yield from (unacked, resends)
-
-
-def subscription_lag(latest: int, next_id: int) -> int:
-    """Committed events a subscription at ``next_id`` has not been handed (never below 0)."""
-    return _lag(latest, next_id)

@@ -18,7 +18,12 @@ from .. import __version__
 from ..hub import Hub
 from ..hub.hub import RESERVED_PREFIX
 from ..hub.subscription import MAX_DEMAND
-from ..observe.metrics import CONNECTION_PROTOCOLS, SUBSCRIPTION_PROTOCOLS, subscription_lag
+from ..observe.metrics import (
+    CONNECTION_PROTOCOLS,
+    SUBSCRIPTION_PROTOCOLS,
+    per_protocol,
+    subscription_lag,
+)
 
 __all__ = [
     "add_admin_routes",
@@ -41,12 +46,8 @@ def overview(hub: Hub) -> Json:
         t = metrics.totals(stream)
         ei, bi, eo, bo = ei + t[0], bi + t[1], eo + t[2], bo + t[3]
     rates = metrics.rates()
-    conns = dict.fromkeys(CONNECTION_PROTOCOLS, 0)
-    for c in metrics.connections():
-        conns[c.protocol] = conns.get(c.protocol, 0) + 1
-    subs = dict.fromkeys(SUBSCRIPTION_PROTOCOLS, 0)
-    for s in hub.live_subscriptions():
-        subs[s.via] = subs.get(s.via, 0) + 1
+    conns = per_protocol((c.protocol for c in metrics.connections()), CONNECTION_PROTOCOLS)
+    subs = per_protocol((s.via for s in hub.live_subscriptions()), SUBSCRIPTION_PROTOCOLS)
     return {
         "version": __version__,
         "started_at": int(metrics.started_at * 1000),
