@@ -32,6 +32,8 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "host": (str, "127.0.0.1", "address every listener binds to"),
     "log_level": (str, "info", "debug, info, warning or error"),
     "log_format": (str, "text", "text (readable lines) or json (one JSON object per line)"),
+    "shutdown_seconds": (float, 10.0,
+                         "SIGTERM: longest wait for in-flight writes before closing anyway"),
     "http.port": (int, 7480, "HTTP listener (admin, RS.io over HTTP; 0 = any free port)"),
     "http.poll_seconds": (float, 25.0,
                           "RS.io over HTTP: a fetch with nothing to send gets 204 after it"),
@@ -238,6 +240,7 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "log.recent_bytes": (0, 2**62),
     "log.inline_commit_bytes": (0, 2**30),
     "log.retention_check_interval_s": (0.001, 10**9),
+    "shutdown_seconds": (0, 3600),
 }
 
 

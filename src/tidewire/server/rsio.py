@@ -198,6 +198,16 @@ class RsioServerProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def quiesce(self) -> None:
+        """Shutdown's first step: read nothing more (what was read is still appended and
+        acknowledged: :attr:`busy` says when that is done)."""
+        self._pause("shutdown")  # never resumed
+
+    @property
+    def busy(self) -> bool:
+        """Events read and not yet acknowledged (appends in flight or waiting)."""
+        return self.inlet_bytes > 0 and not self.conn.closed
+
     def expire(self, reason: str) -> None:
         """A deadline of the guard's (handshake, idle): goodbye with the reason, and close."""
         self.shutdown(reason)
@@ -734,6 +744,17 @@ class RsioServer:
     @property
     def port(self) -> int:
         return self.listener.port
+
+    def quiesce(self) -> None:
+        """Stop listening and stop reading every connection (see :meth:`RsioServerProtocol.
+        quiesce`); :meth:`close` then says goodbye."""
+        self.listener.close()
+        for protocol in self.connections:
+            protocol.quiesce()
+
+    @property
+    def busy(self) -> bool:
+        return any(protocol.busy for protocol in self.connections)
 
     async def close(self) -> None:
         """Stop listening, say goodbye to every connection and close it."""

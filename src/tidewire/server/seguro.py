@@ -79,6 +79,7 @@ class _Protocol(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._pending_bytes = 0
         self._reading = True
+        self._quiet = False  # shutting down: never read again
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -126,7 +127,20 @@ class _Protocol(asyncio.Protocol):
             self._reading = False
             self.transport.pause_reading()
 
+    def quiesce(self) -> None:
+        """Shutdown: read nothing more, ever (see :meth:`SeguroServer.quiesce`)."""
+        self._quiet = True
+        self._pause()
+
+    @property
+    def busy(self) -> bool:
+        """Events read and not yet committed."""
+        return self._pending_bytes > 0 and self.transport is not None \
+            and not self.transport.is_closing()
+
     def _resume(self) -> None:
+        if self._quiet:
+            return
         if self.transport is not None and not self._reading and not self.transport.is_closing():
             self._reading = True
             self.transport.resume_reading()
@@ -341,6 +355,17 @@ class SeguroServer:
     @property
     def port(self) -> int:
         return self.listener.port
+
+    def quiesce(self) -> None:
+        """Stop listening and stop reading every connection: the flows already read finish
+        (their ``COMMITTED`` goes out) while :attr:`busy` is true."""
+        self.listener.close()
+        for protocol in self.connections:
+            protocol.quiesce()
+
+    @property
+    def busy(self) -> bool:
+        return any(protocol.busy for protocol in self.connections)
 
     async def close(self) -> None:
         self.listener.close()

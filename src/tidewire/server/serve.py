@@ -5,6 +5,7 @@ SIGINT/SIGTERM, then shut down gracefully (listeners closed, queued appends flus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import resource
@@ -13,7 +14,7 @@ import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -78,7 +79,8 @@ async def serve(
         await hub.start()
         app = build_app(hub, http_settings(config), tube_settings(config),
                         rsio=rsio_settings(config), access=access)  # fmt: skip
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               shutdown_timeout=float(config.values["shutdown_seconds"]))
         await runner.setup()
         port = await http_app.start_http_site(
             runner, config.host, config.http_port,
@@ -130,14 +132,8 @@ async def serve(
         # The handlers stay until the log is closed: a second signal during the flush is
         # ignored (stop is already set) instead of killing the process mid-flush.
         try:
-            if rsio is not None:
-                await rsio.close()
-            if seguro is not None:
-                await seguro.close()
-            if tolliver is not None:
-                await tolliver.close()
-            if runner is not None:
-                await runner.cleanup()
+            await _wind_down([s for s in (rsio, seguro, tolliver) if s is not None],
+                             runner, float(config.values["shutdown_seconds"]))  # fmt: skip
             await hub.close()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -146,6 +142,56 @@ async def serve(
         print("stopped: every acknowledged event is on disk", file=out, flush=True)
     else:
         print("stopped (log.fsync is off: recent events may not be on disk)", file=out, flush=True)
+
+
+class _Draining(Protocol):
+    def quiesce(self) -> None: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+async def _wind_down(servers: list[_Draining], runner: web.AppRunner | None,
+                     seconds: float) -> None:  # fmt: skip
+    """The graceful part of a shutdown, bounded by ``seconds`` (``shutdown_seconds``):
+
+    1. stop listening, and stop reading every connection (RS.io, Tube, Tolliver, Seguro);
+    2. wait while what was already read is appended and acknowledged (RS.io ``Committed``,
+       Tolliver acks, Seguro ``COMMITTED``), at most ``seconds``;
+    3. say goodbye (RS.io, also over Tube) and close every connection; HTTP requests under
+       way get at most ``seconds`` more (aiohttp's own shutdown timeout).
+
+    The caller then closes the hub, which stores and fsyncs whatever is still queued: an
+    append cut off by the bound is stored but not acknowledged (a client re-offers it).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    for server in servers:
+        server.quiesce()
+    if runner is not None:
+        for site in list(runner.sites):  # no new HTTP connections; open ones carry on
+            with contextlib.suppress(Exception):
+                await site.stop()
+    tube = runner.app.get(http_app.TUBE_CONNECTIONS_KEY) if runner is not None else None
+    for protocol in list(tube or ()):
+        protocol.quiesce()
+
+    def busy() -> bool:
+        return any(s.busy for s in servers) or any(p.busy for p in (tube or ()))
+
+    # Polled: the acks go out from each connection's own tasks, of three protocols, and an
+    # event for "the last one is done" would thread through all of them for a 5 ms gain.
+    while busy() and loop.time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
+    if busy():
+        log.warning("shutdown: writes still in flight after %.1f s (shutdown_seconds); "
+                    "closing anyway: they are stored but not acknowledged", seconds)  # fmt: skip
+    for server in servers:
+        await server.close()
+    if runner is not None:  # (its own bound: shutdown_seconds, given to the AppRunner)
+        await runner.cleanup()
 
 
 class _QuietBadRequests(logging.Filter):

@@ -172,6 +172,7 @@ class _Link(asyncio.Protocol):
         self.writable.set()
         self._pending = 0  # bytes of bodies handed to the log and not yet stored
         self._paused = False
+        self._quiet = False  # shutting down: never read again
         self._ids = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # when it fires (time.monotonic())
@@ -352,9 +353,23 @@ class _Link(asyncio.Protocol):
             self._paused = True
             self.transport.pause_reading()
 
+    def quiesce(self) -> None:
+        """Shutdown: read nothing more, ever; the messages read are still stored and acked
+        while :attr:`busy` is true."""
+        self._quiet = True
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    @property
+    def busy(self) -> bool:
+        """Messages read and not yet stored and acked."""
+        return self._pending > 0 and self.transport is not None \
+            and not self.transport.is_closing()
+
     def _release(self, nbytes: int) -> None:
         self._pending -= nbytes
-        if self._paused and self._pending <= MAX_PENDING_BYTES // 2:
+        if self._paused and not self._quiet and self._pending <= MAX_PENDING_BYTES // 2:
             self._paused = False
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
@@ -597,6 +612,16 @@ class TolliverServer:
     @property
     def port(self) -> int:
         return self.listener.port
+
+    def quiesce(self) -> None:
+        """Stop listening and stop reading every link (see :meth:`_Link.quiesce`)."""
+        self.listener.close()
+        for link in self.links:
+            link.quiesce()
+
+    @property
+    def busy(self) -> bool:
+        return any(link.busy for link in self.links)
 
     async def close(self) -> None:
         self.listener.close()
