@@ -1,6 +1,7 @@
 """What the benchmarks share: progress output, where their temporary directories go (a real
 disk: fsync on a RAM file system costs nothing, which would flatter every durable write), the
-subprocesses they start (all stopped at exit) and the peer libraries they load.
+subprocesses they start (all stopped at exit) and the peer libraries they load, the JSON lines
+they print (:func:`emit`), and a ``tidewire serve`` child on free ports (:func:`serve_hub`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import atexit
 import contextlib
 import importlib
+import json
 import os
 import queue
 import re
@@ -29,11 +31,13 @@ __all__ = [
     "Processes",
     "choose_base",
     "distribution_version",
+    "emit",
     "fresh_dir",
     "fs_type",
     "loop_factory",
     "module",
     "note",
+    "serve_hub",
 ]
 
 RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
@@ -41,6 +45,11 @@ RAM_FILE_SYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
 
 def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def emit(record: dict[str, Any]) -> None:
+    """One machine-readable JSON line on stdout (progress goes to stderr, with :func:`note`)."""
+    print(json.dumps(record), flush=True)
 
 
 def fs_type(path: str) -> str:
@@ -166,3 +175,38 @@ def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]
     except ImportError:
         return None, "asyncio"
     return uvloop.new_event_loop, "uvloop"
+
+
+def serve_hub(procs: Processes, data_dir: str, *args: str, stderr: Any = None,
+              timeout: float = 60.0, new_session: bool = False,
+              ) -> tuple[subprocess.Popen[str], dict[str, str]]:  # fmt: skip
+    """Start ``tidewire serve`` on free ports (every listener on port 0) with ``args`` as more
+    options, and wait for its ``ready`` line. Returns the process and its endpoints, parsed from
+    what it printed: ``rsio``, ``tolliver``, ``seguro`` and ``ws`` URLs and ``http`` (the base
+    URL, ``http://host:port``). ``stderr``: where its log lines go (a file; default: ours).
+    ``new_session``: in a session of its own, so that a Ctrl-C in the terminal reaches only the
+    benchmark, which then stops the hub itself."""
+    env = {**os.environ, "TIDEWIRE_RSIO_PORT": "0", "TIDEWIRE_SEGURO_PORT": "0",
+           "TIDEWIRE_TOLLIVER_PORT": "0"}  # fmt: skip
+    proc = procs.start(
+        [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
+         "--http-port", "0", *args],
+        stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=new_session,
+    )  # fmt: skip
+    pump = LinePump(proc.stdout)
+    pump.wait_for(r"^ready", proc, timeout)
+    urls: dict[str, str] = {}
+    for line in pump.seen:
+        for word in line.split():
+            scheme, sep, _ = word.partition("://")
+            if not sep:
+                continue
+            if scheme in ("rsio", "tolliver", "seguro", "ws") and scheme not in urls:
+                urls[scheme] = word
+            elif scheme == "http" and word.endswith("/healthz"):
+                urls["http"] = word.removesuffix("/healthz")
+    missing = {"rsio", "tolliver", "seguro", "ws", "http"} - set(urls)
+    if missing:
+        procs.stop(proc)
+        raise RuntimeError(f"the hub printed no {sorted(missing)} endpoint: {pump.seen}")
+    return proc, urls
