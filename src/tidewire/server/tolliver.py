@@ -82,6 +82,7 @@ MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
 MAX_PENDING_BYTES = 32 * 1024 * 1024  # per remote: bodies received, not yet stored
+ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +174,6 @@ class _Link(asyncio.Protocol):
         self._pending = 0  # bytes of bodies handed to the log and not yet stored
         self._paused = False
         self._quiet = False  # shutting down: never read again
-        self._ids = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # when it fires (time.monotonic())
 
@@ -404,7 +404,7 @@ class _Link(asyncio.Protocol):
         inflight = channel.inflight
         items: list[tuple[bytes, bytes, int]] = []
         skipped = 0
-        next_id = self._ids
+        next_id = self.server.next_message_id
         for batch in batches:
             ids = batch.ids
             for i in range(len(ids)):
@@ -418,7 +418,7 @@ class _Link(asyncio.Protocol):
                     message_id, next_id = next_id, next_id + 1
                 inflight[message_id] = ids[i]
                 items.append((key, batch.value(i), message_id))
-        self._ids = next_id
+        self.server.took_ids(next_id, len(items))
         if skipped:
             channel.sub.request(skipped)
             channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
@@ -510,6 +510,11 @@ class TolliverServer:
         self.tasks: set[asyncio.Task[None]] = set()
         self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
         self._dirty: dict[tuple[uuid.UUID, str], asyncio.TimerHandle] = {}  # not yet kept
+        # The ids of deliveries: one sequence for every remote and connection, never restarted
+        # (reserved ahead in the state stream), so that (hub, id) names one delivery, as an
+        # instance's ids do (from its database): a receiver's dedupe keys on it.
+        self.next_message_id = 0
+        self._ids_left = 0  # reserved and not yet taken
         self.instance = uuid7()
         self._load()
 
@@ -547,6 +552,8 @@ class TolliverServer:
                         if "instance" in record:
                             self.instance = uuid.UUID(record["instance"])
                             found = True
+                        elif "ids" in record:  # the last reservation: start after it
+                            self.next_message_id = int(record["ids"])
                         else:
                             key = (uuid.UUID(record["remote"]), record["channel"])
                             self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
@@ -559,7 +566,24 @@ class TolliverServer:
     async def start(self, host: str, port: int) -> None:
         if self._needs_instance:
             await self._record({"instance": str(self.instance)})
+        self._ids_left = ID_BLOCK
+        await self._record({"ids": (self.next_message_id + ID_BLOCK) & 0xFFFFFFFF})
         await self.listener.start(host, port)
+
+    def took_ids(self, next_id: int, count: int) -> None:
+        """Deliveries took ``count`` ids, up to ``next_id``; past half of the reserved ones,
+        the next block is reserved."""
+        self.next_message_id = next_id
+        self._ids_left -= count
+        if self._ids_left < ID_BLOCK // 2:
+            self._ids_left += ID_BLOCK
+            self.spawn(self._reserve((next_id + self._ids_left) & 0xFFFFFFFF))
+
+    async def _reserve(self, upto: int) -> None:
+        try:
+            await self._record({"ids": upto})
+        except TidewireError as exc:  # (a restart before the next one may reuse ids)
+            log.warning("tolliver: delivery ids up to %d not reserved: %s", upto, exc)
 
     def want(self, channels: set[str]) -> None:
         """Subscribe the hub to ``channels`` (every key), telling every connected remote."""
@@ -595,9 +619,17 @@ class TolliverServer:
 
     def _save(self, key: tuple[uuid.UUID, str]) -> None:
         self._dirty.pop(key, None)
+        self.spawn(self._keep_offset(key, self.offsets[key]))
+
+    async def _keep_offset(self, key: tuple[uuid.UUID, str], next_id: int) -> None:
         peer, channel = key
-        self.spawn(self._record({"remote": str(peer), "channel": channel,
-                                 "next": self.offsets[key]}))  # fmt: skip
+        try:
+            await self._record({"remote": str(peer), "channel": channel, "next": next_id})
+        except TidewireError as exc:
+            # (A full disk, say.) A later ack keeps a newer offset; a restart before that only
+            # resends what was acked since the last offset kept.
+            log.warning("tolliver: %s's offset %d on %r not kept: %s",
+                        peer, next_id, channel, exc)  # fmt: skip
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background, keeping a reference until it is done."""

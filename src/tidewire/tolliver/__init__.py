@@ -1,8 +1,9 @@
 """Tolliver instances (seed 003) over the sans-IO :mod:`tidewire.protocols.tolliver`: a
-stand-alone instance (:class:`Instance`) and its durable store (:class:`Store`). The hub's own
-instance comes next (docs/protocols/tolliver.md)."""
+stand-alone instance (:class:`Instance`), the :class:`Supervisor` that keeps one connected to a
+remote (``connect(..., retry=...)``), and its durable store (:class:`Store`). The hub's own
+instance is :mod:`tidewire.server.tolliver` (docs/protocols/tolliver.md)."""
 
-from .instance import Delivery, Instance
+from .instance import Delivery, HandshakeFailed, Instance, Supervisor
 from .store import Store, uuid7
 
-__all__ = ["Delivery", "Instance", "Store", "uuid7"]
+__all__ = ["Delivery", "HandshakeFailed", "Instance", "Store", "Supervisor", "uuid7"]

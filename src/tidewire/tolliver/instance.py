@@ -12,10 +12,21 @@ durable :class:`~.store.Store`:
 * Received messages come out of :meth:`messages` (an async iterator), every time they arrive
   (at-least-once), and a reliable one is acked only when the application asks for the next
   (so one it was handling when it died is resent); ``dedupe=True`` drops repeats of (sender,
-  id) handed over lately.
+  id): of one the application has finished with (remembered in the store, so also after a
+  restart: the ack then waits for that record), and of one it holds now.
 * A new connection from a remote UUID that already has one replaces the old one.
 * ``connect(..., ssl=context)`` dials a remote over TLS (the hub's listener requires a client
   certificate whose subject CN is this instance's UUID).
+* ``connect(..., retry=Retry(...))`` keeps the remote connected: a :class:`Supervisor` task
+  reconnects with :class:`~tidewire.client.backoff.Backoff` whenever the link is lost, does the
+  handshake again (with this instance's subscriptions), and the outbox re-offers every unacked
+  message at once on the new connection. While the remote is away, ``send`` keeps what its
+  last known subscriptions cover (on disk, as ever; at most ``outbox_bytes`` of unacked
+  bodies in all, over which ``send`` raises ``LimitExceeded``). A handshake the remote refuses
+  (versions) is final; one closed before any response counts as a failed try
+  (docs/protocols/tolliver.md, "Reconnecting and duplicates").
+* Time is the instance's ``clock`` (resends, the supervisor's pacing) and its ``sleep`` (the
+  supervisor's waits): tests inject both, and :meth:`Instance.handle_timer` resends what is due.
 """
 
 from __future__ import annotations
@@ -27,12 +38,13 @@ import ssl as _ssl
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import cast
 
-from ..model import LocalProtocolError
+from ..client.backoff import Backoff, GaveUp, Retry
+from ..model import LimitExceeded, LocalProtocolError, ProtocolError
 from ..protocols.tolliver import (
     CONTROL_CHANNEL,
     UNRELIABLE,
@@ -48,24 +60,32 @@ from ..protocols.tolliver import (
 )
 from .store import Store
 
-__all__ = ["Delivery", "Instance"]
+__all__ = ["Delivery", "HandshakeFailed", "Instance", "Supervisor"]
 
 
-def _ack(handled: list[tuple[_Link, int]]) -> None:
-    """Ack what the application has handled (one write per connection), and forget it."""
+def _ack(acks: list[tuple[_Link, int]]) -> None:
+    """Ack on their connections (one write per connection; none on a connection gone)."""
     by_link: dict[_Link, list[int]] = {}
-    for link, message_id in handled:
+    for link, message_id in acks:
         by_link.setdefault(link, []).append(message_id)
     for link, message_ids in by_link.items():
         if link.conn.established:
             link.conn.ack_many(message_ids)
             link.soon()
-    handled.clear()
 
 
 log = logging.getLogger("tidewire.tolliver")
 
 VERSION = 1
+
+# what the application has handled: (the connection it came on, its sender, its id)
+_Handled = list[tuple["_Link", uuid.UUID, int]]
+
+
+class HandshakeFailed(ProtocolError, ConnectionError):
+    """The remote's handshake said no (it cannot speak this instance's version, or answered
+    bytes that are not a Tolliver handshake): final, never retried. (A remote that closes the
+    connection before answering is a :class:`ConnectionError`: it could be restarting.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +146,13 @@ class _Link(asyncio.Protocol):
                                resend_interval=instance.resend_interval,
                                auto_ack=False)  # acked once in the inbox (_deliver)  # fmt: skip
         self.transport: asyncio.Transport | None = None
-        self.ready = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[uuid.UUID] = loop.create_future()
+        self.gone: asyncio.Future[Exception | None] = loop.create_future()  # connection_lost's
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when it fires (time.monotonic())
+        self._timer_at = 0.0  # when it fires (the instance's clock)
         self._flush_soon = False
+        self._eof = False  # the remote closed its side
         self.lost = False  # the connection is gone: nothing to resend on it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -145,19 +168,29 @@ class _Link(asyncio.Protocol):
         self.pump()
 
     def eof_received(self) -> bool | None:
+        self._eof = True
         self.conn.receive_data(b"")
         self.pump()
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(ConnectionError(f"connection lost: {exc}"))
-            self.instance._handshake_done()
+        self._fail(ConnectionError(f"connection lost before the handshake completed: {exc}"))
         self.instance._forget(self)
         self.lost = True
+        if not self.gone.done():
+            self.gone.set_result(exc)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _fail(self, exc: Exception) -> None:
+        """The handshake did not complete (once)."""
+        if self.ready.done():
+            return
+        self.ready.set_exception(exc)
+        if self.conn.role is Role.ACCEPTOR:
+            self.ready.exception()  # (nobody awaits an accepted connection's handshake)
+        self.instance._handshake_done()
 
     def flush(self) -> None:
         self._flush_soon = False
@@ -180,12 +213,13 @@ class _Link(asyncio.Protocol):
             self._timer = None
         if deadline is not None and self._timer is None:  # (one that fires early re-arms)
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._resend)
+            delay = max(0.0, deadline - self.instance.clock())
+            self._timer = loop.call_later(delay, self._resend)
             self._timer_at = deadline
 
     def _resend(self) -> None:
         self._timer = None
-        self.conn.handle_timer(time.monotonic())
+        self.conn.handle_timer(self.instance.clock())
         self.flush()
 
     def pump(self) -> None:
@@ -214,24 +248,226 @@ class _Link(asyncio.Protocol):
                 case Closed(reason, error):
                     if error:
                         log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
+                    if not self._eof:  # refused by the handshake, or not Tolliver at all
+                        self._fail(HandshakeFailed(reason))
                     if self.transport is not None:
                         self.transport.close()
         self.flush()
+
+
+class Supervisor:
+    """Keeps an :class:`Instance` connected to one remote (``Instance.connect(..., retry=)``).
+
+    A task dials ``host:port``; whenever the connection is lost it waits as its
+    :class:`~tidewire.client.backoff.Backoff` says, dials again and does the handshake again
+    (the instance's subscriptions as they are then), and the instance resends every message
+    the remote has not acked. Counting, per outage (``retry.attempts``, ``give_up_after``):
+    each failed try is a failure, and so is the loss of a connection (so ``Retry(attempts=1)``
+    never reconnects); a connection that lasted ``stable_after`` seconds ends the outage (the
+    pacing starts again at ``retry.initial``), a shorter one does not, so a remote that closes
+    every connection right after its handshake (e.g. an ACL refusing what is resent) still
+    ends in :class:`GaveUp`. A :class:`HandshakeFailed` (versions) is final at once.
+
+    Counters: :attr:`attempts` (connection tries), :attr:`failures` (tries failed and
+    connections lost, in all), :attr:`reconnects` (connections established after the first),
+    :attr:`last_error`; :attr:`gave_up` once it stopped for good (:meth:`wait` raises it).
+    """
+
+    def __init__(
+        self,
+        instance: Instance,
+        host: str,
+        port: int,
+        retry: Retry,
+        *,
+        ssl: _ssl.SSLContext | None,
+        server_hostname: str | None,
+        handshake_timeout: float,
+        stable_after: float,
+    ) -> None:
+        self.instance = instance
+        self.host, self.port, self.retry = host, port, retry
+        self.ssl, self.server_hostname = ssl, server_hostname
+        self.handshake_timeout = handshake_timeout
+        self.stable_after = stable_after
+        self.peer: uuid.UUID | None = None  # the remote's UUID, once a handshake completed
+        self.link: _Link | None = None  # the connection established now (or just lost)
+        self.attempts = 0
+        self.failures = 0
+        self.reconnects = 0
+        self.last_error: BaseException | None = None
+        self.gave_up: GaveUp | None = None
+        self._known: frozenset[tuple[str, str]] = frozenset()  # the remote's, when last seen
+        self._backoff = Backoff(retry, clock=instance.clock, sleep=instance.sleep)
+        self._first: asyncio.Future[uuid.UUID] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._run(), name=f"tolliver {host}:{port}")
+
+    def __repr__(self) -> str:
+        return (f"<Supervisor {self.host}:{self.port} peer={self.peer} "
+                f"connected={self.connected} reconnects={self.reconnects}>")  # fmt: skip
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None and self.link.conn.established
+
+    @property
+    def running(self) -> bool:
+        """Not stopped (by :meth:`Instance.close`, or :class:`GaveUp`)."""
+        return not self._task.done()
+
+    @property
+    def subscriptions(self) -> frozenset[tuple[str, str]]:
+        """The remote's subscriptions: now, or as they were when its connection was lost."""
+        link = self.link
+        return frozenset(link.conn.peer_subscriptions) if link is not None else self._known
+
+    def keeps(self, channel: str, key: str) -> bool:
+        """Whether a message on (channel, key) is kept for this remote while it is away."""
+        if self.peer is None or self._task.done():
+            return False
+        link = self.link
+        subscriptions = link.conn.peer_subscriptions if link is not None else self._known
+        return matches(subscriptions, channel, key)
+
+    async def wait(self) -> None:
+        """Until the supervisor stops: returns after :meth:`Instance.close`, raises
+        :class:`GaveUp` if it gave up."""
+        await asyncio.wait([self._task])
+        if self.gave_up is not None:
+            raise self.gave_up
+
+    async def first(self) -> uuid.UUID:
+        """The remote's UUID once the first handshake completed (:class:`GaveUp` if never)."""
+        return await asyncio.shield(self._first)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.wait([self._task])
+
+    @property
+    def _what(self) -> str:
+        return f"tolliver {self.host}:{self.port}"
+
+    async def _run(self) -> None:
+        clock = self.instance.clock
+        error: BaseException | None = None  # why the last try failed, or the link was lost
+        try:
+            while True:
+                if error is not None:
+                    await self._backoff.wait(self._what, error)  # (or GaveUp)
+                self.attempts += 1
+                try:
+                    link = await self._dial()
+                except HandshakeFailed as exc:
+                    self._failed(exc)
+                    raise GaveUp(self._what, self._backoff.failures + 1, exc) from exc
+                except OSError as exc:  # refused, reset, TLS, timed out, closed unanswered
+                    self._failed(exc)
+                    error = exc
+                    continue
+                since = clock()
+                self._established(link)
+                lost = await link.gone
+                error = lost if lost is not None else ConnectionError("closed by the remote")
+                self._known = frozenset(link.conn.peer_subscriptions)
+                self.link = None
+                self._failed(error)
+                log.info("%s: connection lost (%s); reconnecting", self._what, error)
+                if clock() - since >= self.stable_after:
+                    self._backoff.reset()
+        except GaveUp as exc:
+            self._stopped(exc)
+        except Exception as exc:  # a bug: stop, and say so
+            log.exception("%s: the supervisor failed", self._what)
+            self._stopped(GaveUp(self._what, self._backoff.failures, exc))
+        finally:
+            if self.link is not None:
+                self._known = frozenset(self.link.conn.peer_subscriptions)
+            self.link = None
+            if not self._first.done():
+                self._first.set_exception(ConnectionError("the instance was closed"))
+            self._first.exception()  # (retrieved: connect() may have stopped waiting)
+
+    def _stopped(self, exc: GaveUp) -> None:
+        self.gave_up = exc
+        log.warning("%s: %s", self._what, exc)
+        if not self._first.done():
+            self._first.set_exception(exc)
+
+    async def _dial(self) -> _Link:
+        instance = self.instance
+        loop = asyncio.get_running_loop()
+        link: _Link | None = None
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                _, link = await loop.create_connection(
+                    lambda: _Link(instance, Role.CONNECTOR), self.host, self.port,
+                    ssl=self.ssl, server_hostname=(self.server_hostname or self.host)
+                    if self.ssl is not None else None,
+                )  # fmt: skip
+                await link.ready
+        except BaseException:
+            if link is not None and link.transport is not None:
+                link.transport.abort()
+            raise
+        return link
+
+    def _established(self, link: _Link) -> None:
+        peer = link.conn.peer
+        assert peer is not None
+        if self.peer is not None and peer != self.peer:
+            log.warning("%s: now instance %s, was %s (what was kept for %s stays in the "
+                        "outbox for when it comes back)", self._what, peer, self.peer,
+                        self.peer)  # fmt: skip
+        self.peer = peer
+        self.link = link
+        if self._first.done():
+            self.reconnects += 1
+            log.info("%s: reconnected to %s", self._what, peer)
+        else:
+            self._first.set_result(peer)
+
+    def _failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self.last_error = error
+        self.instance.last_error = error
 
 
 class Instance:
     """A Tolliver instance whose state lives in the SQLite file ``path``."""
 
     def __init__(self, path: str, *, resend_interval: float = 1.0, dedupe: bool = False,
-                 inbox_limit: int = 10_000,
-                 inbox_bytes: int = 64 * 1024 * 1024) -> None:  # fmt: skip
+                 dedupe_window: int = 100_000, inbox_limit: int = 10_000,
+                 inbox_bytes: int = 64 * 1024 * 1024, outbox_bytes: int = 1024 * 1024 * 1024,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:  # fmt: skip
+        """``dedupe``: drop repeats of the (sender, id) of the last ``dedupe_window`` reliable
+        messages the application finished with (kept in the store) or holds now.
+        ``outbox_bytes``: the bodies kept unacked, at most (a send over it is refused with
+        :class:`~tidewire.model.LimitExceeded`). ``clock`` (seconds) and ``sleep``: time for
+        resends and the supervisors' pacing."""
         self.store = Store.open(path)
         self.resend_interval = resend_interval
+        self.outbox_bytes = outbox_bytes
         self.dedupe = dedupe
+        self.dedupe_window = dedupe_window
+        self.clock = clock
+        self.sleep = sleep
         self.subscriptions: set[tuple[str, str]] = set()
         self.links: dict[uuid.UUID, _Link] = {}
+        self.supervisors: list[Supervisor] = []  # connect(..., retry=...): one per call
+        self.last_error: BaseException | None = None  # the latest of any supervisor
+        self.duplicates = 0  # repeats dropped (dedupe)
         self._inbox = _Inbox(inbox_limit, inbox_bytes)
-        self._seen: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
+        # dedupe: finished by the application (the newest dedupe_window, from the store too),
+        # and held now (in the inbox or being handled)
+        self._done: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
+        if dedupe:
+            self._done.update((seen, None) for seen in self.store.recent_seen(dedupe_window))
+        self._held: set[tuple[uuid.UUID, int]] = set()
+        self._seen: list[tuple[uuid.UUID, int]] = []  # finished: recorded with the next commit
+        self._ack_after: list[tuple[_Link, int]] = []  # their acks: sent once it is durable
+        self._acking: set[tuple[int, uuid.UUID]] = set()  # acks received, not committed yet
         self._servers: list[asyncio.Server] = []
         self._handshakes = 0
         self._sendable = asyncio.Event()
@@ -243,11 +479,17 @@ class Instance:
         self._flush_scheduled = False
         self._commit: asyncio.Future[list[int]] | None = None  # the one running, in a thread
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="tolliver-store")
+        self._closed = False
 
     @property
     def instance_id(self) -> uuid.UUID:
         """This instance's UUIDv7 (kept in its store across restarts)."""
         return self.store.instance
+
+    @property
+    def reconnects(self) -> int:
+        """Connections re-established by every supervisor (:meth:`connect` with ``retry``)."""
+        return sum(supervisor.reconnects for supervisor in self.supervisors)
 
     # ------------------------------------------------------------------ connections
 
@@ -265,21 +507,46 @@ class Instance:
         *,
         ssl: _ssl.SSLContext | None = None,
         server_hostname: str | None = None,
+        retry: Retry | None = None,
+        handshake_timeout: float = 10.0,
+        stable_after: float = 1.0,
     ) -> uuid.UUID:
-        """Connect to a remote and complete the handshake; the remote's UUID (bound it with
-        ``asyncio.timeout``).
+        """Connect to a remote and complete the handshake; the remote's UUID.
 
         ``ssl``: a client context: TLS, the remote's certificate verified against the
         context's CAs and its host name (``server_hostname``, default ``host``). A remote
         that requires client certificates (the hub) needs one in the context whose subject
-        CN is this instance's UUID (:attr:`instance_id`). A refused connection raises
-        :class:`OSError` (``ssl.SSLError``, ``ConnectionError``)."""
+        CN is this instance's UUID (:attr:`instance_id`).
+
+        Without ``retry``: one try (bound it with ``asyncio.timeout``); a refused connection
+        raises :class:`OSError` (``ssl.SSLError``, ``ConnectionError``; :class:`HandshakeFailed`
+        if the remote's handshake said no), and a connection lost later is not made again.
+
+        With ``retry``: a :class:`Supervisor` (in :attr:`supervisors`) keeps the remote
+        connected until :meth:`close`. This returns once the first handshake completed, each
+        try bounded by ``handshake_timeout`` seconds and paced by ``retry``; it raises
+        :class:`GaveUp` if ``retry`` runs out first (or at once on :class:`HandshakeFailed`).
+        ``stable_after``: how long a connection must have lasted for its loss to start a new
+        outage (see :class:`Supervisor`)."""
+        if retry is not None:
+            if self._closed:
+                raise ConnectionError("the instance is closed")
+            supervisor = Supervisor(self, host, port, retry, ssl=ssl,
+                                    server_hostname=server_hostname,
+                                    handshake_timeout=handshake_timeout,
+                                    stable_after=stable_after)  # fmt: skip
+            self.supervisors.append(supervisor)
+            try:
+                return await supervisor.first()
+            except asyncio.CancelledError:  # the caller gave up waiting: so does the supervisor
+                await supervisor.stop()
+                raise
         loop = asyncio.get_running_loop()
         _, link = await loop.create_connection(
             lambda: _Link(self, Role.CONNECTOR), host, port, ssl=ssl,
             server_hostname=(server_hostname or host) if ssl is not None else None,
         )  # fmt: skip
-        return cast(uuid.UUID, await link.ready)
+        return await link.ready
 
     def _handshake_done(self) -> None:
         self._handshakes -= 1
@@ -292,9 +559,11 @@ class Instance:
         self.links[peer] = link
         if old is not None and old is not link and old.transport is not None:
             old.transport.close()  # a reconnect replaces the stale connection
-        now = time.monotonic()
+        now = self.clock()
+        acking = self._acking
         for message_id, channel, key, body in self.store.pending_for(peer):
-            link.conn.send(Message(channel, key, body, message_id), now)  # resent at once
+            if (message_id, peer) not in acking:  # (acked, not yet committed: not resent)
+                link.conn.send(Message(channel, key, body, message_id), now)  # resent at once
         link.flush()
 
     def _forget(self, link: _Link) -> None:
@@ -320,7 +589,12 @@ class Instance:
 
     async def send(self, channel: str, key: str, body: bytes, *, reliable: bool = True) -> int:
         """Send to every connected remote subscribed to (channel, key); the message's id
-        (returns once it is in the store and written to the remotes' connections)."""
+        (returns once it is in the store and written to the remotes' connections).
+
+        A reliable message is also kept for every supervised remote that is away (between
+        connections) if its subscriptions, as last seen, cover (channel, key): it goes out
+        when the remote is back. One no remote wants is not kept. An unreliable message only
+        goes to the remotes connected now."""
         (message_id,) = await self.send_many(channel, key, [body], reliable=reliable)
         return message_id
 
@@ -328,7 +602,8 @@ class Instance:
         self, channel: str, key: str, bodies: Sequence[bytes], *, reliable: bool = True
     ) -> list[int]:
         """:meth:`send` of many messages at once, in order (one store commit, one write per
-        remote); their ids."""
+        remote); their ids. :class:`~tidewire.model.LimitExceeded` (nothing sent) if the
+        outbox would hold more than ``outbox_bytes`` of unacked bodies."""
         if channel == CONTROL_CHANNEL:
             raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
         try:
@@ -344,6 +619,14 @@ class Instance:
             return []
         if reliable:
             peers = [link.conn.peer for link in links if link.conn.peer is not None]
+            for supervisor in self.supervisors:  # away (or going): kept for when it is back
+                peer = supervisor.peer
+                if peer is not None and peer not in peers and supervisor.keeps(channel, key):
+                    peers.append(peer)
+            if peers:
+                kept = self.store.unacked_bytes() + sum(len(body) for body in bodies)
+                if kept > self.outbox_bytes:  # (remotes away, or not acking)
+                    raise LimitExceeded("the outbox's unacked bytes", self.outbox_bytes, kept)
             future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
             self._adds.append(([(channel, key, body, peers) for body in bodies], future))
             self._schedule()
@@ -353,7 +636,7 @@ class Instance:
             links = [link for peer in peers if (link := self.links.get(peer)) is not None]
         else:
             ids = [UNRELIABLE] * len(bodies)
-        now = time.monotonic()
+        now = self.clock()
         for link in links:
             if link.conn.established:
                 items = [(raw_key, b, i) for b, i in zip(bodies, ids, strict=True)]
@@ -370,23 +653,32 @@ class Instance:
         """One store transaction, in the committer thread, for everything queued since the last
         one (group commit: what comes while it runs waits for the next)."""
         self._flush_scheduled = False
-        if self._commit is not None or not (self._adds or self._acks):
+        if self._commit is not None or not self._queued():
             return
         adds, self._adds = self._adds, []
         acks, self._acks = self._acks, []
+        seen, self._seen = self._seen, []
+        then, self._ack_after = self._ack_after, []
         rows = [row for rows, _ in adds for row in rows]
         loop = asyncio.get_running_loop()
-        self._commit = commit = asyncio.ensure_future(
-            loop.run_in_executor(self._committer, self.store.apply, rows, acks)
-        )
-        commit.add_done_callback(lambda _: self._committed(adds, commit))
+        self._commit = commit = asyncio.ensure_future(loop.run_in_executor(
+            self._committer, self.store.apply, rows, acks, seen, self.dedupe_window
+        ))  # fmt: skip
+        commit.add_done_callback(lambda _: self._committed(adds, acks, then, commit))
+
+    def _queued(self) -> bool:
+        return bool(self._adds or self._acks or self._seen)
 
     def _committed(
         self,
         adds: list[tuple[list[tuple[str, str, bytes, list[uuid.UUID]]], asyncio.Future[list[int]]]],
+        acks: list[tuple[int, uuid.UUID]],
+        then: list[tuple[_Link, int]],
         commit: asyncio.Future[list[int]],
     ) -> None:
         self._commit = None
+        self._acking.difference_update(acks)
+        _ack(then)  # (also if the record failed: the application is done with them)
         if commit.cancelled() or commit.exception() is not None:
             exc = commit.exception() if not commit.cancelled() else asyncio.CancelledError()
             assert exc is not None
@@ -399,21 +691,37 @@ class Instance:
                 if not future.done():
                     future.set_result(ids[at : at + len(rows)])
                 at += len(rows)
-        if self._adds or self._acks:
+        if self._queued():
             self._schedule()
 
     def acked(self, message_id: int, peer: uuid.UUID) -> None:
         """Record an ack (with the next group commit: losing one only means a resend)."""
         self._acks.append((message_id, peer))
+        self._acking.add((message_id, peer))
         self._schedule()
+
+    def handle_timer(self, now: float | None = None) -> None:
+        """Resend, on every connection, what is unacked since ``resend_interval`` at ``now``
+        (default: the instance's clock). The connections' timers call this on their own; a
+        test with a fake ``clock`` advances it and calls this."""
+        now = self.clock() if now is None else now
+        for link in list(self.links.values()):
+            link.conn.handle_timer(now)
+            link.flush()
 
     def _deliver(self, link: _Link, message: Message) -> None:
         sender = link.conn.peer
         assert sender is not None
         seen = (sender, message.id)
-        if self.dedupe and message.reliable and seen in self._seen:
-            link.conn.ack(message.id)  # handed over before: just ack it again
-            return
+        dedupe = self.dedupe and message.reliable
+        if dedupe:
+            if seen in self._done:  # the application is done with it: ack it again
+                self.duplicates += 1
+                link.conn.ack(message.id)
+                return
+            if seen in self._held:  # it holds the first copy, acked once it is done with it
+                self.duplicates += 1  # (not this one: if it dies meanwhile, it is resent)
+                return
         delivery = Delivery(sender, message.channel, message.key, message.body, message.id)
         try:
             self._inbox.put_nowait((delivery, link))
@@ -421,42 +729,66 @@ class Instance:
             log.warning("tolliver: the application is not reading; a delivery of %s/%s waits "
                         "for the sender's resend", message.channel, message.key)  # fmt: skip
             return
-        if self.dedupe and message.reliable:
-            self._seen[seen] = None
-            if len(self._seen) > 100_000:
-                self._seen.popitem(last=False)
+        if dedupe:
+            self._held.add(seen)
 
-    async def messages(self) -> AsyncIterator[Delivery]:
+    def _finish(self, handled: _Handled) -> None:
+        """The application is done with ``handled``: ack them (with ``dedupe``, once the store
+        remembers them), and forget them."""
+        if not handled:
+            return
+        if not self.dedupe:
+            _ack([(link, message_id) for link, _, message_id in handled])
+            handled.clear()
+            return
+        done, window = self._done, self.dedupe_window
+        for link, sender, message_id in handled:
+            seen = (sender, message_id)
+            self._held.discard(seen)
+            done[seen] = None
+            done.move_to_end(seen)
+            self._seen.append(seen)
+            self._ack_after.append((link, message_id))
+        while len(done) > window:
+            done.popitem(last=False)
+        handled.clear()
+        self._schedule()
+
+    async def messages(self) -> AsyncGenerator[Delivery, None]:
         """Every message received, as it comes (reliable ones possibly more than once). A
         reliable message is acked when the application asks for the next one (or stops
         reading): one it was handling when it died is resent."""
-        handled: list[tuple[_Link, int]] = []
+        handled: _Handled = []
         try:
             while True:
-                _ack(handled)
+                self._finish(handled)
                 ((delivery, link),) = await self._inbox.take(1)
                 if delivery.id != UNRELIABLE:
-                    handled.append((link, delivery.id))
+                    handled.append((link, delivery.sender, delivery.id))
                 yield delivery
         finally:  # the application stopped reading: it is done with the last one
-            _ack(handled)
+            self._finish(handled)
 
-    async def batches(self, most: int = 1024) -> AsyncIterator[list[Delivery]]:
+    async def batches(self, most: int = 1024) -> AsyncGenerator[list[Delivery], None]:
         """:meth:`messages` a list at a time (up to ``most``, what has arrived): the reliable
         ones of a list are acked together when the application asks for the next list (or
         stops reading)."""
-        handled: list[tuple[_Link, int]] = []
+        handled: _Handled = []
         try:
             while True:
-                _ack(handled)
+                self._finish(handled)
                 taken = await self._inbox.take(most)
-                handled += [(link, d.id) for d, link in taken if d.id != UNRELIABLE]
+                handled += [(link, d.sender, d.id) for d, link in taken if d.id != UNRELIABLE]
                 yield [delivery for delivery, _ in taken]
         finally:
-            _ack(handled)
+            self._finish(handled)
 
     async def close(self) -> None:
-        while self._commit is not None or self._adds or self._acks:  # what is queued is kept
+        """Stop every supervisor (no more reconnects), keep what is queued for the store (and
+        send the acks waiting for it), close every connection and listener, then the store."""
+        self._closed = True
+        await asyncio.gather(*(s.stop() for s in self.supervisors))
+        while self._commit is not None or self._queued():  # what is queued is kept
             if self._commit is None:
                 self._flush()
             if self._commit is not None:
@@ -465,6 +797,7 @@ class Instance:
         for server in self._servers:
             server.close()
         for link in list(self.links.values()):
+            link.flush()  # (the acks that waited for the store, before the transport closes)
             if link.transport is not None:
                 link.transport.close()
         for server in self._servers:

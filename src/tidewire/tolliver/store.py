@@ -4,7 +4,11 @@
 * The instance's UUIDv7, generated once and kept across restarts (shared/seeds/README.md).
 * The outbox: every reliable message this instance sent, with the remotes that have not acked it
   yet; a message is deleted once every one of them has. Ids are u32, never 2**31-1 (which marks
-  an unreliable message), taken in turn and wrapping around.
+  an unreliable message), taken in turn and wrapping around. Its size (messages, bytes of
+  bodies) is counted in memory, from the file at open, so that the instance can bound it.
+* What the application has finished with (``Instance(dedupe=True)``): the (sender, id) of the
+  latest reliable messages it handled, so that a repeat is dropped after a restart too. Only the
+  newest ``keep_seen`` are kept (the table ``seen``, in the order they were handled).
 
 Every change is committed before it returns (``synchronous=FULL``, WAL), so what a caller was
 told is stored survives a crash of the process. :meth:`Store.apply` commits many new messages
@@ -15,12 +19,13 @@ store's methods, so they may be called from any thread.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..protocols.tolliver import UNRELIABLE
 
@@ -43,6 +48,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
     id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS seen (
+    seq INTEGER PRIMARY KEY, remote BLOB NOT NULL, id INTEGER NOT NULL, UNIQUE (remote, id));
 """
 
 
@@ -59,7 +66,9 @@ class Store:
         row = db.execute("SELECT value FROM meta WHERE name = 'next_id'").fetchone()
         self._next = int(row[0]) if row is not None else 0
         self._last_acked = 0
-        self._unacked = int(db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        count, nbytes = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) FROM outbox").fetchone()  # fmt: skip
+        self._unacked, self._unacked_bytes = int(count), int(nbytes)
         self._lock = threading.Lock()
 
     @classmethod
@@ -105,21 +114,26 @@ class Store:
         self,
         adds: list[tuple[str, str, bytes, list[uuid.UUID]]],
         acks: list[tuple[int, uuid.UUID]],
+        seen: Sequence[tuple[uuid.UUID, int]] = (),
+        keep_seen: int = 100_000,
     ) -> list[int]:
         """Several new messages and acks in one transaction (one fsync: group commit); the
-        new messages' ids."""
+        new messages' ids. ``seen``: (sender, id) of received messages the application has
+        finished with, remembered (the newest ``keep_seen``) for :meth:`recent_seen`."""
         with self._lock:
-            return self._apply(adds, acks)
+            return self._apply(adds, acks, seen, keep_seen)
 
     def _apply(
         self,
         adds: list[tuple[str, str, bytes, list[uuid.UUID]]],
         acks: list[tuple[int, uuid.UUID]],
+        seen: Sequence[tuple[uuid.UUID, int]] = (),
+        keep_seen: int = 100_000,
     ) -> list[int]:
         db = self.db
         self._last_acked = 0
         next_before = self._next
-        unacked = self._unacked
+        unacked, unacked_bytes = self._unacked, self._unacked_bytes
         db.execute("BEGIN")  # (autocommit mode: the transaction is explicit)
         try:
             ids = self._take_ids(len(adds)) if adds else []
@@ -131,6 +145,7 @@ class Store:
                 db.executemany("INSERT INTO pending VALUES (?, ?)",
                                [(i, raw[r]) for i, add in kept for r in add[3]])  # fmt: skip
                 unacked += len(kept)
+                unacked_bytes += sum(len(add[2]) for _, add in kept)
             if adds:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
             if acks:
@@ -138,13 +153,20 @@ class Store:
                 cursor = db.executemany("DELETE FROM pending WHERE id = ? AND remote = ?",
                                         [(i, raw[r]) for i, r in acks])  # fmt: skip
                 self._last_acked = max(0, cursor.rowcount)
-                cursor = db.executemany(
-                    "DELETE FROM outbox WHERE id = ? AND NOT EXISTS "
-                    "(SELECT 1 FROM pending WHERE pending.id = outbox.id)",
-                    [(i,) for i in dict.fromkeys(i for i, _ in acks)])  # fmt: skip
-                unacked -= max(0, cursor.rowcount)
+                gone = db.execute(
+                    "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?)) AND NOT "
+                    "EXISTS (SELECT 1 FROM pending WHERE pending.id = outbox.id) "
+                    "RETURNING LENGTH(body)", (json.dumps(sorted({i for i, _ in acks})),),
+                ).fetchall()  # fmt: skip
+                unacked -= len(gone)
+                unacked_bytes -= sum(int(n) for (n,) in gone)
+            if seen:  # (one seen again moves to the newest place)
+                db.executemany("INSERT OR REPLACE INTO seen (remote, id) VALUES (?, ?)",
+                               [(sender.bytes, i) for sender, i in seen])  # fmt: skip
+                db.execute("DELETE FROM seen WHERE seq <= (SELECT MAX(seq) FROM seen) - ?",
+                           (max(0, keep_seen),))  # fmt: skip
             db.execute("COMMIT")
-            self._unacked = unacked
+            self._unacked, self._unacked_bytes = unacked, unacked_bytes
         except BaseException:
             self.db.execute("ROLLBACK")
             self._next = next_before
@@ -160,6 +182,17 @@ class Store:
             ).fetchall()  # fmt: skip
         return [(int(i), str(c), str(k), bytes(b)) for i, c, k, b in rows]
 
+    def recent_seen(self, limit: int) -> list[tuple[uuid.UUID, int]]:
+        """The (sender, id) of the last ``limit`` messages recorded as handled, oldest first."""
+        with self._lock:
+            rows = self.db.execute("SELECT remote, id FROM seen ORDER BY seq DESC LIMIT ?",
+                                   (max(0, limit),)).fetchall()  # fmt: skip
+        return [(uuid.UUID(bytes=bytes(r)), int(i)) for r, i in reversed(rows)]
+
     def unacked(self) -> int:
         """Messages kept until some remote acks them (counted in memory: no query)."""
         return self._unacked
+
+    def unacked_bytes(self) -> int:
+        """The bytes of their bodies (counted in memory: no query)."""
+        return self._unacked_bytes
