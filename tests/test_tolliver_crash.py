@@ -363,13 +363,14 @@ def test_a_sender_killed_with_unacked_messages_delivers_them_after_both_restart(
 # ---------------------------------------------------------------------------- c. the hub
 
 
-async def offset_recorded(url: str, remote: uuid.UUID) -> None:
-    """Until the hub's state stream holds an offset of ``remote`` for CHANNEL (durably)."""
+async def offset_recorded(url: str, remote: uuid.UUID, beyond: int = 1) -> None:
+    """Until the hub's state stream holds an offset of ``remote`` for CHANNEL (durably) past
+    ``beyond`` (the hub keeps the offset where a remote starts at once, as ``next`` 1 here)."""
 
     def found(values: list[bytes]) -> bool:
         records = [json.loads(v) for v in values]
         return any(r.get("remote") == str(remote) and r.get("channel") == CHANNEL
-                   for r in records)  # fmt: skip
+                   and int(r.get("next", 0)) > beyond for r in records)  # fmt: skip
 
     await read_stream(url, "_tidewire.tolliver", found)
 

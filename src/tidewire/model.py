@@ -15,8 +15,10 @@ import on a big-endian machine rather than silently writing a log it could not r
 
 from __future__ import annotations
 
+import errno as _errno
 import itertools
 import operator
+import os
 import sys
 import time
 import unicodedata
@@ -43,6 +45,7 @@ __all__ = [
     "LogError",
     "ProtocolError",
     "RemoteProtocolError",
+    "StorageFullError",
     "TidewireError",
     "Unauthenticated",
     "UnknownStream",
@@ -122,6 +125,23 @@ class DataLossError(LogError):
         self.stream = stream
         self.requested = requested
         self.first_id = first_id
+
+
+class StorageFullError(LogError):
+    """A write refused because the file system is full (``ENOSPC``) or its quota is spent
+    (``EDQUOT``). Nothing of it was stored: the file was cut back to its last commit, freeing
+    what the write took. The stream stays open; a later append tries again, and succeeds once
+    there is space. ``during`` says which file operation ran out of space."""
+
+    def __init__(self, stream: str, errno: int, during: str) -> None:
+        code = _errno.errorcode.get(errno, str(errno))
+        super().__init__(
+            f"stream {stream!r}: disk full ({code}: {os.strerror(errno)}) {during}: the write "
+            "was refused and nothing of it stored; appends resume once there is space"
+        )
+        self.stream = stream
+        self.errno = errno
+        self.during = during
 
 
 class CorruptLogError(LogError):

@@ -137,11 +137,12 @@ class Hub:
 
     # ------------------------------------------------------------------ write and read
 
-    async def append(self, batch: Batch, *, assign_ids: bool = False, via: str = "api") -> Batch:
-        """Append durably; returns the batch as stored (see :meth:`Log.append`). ``via``: the
-        protocol it came by, for the metrics."""
+    async def append(self, batch: Batch, *, assign_ids: bool = False, via: str = "api",
+                     fence: int | None = None) -> Batch:  # fmt: skip
+        """Append durably; returns the batch as stored (see :meth:`Log.append`, which also says
+        what ``fence`` is for). ``via``: the protocol it came by, for the metrics."""
         _writable(batch.stream)
-        stored = await self.log.append(batch, assign_ids=assign_ids)
+        stored = await self.log.append(batch, assign_ids=assign_ids, fence=fence)
         self.metrics.received(via, stored.stream, len(stored), stored.nbytes)
         return stored
 

@@ -20,6 +20,10 @@ cut short, a record whose length runs past the end of the file, or a tail of zer
 crash in the middle of a write leaves: it is truncated and logged with file and offset. Anything
 else that fails a check (a bad CRC, ids going backwards) is corruption: :class:`CorruptLogError`
 names file and offset, and nothing is skipped.
+
+A write that fails (a full disk, say) is undone: the file is cut back to its committed size and
+the cut fsynced (:meth:`Segment.rollback`), so it ends at the last committed record again;
+:class:`RollbackError` when even that fails.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from .record import (
     parse_header,
 )
 
-__all__ = ["ReadBudget", "Segment", "segment_name"]
+__all__ = ["ReadBudget", "RollbackError", "Segment", "segment_name"]
 
 log = logging.getLogger("tidewire.log")
 
@@ -56,6 +60,12 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 _READ_CHUNK = 256 * 1024
 _SMALL_CHUNK = 16 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+
+
+class RollbackError(Exception):
+    """A failed write that could not be undone: the file may hold bytes past its committed
+    size, or a file of an unfinished roll could not be removed. The stream must stop writing
+    (it is failed until a restart, whose recovery settles what is on disk)."""
 
 
 def segment_name(base_id: int, suffix: str) -> str:
@@ -226,11 +236,15 @@ class Segment:
 
     # ------------------------------------------------------------------ writing
 
-    def write(self, records: Sequence[EncodedRecord], *, fsync: bool) -> int:
-        """Write ``records`` at the end in one ``writev`` and make them durable.
+    def write(self, records: Sequence[EncodedRecord]) -> int:
+        """Write ``records`` at the end (past the committed size) in one ``writev``, resuming a
+        short one. Returns the new size; the caller makes it durable (:meth:`sync`) and publishes
+        it (:meth:`commit`).
 
-        Returns the new size; the caller publishes it (under its lock) with :meth:`commit`. On
-        failure the file is cut back to its committed size before the error propagates.
+        On failure the file is cut back to its committed size, durably (:meth:`rollback`),
+        before the error propagates: the file ends at the last committed record again, and what
+        the write took on disk is free. If the cut fails too, :class:`RollbackError` propagates
+        instead (the write's error is its ``__context__``).
         """
         pending: list[bytes | bytearray | memoryview] = [r.data for r in records]
         total = sum(r.length for r in records)
@@ -242,17 +256,31 @@ class Segment:
                     raise OSError("pwritev wrote nothing")
                 offset += n
                 pending = _skip(pending, n)
-            if fsync:
-                started = time.perf_counter()
-                os.fdatasync(self.fd)
-                self.fsync_seconds = time.perf_counter() - started
         except BaseException:
-            try:
-                os.ftruncate(self.fd, self.size)
-            except OSError:  # pragma: no cover - the stream is failed by the caller anyway
-                log.exception("could not cut %s back to %d bytes", self.path, self.size)
+            self.rollback()
             raise
         return self.size + total
+
+    def sync(self) -> float:
+        """``fdatasync`` what :meth:`write` wrote; how long it took (seconds)."""
+        started = time.perf_counter()
+        os.fdatasync(self.fd)
+        self.fsync_seconds = time.perf_counter() - started
+        return self.fsync_seconds
+
+    def rollback(self) -> None:
+        """Cut the file back to its committed size and make the cut durable, so that a crash
+        afterwards never finds the records of a write that was refused. Raises
+        :class:`RollbackError` if either step fails."""
+        try:
+            os.ftruncate(self.fd, self.size)
+            os.fsync(self.fd)
+        except OSError as exc:
+            log.error("could not cut %s back to its committed %d bytes: %s",
+                      self.path, self.size, exc)  # fmt: skip
+            raise RollbackError(
+                f"could not cut {self.path} back to its committed {self.size} bytes: {exc}"
+            ) from exc
 
     def commit(self, records: Sequence[EncodedRecord], interval: int) -> None:
         """Publish records written by :meth:`write` (call with the stream lock held)."""
@@ -276,10 +304,36 @@ class Segment:
                                 self.max_timestamp, self.events, _index_crc(data))  # fmt: skip
         fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:  # a write may be short (a nearly full disk): go on where it stopped
+                n = os.write(fd, view)
+                if n <= 0:
+                    raise OSError(f"writing {self.index_path} wrote nothing")
+                view = view[n:]
             os.fsync(fd)
+        except BaseException:
+            self.drop_index()  # not left half written (recovery would rebuild it, but still)
+            raise
         finally:
             os.close(fd)
+
+    def drop_index(self) -> None:
+        """Remove the index file, if any (best effort): a segment that is still the active one
+        after a roll that could not finish. An active segment's index file is never read;
+        sealing rewrites it."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.index_path)
+
+    def discard(self) -> None:
+        """Close and remove a segment just created and never written (a roll that could not
+        finish); :class:`RollbackError` if its file cannot be removed."""
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise RollbackError(f"could not remove {self.path}: {exc}") from exc
 
     def close(self) -> None:
         if self.fd >= 0:

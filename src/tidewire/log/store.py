@@ -11,6 +11,11 @@ data is durable.
 Ids are either the caller's (they must exceed the stream's latest id, counting batches still
 queued: Seguro's rule) or assigned by the log as latest + 1, latest + 2, ...
 
+A write that runs out of space is undone and refused (:class:`StorageFullError`) with its group
+and everything queued behind it; the stream stays open, and a fenced append (:meth:`Log.fence`)
+is refused after any refusal, so that a pipeline of appends never stores one after a refused
+one (docs/log.md, "Disk full").
+
 The queue of each stream is bounded in bytes (``max_pending_bytes``, the group being written
 included): appenders wait for room in arrival order. Readers call :meth:`Log.read`
 (synchronous, thread-safe) or :meth:`Log.read_async` (from the in-memory tail of recent commits
@@ -37,6 +42,8 @@ from ..model import (
     InvalidBatch,
     LimitExceeded,
     LogClosedError,
+    LogError,
+    StorageFullError,
     UnknownStream,
     validate_stream_name,
 )
@@ -101,6 +108,8 @@ class Log:
         self._tails: dict[str, _Tail] = {}
         self._lock_fd = -1
         self._closed = False
+        self._refusals = 0  # appends refused for want of space, ever (what a fence compares)
+        self._refusal: StorageFullError | None = None  # the last of them
         # Latency observers (the hub's histograms), seconds: each append call, to its commit;
         # each group commit's fsync.
         self.on_append: Callable[[float], None] | None = None
@@ -211,6 +220,37 @@ class Log:
         writer = self._writers.get(name)
         return writer.latest if writer is not None else self.latest(name)
 
+    def fence(self) -> int:
+        """What :meth:`append`'s ``fence`` compares: take it when none of your appends is in
+        flight. It changes whenever an append is refused for want of space (any stream's: the
+        disk is shared, and a stream's creation has no committer yet)."""
+        return self._refusals
+
+    def _check_fence(self, stream: str, fence: int | None) -> None:
+        if fence is not None and fence != self._refusals and self._refusal is not None:
+            refused = self._refusal  # an append before this one may have been refused
+            if refused.stream == stream:
+                during = f"after an earlier append was refused {refused.during}"
+            else:
+                during = f"after an append to stream {refused.stream!r} was refused"
+            raise StorageFullError(stream, refused.errno, during)
+
+    def _refused(self, exc: StorageFullError) -> None:
+        self._refusals += 1
+        self._refusal = exc
+
+    async def settled(self, name: str) -> int:
+        """Wait until every append of ``name`` handed to the log so far is committed or failed
+        (:meth:`accepted_latest` is :meth:`latest` again); return the latest committed id."""
+        while self.accepted_latest(name) > self.latest(name):
+            if self._closed:
+                raise LogClosedError("the log is closed")
+            failed = self._writers[name].stream.failed
+            if failed is not None:  # (its ids are never free again: a restart settles them)
+                raise LogClosedError(f"stream {name!r} failed: {failed}")
+            await self._next_change(name)
+        return self.latest(name)
+
     def latest(self, name: str) -> int:
         """The stream's last committed id; 0 when it has none (or does not exist)."""
         stream = self._streams.get(name)
@@ -225,7 +265,12 @@ class Log:
         validate_stream_name(name)
         if self.read_only:
             raise LogClosedError("the log is open read-only")
-        stream = StreamLog.create(self.directory, name, self.config.for_stream(name))
+        try:
+            stream = StreamLog.create(self.directory, name, self.config.for_stream(name))
+        except StorageFullError as exc:
+            log.warning("%s (creating the stream)", exc)
+            self._refused(exc)
+            raise
         self._streams[name] = stream
         log.info("created stream %r in %s", name, stream.directory)
         return stream
@@ -236,7 +281,9 @@ class Log:
 
     # ------------------------------------------------------------------ appending
 
-    async def append(self, batch: Batch, *, assign_ids: bool = False) -> Batch:
+    async def append(
+        self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
+    ) -> Batch:
         """Append ``batch`` durably and return it as stored (with the ids the log assigned).
 
         With ``assign_ids=False`` the batch's own ids are kept and must exceed the stream's
@@ -245,6 +292,12 @@ class Log:
         immutable, copied before the first wait, so the caller may reuse its buffers at once.
         Cancelling the caller does not cancel the write. Appenders are admitted first come,
         first served when the stream's queue is full.
+
+        A write refused for want of space fails its group and everything queued behind it with
+        :class:`StorageFullError`; their ids are free again and the stream stays open. A
+        caller with several appends in flight passes ``fence`` (:meth:`fence`, taken when it
+        had none in flight): if any append was refused since, this one is refused too, so that
+        none of its appends is stored after one that was refused.
         """
         if self._closed:
             raise LogClosedError("the log is closed")
@@ -255,6 +308,7 @@ class Log:
         if estimate > self.config.max_record_bytes:
             raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
         batch = batch.owned().validate()
+        self._check_fence(batch.stream, fence)
         writer = self._writers.get(batch.stream)
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)
@@ -269,11 +323,11 @@ class Log:
                     while self._full(writer, estimate):
                         writer.room.clear()
                         await writer.room.wait()
-                    future = self._enqueue(writer, batch, assign_ids, estimate)
+                    future = self._enqueue(writer, batch, assign_ids, estimate, fence)
             finally:
                 writer.waiting -= 1
         else:
-            future = self._enqueue(writer, batch, assign_ids, estimate)
+            future = self._enqueue(writer, batch, assign_ids, estimate, fence)
         stored = await future
         if self.on_append is not None:
             self.on_append(time.perf_counter() - started)
@@ -284,12 +338,13 @@ class Log:
         return pending > 0 and pending + size > self.config.max_pending_bytes
 
     def _enqueue(
-        self, writer: _Writer, batch: Batch, assign_ids: bool, size: int
+        self, writer: _Writer, batch: Batch, assign_ids: bool, size: int, fence: int | None
     ) -> asyncio.Future[Batch]:
         """Check the ids and queue the batch, with no wait in between, so that the queue's order
         is the id order. Returns the future of the stored batch."""
         if writer.stream.failed is not None:
             raise LogClosedError(f"stream {batch.stream!r} failed: {writer.stream.failed}")
+        self._check_fence(batch.stream, fence)
         first_id: int | None = None
         if assign_ids:
             if writer.latest + len(batch) > MAX_ID:
@@ -338,13 +393,22 @@ class Log:
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError) and stream.failed is None:
                         stream.failed = RuntimeError("the committer was cancelled mid-write")
-                    error = LogClosedError(f"stream {stream.name!r}: append failed: {exc!r}")
+                    error: LogError
+                    if isinstance(exc, StorageFullError) and stream.failed is None:
+                        # Refused for want of space, nothing written: the stream stays open.
+                        # What is queued behind the group fails too (its ids were counted
+                        # from the group's), and so does any fenced append still on its way.
+                        error = exc
+                        self._refused(exc)
+                    else:
+                        error = LogClosedError(f"stream {stream.name!r}: append failed: {exc!r}")
                     for pending in (*group, *writer.queue):
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     writer.queue, writer.queued_bytes = [], 0
                     if stream.failed is None:  # nothing was written: the ids are free again
                         writer.latest = stream.latest
+                    self._notify(stream.name)  # (those waiting for the queue to settle)
                     if not isinstance(exc, Exception):
                         raise
                     return
@@ -473,16 +537,20 @@ class Log:
                 raise LogClosedError("the log is closed")
             if self.latest(name) > after_id:
                 return
-            tail = self._tails.get(name)
-            if tail is None:
-                tail = self._tails[name] = _Tail(asyncio.get_running_loop().create_future())
-            tail.waiters += 1
-            try:
-                await asyncio.shield(tail.future)
-            finally:
-                tail.waiters -= 1
-                if tail.waiters == 0 and self._tails.get(name) is tail:
-                    del self._tails[name]
+            await self._next_change(name)
+
+    async def _next_change(self, name: str) -> None:
+        """Wait for the next commit or refused group of ``name``, or the log closing."""
+        tail = self._tails.get(name)
+        if tail is None:
+            tail = self._tails[name] = _Tail(asyncio.get_running_loop().create_future())
+        tail.waiters += 1
+        try:
+            await asyncio.shield(tail.future)
+        finally:
+            tail.waiters -= 1
+            if tail.waiters == 0 and self._tails.get(name) is tail:
+                del self._tails[name]
 
     def _notify(self, name: str) -> None:
         tail = self._tails.pop(name, None)

@@ -8,11 +8,14 @@ so readers never wait for a disk flush and never see an uncommitted byte.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -24,17 +27,23 @@ from ..model import (
     InvalidStreamName,
     LogClosedError,
     LogError,
+    StorageFullError,
     validate_stream_name,
 )
 from .config import StreamSettings
 from .record import EncodedRecord
-from .segment import ReadBudget, Segment, segment_name
+from .segment import ReadBudget, RollbackError, Segment, segment_name
 
 __all__ = ["StreamLog", "StreamStats", "directory_name", "fsync_dir"]
 
 log = logging.getLogger("tidewire.log")
 
 NAME_FILE = "stream.name"
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""Errors of a full file system: a write that meets one is refused, and the stream stays open."""
+FULL_WARNING_SECONDS = 60.0
+"""At most one warning per stream this often for refused writes (a disk that hovers at full,
+small writes fitting and big ones not, would otherwise log two lines per write)."""
 STAGING_PREFIX = ".creating-"
 
 
@@ -91,6 +100,9 @@ class StreamLog:
         self.settings = settings
         self.segments: list[Segment] = []
         self.failed: BaseException | None = None
+        self._refusals = 0  # writes refused for want of space since the last one that succeeded
+        self._warned_at = -FULL_WARNING_SECONDS  # (time.monotonic()) the last refusal warned of
+        self._warned = False  # the current run of refusals was warned of
         self._latest = 0
         self._start_id = 1
         self._closed = False
@@ -108,13 +120,19 @@ class StreamLog:
         final = os.path.join(root, directory_name(name))
         staging = os.path.join(root, STAGING_PREFIX + directory_name(name))
         shutil.rmtree(staging, ignore_errors=True)
-        os.mkdir(staging)
-        with open(os.path.join(staging, NAME_FILE), "wb") as f:
-            f.write(name.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        Segment.create(staging, 1).close()
-        fsync_dir(staging)
+        try:
+            os.mkdir(staging)
+            with open(os.path.join(staging, NAME_FILE), "wb") as f:
+                f.write(name.encode())
+                f.flush()
+                os.fsync(f.fileno())
+            Segment.create(staging, 1).close()
+            fsync_dir(staging)
+        except OSError as exc:  # (a full disk, say): no half-made stream is left behind
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in NO_SPACE:
+                raise StorageFullError(name, exc.errno, f"creating {final}") from exc
+            raise
         try:
             os.rename(staging, final)
         except OSError as exc:
@@ -220,17 +238,39 @@ class StreamLog:
         """Write ``records`` (already id-checked by the caller) durably, then publish them.
         Returns how long the fsync took (seconds; ``None`` without one).
 
+        Out of space (``ENOSPC``, ``EDQUOT``) while writing the records, rolling to a new
+        segment or writing the sealed one's index, what was begun is undone (the segment cut
+        back to its committed size, durably; an unfinished new segment removed) and
+        :class:`StorageFullError` raised: nothing was written, and the stream stays open. Any
+        other error, an error of the fsync (whatever its errno: after a failed fsync the page
+        cache cannot be trusted), or an undo that fails, fails the stream until a restart.
+
         Only one thread writes at a time (the group committer guarantees it).
         """
         if self.failed is not None:
             raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
+        active = self.segments[-1]
         try:
-            active = self.segments[-1]
             incoming = sum(r.length for r in records)
             if active.size and active.size + incoming > self.settings.segment_bytes:
                 active = self._roll(active)
-            active.write(records, fsync=fsync)
-            fsync_seconds = active.fsync_seconds if fsync else None
+            try:
+                active.write(records)
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                raise StorageFullError(self.name, exc.errno, f"writing {active.path}") from exc
+            fsync_seconds = None
+            if fsync:
+                try:
+                    fsync_seconds = active.sync()
+                except BaseException:  # whatever the errno: the stream fails (see above)
+                    with contextlib.suppress(RollbackError):
+                        active.rollback()
+                    raise
+        except StorageFullError as exc:
+            self._refused(exc, records)
+            raise
         except BaseException as exc:
             self.failed = exc
             log.error("stream %r: write failed, the stream is closed until restart: %s",
@@ -239,12 +279,57 @@ class StreamLog:
         with self._lock:
             active.commit(records, self.settings.index_interval_bytes)
             self._publish()
+        if self._refusals:
+            log.log(logging.WARNING if self._warned else logging.DEBUG,
+                    "stream %r: writes succeed again (%d refused for want of space before)",
+                    self.name, self._refusals)  # fmt: skip
+            self._refusals, self._warned = 0, False
         return fsync_seconds
 
+    def _refused(self, exc: StorageFullError, records: Sequence[EncodedRecord]) -> None:
+        """Log a refusal: the first of a run as a warning (at most one per
+        ``FULL_WARNING_SECONDS``), the rest (appenders retrying on a full disk) at debug level,
+        until a write succeeds."""
+        self._refusals += 1
+        now = time.monotonic()
+        level = logging.DEBUG
+        if self._refusals == 1 and now - self._warned_at >= FULL_WARNING_SECONDS:
+            level, self._warned_at, self._warned = logging.WARNING, now, True
+        events = sum(r.count for r in records)
+        nbytes = sum(r.length for r in records)
+        log.log(level, "%s (%d event(s), %d bytes refused; the stream stays open, and further "
+                "refusals are logged at debug level until a write succeeds)", exc, events,
+                nbytes)  # fmt: skip
+
     def _roll(self, active: Segment) -> Segment:
-        active.seal()
-        new = Segment.create(self.directory, active.last_id + 1)
-        fsync_dir(self.directory)
+        """Seal ``active`` and create the next segment. Out of space, what was begun is undone
+        (the sealed index file, the new segment's file) and :class:`StorageFullError` raised:
+        ``active`` stays the active segment."""
+        try:
+            active.seal()
+        except OSError as exc:
+            if exc.errno in NO_SPACE:
+                raise StorageFullError(self.name, exc.errno,
+                                       f"writing {active.index_path}") from exc  # fmt: skip
+            raise
+        base = active.last_id + 1
+        try:
+            new = Segment.create(self.directory, base)
+        except OSError as exc:
+            active.drop_index()
+            if exc.errno in NO_SPACE:
+                path = os.path.join(self.directory, segment_name(base, ".log"))
+                raise StorageFullError(self.name, exc.errno, f"creating {path}") from exc
+            raise
+        try:
+            fsync_dir(self.directory)
+        except OSError as exc:
+            new.discard()  # (a RollbackError if it cannot be removed: the stream fails)
+            active.drop_index()
+            if exc.errno in NO_SPACE:
+                raise StorageFullError(self.name, exc.errno,
+                                       f"syncing {self.directory}") from exc  # fmt: skip
+            raise
         with self._lock:
             self.segments.append(new)
         return new

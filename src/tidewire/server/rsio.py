@@ -466,6 +466,7 @@ class RsioServerProtocol(asyncio.Protocol):
             await self._commit_txn(inlet, inlet.name.txn)
             return
         inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
+        fence = 0
         try:
             while True:
                 while inflight and inflight[0][0].done():
@@ -495,9 +496,10 @@ class RsioServerProtocol(asyncio.Protocol):
                         inlet.parts[:0], inlet.count, inlet.nbytes = (
                             parts, inlet.count + count, inlet.nbytes + nbytes)  # fmt: skip
                     else:
-                        append = asyncio.ensure_future(
-                            self.hub.append(batch, assign_ids=not explicit, via=self.via)
-                        )
+                        if not inflight:  # all before are durable: after a refused append
+                            fence = self.hub.log.fence()  # the rest is refused
+                        append = asyncio.ensure_future(self.hub.append(
+                            batch, assign_ids=not explicit, via=self.via, fence=fence))  # fmt: skip
                         append.add_done_callback(lambda _: inlet.wake.set())
                         inflight.append((append, count, nbytes))
                         continue

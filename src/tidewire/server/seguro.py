@@ -216,11 +216,9 @@ class _Protocol(asyncio.Protocol):
         self.point = point
         self.server.points[point] = self
         # Appends of an earlier session of this point (its connection dropped mid-SAVE MANY)
-        # may still be on their way to disk: WELCOME says how far they got, not less.
-        accepted = self.hub.log.accepted_latest(point)
-        if accepted > self.hub.latest(point):
-            await self.hub.log.wait_for(point, accepted - 1)
-        latest = self.hub.latest(point)
+        # may still be on their way to disk: WELCOME says how far they got, not less (and not
+        # more: they may yet be refused, on a full disk).
+        latest = await self.hub.log.settled(point)
         if self._waited("WELCOME"):
             self.session.welcome(latest or None, may_read=may_read, may_write=may_write)
             established(self.transport)  # the handshake deadline no longer applies
@@ -247,11 +245,14 @@ class _Protocol(asyncio.Protocol):
         ids: list[int] = []
         values: list[bytes] = []
         size = 0
+        fence = 0
 
         def ship() -> None:
-            nonlocal ids, values, size
+            nonlocal ids, values, size, fence
+            if not inflight:  # all before are durable: after a refused append the rest is refused
+                fence = self.hub.log.fence()
             batch = Batch.build(self.point or "", values, ids=ids)
-            append = asyncio.ensure_future(self.hub.append(batch, via="seguro"))
+            append = asyncio.ensure_future(self.hub.append(batch, via="seguro", fence=fence))
             append.add_done_callback(lambda _: self._wake.set())
             inflight.append((append, ids[-1], size))
             self._pending_bytes += size

@@ -102,8 +102,11 @@ class TolliverSettings:
 class _Channel:
     """One remote's delivery of one stream: a hub subscription and what awaits acks."""
 
-    def __init__(self, link: _Link, channel: str, start: int) -> None:
+    def __init__(self, link: _Link, channel: str, start: int,
+                 kept: asyncio.Future[None] | None = None) -> None:  # fmt: skip
+        """``kept``: delivery waits for it (the remote's first offset on its way to disk)."""
         self.link = link
+        self.kept = kept
         self.channel = channel
         self.sub: Subscription = link.server.hub.subscribe(
             channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
@@ -117,8 +120,11 @@ class _Channel:
     async def _pump(self) -> None:
         link = self.link
         try:
+            if self.kept is not None:
+                await self.kept
             while True:
                 await link.writable.wait()  # a remote that does not read gets nothing more
+                await link.server.ids_ready.wait()  # (ids for one delivery: <= MAX_UNACKED)
                 if (batches := await self.sub.next()) is None:
                     break
                 link.deliver(self, batches)
@@ -389,8 +395,18 @@ class _Link(asyncio.Protocol):
                 validate_stream_name(name)
             except TidewireError:
                 continue  # no stream can have that name: nothing to deliver
-            start = self.server.offsets.get((peer, name)) or self.starts.get(name, 1)
-            self.channels[name] = _Channel(self, name, start)
+            key = (peer, name)
+            known = self.server.offsets.get(key)
+            start = known or self.starts.get(name, 1)
+            kept = None
+            if known is None:
+                # A remote's first subscription to a channel: its offset is kept at once, and
+                # nothing is delivered before, so that a hub restarted (even killed) later
+                # resumes it there; else it would start over where the stream then stands,
+                # and what was stored while it was away would never reach it.
+                self.server.offsets[key] = start
+                kept = asyncio.ensure_future(self.server._keep_offset(key, start))
+            self.channels[name] = _Channel(self, name, start, kept)
 
     def deliver(self, channel: _Channel, batches: list[Batch]) -> None:
         """The events of ``batches`` (stream ``channel.channel``) as reliable messages, those
@@ -514,7 +530,9 @@ class TolliverServer:
         # (reserved ahead in the state stream), so that (hub, id) names one delivery, as an
         # instance's ids do (from its database): a receiver's dedupe keys on it.
         self.next_message_id = 0
-        self._ids_left = 0  # reserved and not yet taken
+        self._ids_left = 0  # reserved (durably) and not yet taken
+        self.ids_ready = asyncio.Event()  # at least MAX_UNACKED ids are reserved
+        self._reserving = False
         self.instance = uuid7()
         self._load()
 
@@ -566,8 +584,13 @@ class TolliverServer:
     async def start(self, host: str, port: int) -> None:
         if self._needs_instance:
             await self._record({"instance": str(self.instance)})
-        self._ids_left = ID_BLOCK
-        await self._record({"ids": (self.next_message_id + ID_BLOCK) & 0xFFFFFFFF})
+        try:
+            await self._reserve_block()
+        except TidewireError as exc:  # (a full disk): the hub starts; deliveries wait
+            log.warning("tolliver: delivery ids not reserved (%s): nothing is delivered "
+                        "until they are", exc)  # fmt: skip
+            self._reserving = True
+            self.spawn(self._reserve())
         await self.listener.start(host, port)
 
     def took_ids(self, next_id: int, count: int) -> None:
@@ -575,15 +598,32 @@ class TolliverServer:
         the next block is reserved."""
         self.next_message_id = next_id
         self._ids_left -= count
-        if self._ids_left < ID_BLOCK // 2:
-            self._ids_left += ID_BLOCK
-            self.spawn(self._reserve((next_id + self._ids_left) & 0xFFFFFFFF))
+        if self._ids_left < MAX_UNACKED:  # (only while reserving fails: a full disk)
+            self.ids_ready.clear()
+        if self._ids_left < ID_BLOCK // 2 and not self._reserving:
+            self._reserving = True
+            self.spawn(self._reserve())
 
-    async def _reserve(self, upto: int) -> None:
+    async def _reserve_block(self) -> None:
+        """Keep, durably, that ids up to one more block are taken; only then use them (a
+        restart, even after SIGKILL, starts after the last block kept)."""
+        upto = (self.next_message_id + self._ids_left + ID_BLOCK) & 0xFFFFFFFF
+        await self._record({"ids": upto})
+        self._ids_left += ID_BLOCK
+        self.ids_ready.set()
+
+    async def _reserve(self) -> None:
+        """Reserve a block, trying again every second while the log refuses (disk full)."""
         try:
-            await self._record({"ids": upto})
-        except TidewireError as exc:  # (a restart before the next one may reuse ids)
-            log.warning("tolliver: delivery ids up to %d not reserved: %s", upto, exc)
+            while True:
+                try:
+                    await self._reserve_block()
+                    return
+                except TidewireError as exc:
+                    log.warning("tolliver: delivery ids not reserved, trying again: %s", exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            self._reserving = False
 
     def want(self, channels: set[str]) -> None:
         """Subscribe the hub to ``channels`` (every key), telling every connected remote."""
