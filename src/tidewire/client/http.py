@@ -10,10 +10,20 @@ It follows the seed's client rules (docs/protocols/rsio-http.md):
   iteration (onComplete);
 * a 4xx/5xx with ``X-Rsio-Error`` ends it with :class:`HttpRsioError` (the server has cancelled);
   a 5xx without the header, or a failed connection, is retried with exponential backoff and
-  jitter (``retries`` times); a 4xx without it (and 501, 502, 505) is final. Giving up sends
-  the extra ``cancel`` the seed asks for;
+  jitter (:class:`~tidewire.client.backoff.Backoff`: ``retries`` times, or as ``retry=`` says);
+  a 4xx without it (and 501, 502, 505) is final. Giving up sends the extra ``cancel`` the seed
+  asks for;
 * every fetch tells the hub the sequence number of the next element it expects
   (``X-Tidewire-Sequence``), and elements received twice after a resend are dropped.
+
+With ``retry=`` a subscription also survives the hub: when the hub no longer has it (a fetch
+answered ``404`` or ``503`` with ``X-Rsio-Error``: unknown, or the hub shutting down; or the
+subscription URL failed to connect twice in a row), the client subscribes again from the last
+id handed over + 1 (the publisher name's ``from=``), drops any element at or below that id,
+and goes on: every event once, in order. That needs the ids, so it holds for envelopes
+(``subscribe``; ``subscribe_values`` then subscribes to envelopes too) and records; a publisher
+of bare values (``elements("s?format=value")``) cannot resume, and its lost subscription is
+final as without ``retry=``. See docs/protocols/rsio-http.md, "Reconnecting clients".
 
 Credentials: ``token=`` is sent on every request as ``Authorization: Bearer <token>`` (a
 refusal is a 401/403 onError: :class:`HttpRsioError`); ``ssl=`` is the TLS context for
@@ -24,16 +34,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import json
 import ssl as _ssl
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import yarl
 
+from ..log.record import parse_header
 from ..model import Batch, TidewireError, validate_stream_name
-from ..protocols.rsio.publisher import PublisherName, envelopes_to_batch
+from ..protocols.rsio.publisher import PublisherName, PublisherNameError, envelopes_to_batch
+from ..protocols.rsio.wire import NeedData, pull_varint
 from ..protocols.rsio_http import (
     ERROR_HEADER,
     SEQUENCE_HEADER,
@@ -41,11 +54,13 @@ from ..protocols.rsio_http import (
     decode_body,
 )
 from ..protocols.rsio_http.codec import MAX_DEMAND
+from .backoff import Backoff, GaveUp, Retry
 from .rsio import _start
 
 __all__ = ["HttpHub", "HttpRsioError"]
 
 FINAL_5XX = (501, 502, 505)  # the seed: final even without X-Rsio-Error
+LOST_AFTER = 2  # failed connections in a row to a subscription URL before subscribing again
 
 
 class HttpRsioError(TidewireError):
@@ -60,12 +75,23 @@ class HttpRsioError(TidewireError):
 
 
 class HttpHub:
-    """A hub's RS.io-over-HTTP endpoint (``base_url``: ``http://host:port``)."""
+    """A hub's RS.io-over-HTTP endpoint (``base_url``: ``http://host:port``).
+
+    ``retries``, ``backoff``, ``max_backoff``: how one request is retried (``retries`` more
+    tries, waits from ``backoff`` seconds doubling up to ``max_backoff``, 50-100 % of each);
+    giving up is :class:`HttpRsioError`. ``retry``: a :class:`~tidewire.client.backoff.Retry`
+    instead, which also makes subscriptions survive the hub (see the module docstring); the
+    limit of one outage (``attempts``, ``give_up_after``) then ends a subscription with
+    :class:`~tidewire.client.backoff.GaveUp`. ``pacing`` makes the
+    :class:`~tidewire.client.backoff.Backoff` of each subscription (tests give their own sleep
+    and clock). Counters: ``retried`` (requests tried again), ``resubscribed`` (subscriptions
+    made again after the hub lost one)."""
 
     def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
                  retries: int = 6, backoff: float = 0.05, max_backoff: float = 2.0,
                  poll_timeout: float = 90.0, token: str | None = None,
-                 ssl: _ssl.SSLContext | None = None) -> None:  # fmt: skip
+                 ssl: _ssl.SSLContext | None = None, retry: Retry | None = None,
+                 pacing: Callable[[Retry], Backoff] = Backoff) -> None:  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self._auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
         self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True  # True: verify
@@ -75,6 +101,14 @@ class HttpHub:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.poll_timeout = poll_timeout  # longer than the hub's poll window (25 s by default)
+        self.reconnecting = retry is not None
+        self.retry = retry if retry is not None else Retry(
+            initial=max(backoff, 1e-6), maximum=max(backoff, max_backoff, 1e-6), jitter=0.5,
+            attempts=retries + 1,
+        )  # fmt: skip
+        self.pacing = pacing
+        self.retried = 0
+        self.resubscribed = 0
 
     async def __aenter__(self) -> HttpHub:
         return self
@@ -117,10 +151,28 @@ class HttpHub:
         self, stream: str, *, size: int = 0, from_id: int | str = "earliest",
         until_id: int | None = None, key: bytes | None = None, demand: int = 1000,
     ) -> AsyncGenerator[list[bytes], None]:  # fmt: skip
-        """Values only (``format=value``; ``size=N``: fixed-size elements)."""
-        name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
-        async for elements in self.elements(str(name), demand=demand):
-            yield elements
+        """Values only (``format=value``; ``size=N``: fixed-size elements). With ``retry=``,
+        envelopes are asked for (they carry the ids a new subscription resumes from) and the
+        values taken out here; a value that is not ``size`` bytes ends it with
+        :class:`HttpRsioError` (status 0), as the hub's 500 would."""
+        if not self.reconnecting:
+            name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
+            async for elements in self.elements(str(name), demand=demand):
+                yield elements
+            return
+        if size < 0:
+            raise ValueError("size is 0 (any) or more")
+        batches = self.subscribe(stream, from_id=from_id, until_id=until_id, key=key,
+                                 demand=demand)  # fmt: skip
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                values = [batch.value(i) for i in range(len(batch))]
+                if size and any(len(v) != size for v in values):
+                    bad = next(i for i, v in enumerate(values) if len(v) != size)
+                    raise HttpRsioError(0, f"event {batch.ids[bad]} of {stream!r} is "
+                                        f"{len(values[bad])} bytes, not {size}",
+                                        rsio=False)  # fmt: skip
+                yield values
 
     # ------------------------------------------------------------------ the protocol
 
@@ -130,35 +182,62 @@ class HttpHub:
         its arguments), a list per response, each element once."""
         if not 1 <= demand <= MAX_DEMAND:
             raise ValueError("demand is 1 to 2^63-1")
-        path, _, query = publisher.partition("?")
-        path = {".": "%2E", "..": "%2E%2E"}.get(path, path)  # (not dot segments of the URL)
-        url = f"{self.base_url}/rsio/pub/{path}?{query + '&' if query else ''}request={demand}"
-        response = await self._put(url)
-        if response.status != 201 or "Location" not in response.headers:
-            raise HttpRsioError(response.status, "no subscription (201 with a Location) in "
-                                "answer to the subscribe", rsio=False)  # fmt: skip
-        sub_url = response.headers["Location"]
+        resume = _Resume.of(publisher) if self.reconnecting else None
+        if resume is not None and resume.name.start == "latest":
+            resume.name = await self._resolve_latest(resume.name)
+        pacing = self.pacing(self.retry)
+        what = f"RS.io over HTTP {publisher!r} at {self.base_url}"
+        sub_url: str | None = None
+        abandoned: str | None = None  # a subscription left behind that the hub may still have
         state = ClientSubscription()
-        state.asked(demand)
         done = False
         try:
             while True:
+                if sub_url is None:
+                    if resume is not None and resume.finished:
+                        done = True  # (until= reached: the 410 was what got lost)
+                        return
+                    source = publisher if resume is None else resume.publisher()
+                    sub_url = await self._subscribe(source, demand, pacing, what)
+                    if not self.reconnecting:  # (with retry=, one outage may span many)
+                        pacing.reset()
+                    if abandoned is not None:  # the hub answers again: release the old one
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(self._cancel(abandoned))
+                        abandoned = None
+                    state = ClientSubscription()
+                    state.asked(demand)
                 more = demand - state.outstanding if state.outstanding <= demand // 2 else 0
                 fetch = f"{sub_url}?request={more}" if more else sub_url
                 seen = {SEQUENCE_HEADER: str(state.next_seq)}
-                response = await self._put(fetch, headers=seen)
+                try:
+                    response = await self._put(
+                        fetch, pacing, what, headers=seen,
+                        lost=(404, 503) if resume is not None else (),
+                        lost_after=LOST_AFTER if resume is not None else None,
+                    )  # fmt: skip
+                except _Lost as lost:  # the hub no longer has it (or cannot be reached there)
+                    self.resubscribed += 1
+                    if not lost.error.rsio:
+                        abandoned = sub_url
+                    sub_url = None
+                    continue
                 state.asked(more)  # (the hub answered: it has counted them)
                 if response.status == 200:
+                    pacing.reset()
                     first = response.headers.get(SEQUENCE_HEADER)
                     elements = decode_body(response.headers.get("Content-Encoding"),
                                            response.body)  # fmt: skip
                     fresh = state.received(int(first) if first is not None else None, elements)
+                    if resume is not None:
+                        fresh = resume.take(fresh)
                     if fresh:
                         yield fresh
                 elif response.status == 204:
+                    pacing.reset()
                     delay = _retry_after(response.headers.get("Retry-After"))
                     if delay:
-                        await asyncio.sleep(delay)
+                        await pacing.sleep(delay)
                 elif response.status == 410:
                     done = True
                     return
@@ -169,9 +248,41 @@ class HttpHub:
             done = exc.rsio  # the hub cancelled it itself
             raise
         finally:
-            if not done:  # the application stopped, or the client gives up: the extra cancel
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._cancel(sub_url))
+            # the application stopped, or the client gives up: the extra cancel (and one for a
+            # subscription left behind when the hub could not be reached there)
+            for url in (sub_url if not done else None, abandoned):
+                if url is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self._cancel(url))
+
+    async def _subscribe(self, publisher: str, demand: int, pacing: Backoff, what: str) -> str:
+        """``PUT <publisher>?request=<demand>``: the subscription URL (the 201's Location)."""
+        path, _, query = publisher.partition("?")
+        path = {".": "%2E", "..": "%2E%2E"}.get(path, path)  # (not dot segments of the URL)
+        url = f"{self.base_url}/rsio/pub/{path}?{query + '&' if query else ''}request={demand}"
+        # With retry=, a 503 with X-Rsio-Error (the hub shutting down, or full) is "later".
+        response = await self._put(url, pacing, what,
+                                   again=(503,) if self.reconnecting else ())  # fmt: skip
+        if response.status != 201 or "Location" not in response.headers:
+            raise HttpRsioError(response.status, "no subscription (201 with a Location) in "
+                                "answer to the subscribe", rsio=False)  # fmt: skip
+        return str(response.headers["Location"])
+
+    async def _resolve_latest(self, name: PublisherName) -> PublisherName:
+        """``from=latest`` as an id (the stream's latest + 1, from ``GET /streams``), so that a
+        subscription made again resumes where the first began, not at a later "latest"; kept
+        as it is when the hub does not say."""
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            async with asyncio.timeout(10):
+                listing = f"{self.base_url}/streams?internal=1"  # (_tidewire.* streams too)
+                async with self.session.get(listing, headers=self._auth,
+                                            ssl=self._ssl) as response:  # fmt: skip
+                    if response.status == 200:
+                        listed = json.loads(await response.read())
+                        latest = next((s.get("latest_id") for s in listed
+                                       if s.get("name") == name.stream), None)  # fmt: skip
+                        return replace(name, start=int(latest or 0) + 1)
+        return name
 
     async def _cancel(self, sub_url: str) -> None:
         async with asyncio.timeout(5):
@@ -179,33 +290,119 @@ class HttpHub:
                                         ssl=self._ssl) as response:  # fmt: skip
                 await response.read()
 
-    async def _put(self, url: str, *, headers: dict[str, str] | None = None) -> _Answer:
-        """One request, retried on 5xx without ``X-Rsio-Error`` and on connection failures;
-        an onError or a final error raises :class:`HttpRsioError`."""
-        attempt = 0
+    async def _request(self, url: str, headers: dict[str, str] | None) -> _Answer:
+        """One ``PUT``; a failed connection is status 0."""
+        try:
+            target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
+            async with self.session.put(target, headers={**self._auth, **(headers or {})},
+                                        ssl=self._ssl) as response:  # fmt: skip
+                body = await response.read()
+                return _Answer(response.status, response.headers, body)
+        except aiohttp.ClientConnectorCertificateError as exc:  # trying again won't help
+            raise HttpRsioError(0, f"the hub's certificate: {exc}", rsio=False) from None
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+            return _Answer(0, {}, str(exc).encode())
+
+    async def _put(self, url: str, pacing: Backoff | None = None, what: str = "",
+                   *, headers: dict[str, str] | None = None, again: tuple[int, ...] = (),
+                   lost: tuple[int, ...] = (), lost_after: int | None = None
+                   ) -> _Answer:  # fmt: skip
+        """One request, retried (paced by ``pacing``; a fresh :class:`Backoff` if none) on a
+        5xx without ``X-Rsio-Error``, a failed connection, and the ``again`` statuses with it;
+        an onError or a final error raises :class:`HttpRsioError`. :class:`_Lost` (after a
+        wait): the ``lost`` statuses with the header, or ``lost_after`` failed connections
+        in a row."""
+        pacing = pacing if pacing is not None else self.pacing(self.retry)
+        what = what or f"RS.io over HTTP at {self.base_url}"
+        failed = 0  # connections in a row
         while True:
-            try:
-                target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
-                async with self.session.put(target, headers={**self._auth, **(headers or {})},
-                                            ssl=self._ssl) as response:  # fmt: skip
-                    body = await response.read()
-                    answer = _Answer(response.status, response.headers, body)
-            except aiohttp.ClientConnectorCertificateError as exc:  # trying again won't help
-                raise HttpRsioError(0, f"the hub's certificate: {exc}", rsio=False) from None
-            except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
-                answer = _Answer(0, {}, str(exc).encode())
+            answer = await self._request(url, headers)
             if 0 < answer.status < 400 or answer.status == 410:  # (410: onComplete)
                 return answer
             message = answer.body.decode("utf-8", "replace").strip()[:500]
-            if answer.headers.get(ERROR_HEADER, "").lower() == "true":
-                raise HttpRsioError(answer.status, message, rsio=True)
-            retriable = answer.status == 0 or (answer.status >= 500
-                                               and answer.status not in FINAL_5XX)  # fmt: skip
-            if not retriable or attempt >= self.retries:
-                raise HttpRsioError(answer.status, message or "no answer", rsio=False)
-            delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
-            attempt += 1
-            await asyncio.sleep(delay)
+            rsio = answer.headers.get(ERROR_HEADER, "").lower() == "true"
+            error = HttpRsioError(answer.status, message or "no answer", rsio=rsio)
+            failed = failed + 1 if answer.status == 0 else 0
+            gone = (rsio and answer.status in lost) or (
+                lost_after is not None and failed >= lost_after
+            )  # fmt: skip
+            retriable = (rsio and answer.status in again) or (not rsio and (
+                answer.status == 0 or (answer.status >= 500 and answer.status not in FINAL_5XX)
+            ))  # fmt: skip
+            if not gone and not retriable:
+                raise error
+            try:
+                delay = pacing.failed(what, error)
+            except GaveUp:
+                if self.reconnecting:
+                    raise
+                raise error from None  # (as before Retry: the last answer is the error)
+            if rsio:  # (a 503 that says when: not before)
+                later = _retry_after(answer.headers.get("Retry-After"))
+                delay = max(delay, min(later, self.retry.maximum))
+            await pacing.sleep(delay)
+            if gone:
+                raise _Lost(error)
+            self.retried += 1
+
+
+class _Lost(Exception):
+    """The subscription is gone from the hub, or unreachable at its URL: subscribe again."""
+
+    def __init__(self, error: HttpRsioError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Resume:
+    """Where a subscription made again starts: the id after the last element handed over,
+    read from the elements (an envelope's first varint; a record's header)."""
+
+    def __init__(self, name: PublisherName) -> None:
+        self.name = name
+        self.last: int | None = None  # the id of the last event handed over
+
+    @classmethod
+    def of(cls, publisher: str) -> _Resume | None:
+        """``None`` when the elements carry no ids (``format=value``) or the name is not
+        tidewire's grammar: such a subscription cannot resume."""
+        try:
+            name = PublisherName.parse(publisher)
+        except PublisherNameError:
+            return None
+        return cls(name) if name.format in ("envelope", "records") else None
+
+    @property
+    def finished(self) -> bool:
+        until, last = self.name.until, self.last
+        return last is not None and until is not None and last >= until
+
+    def publisher(self) -> str:
+        return str(self.name if self.last is None else replace(self.name, start=self.last + 1))
+
+    def _ids(self, element: bytes) -> tuple[int, int]:
+        try:
+            if self.name.format == "records":
+                header = parse_header(element)
+                return header.base_id, header.last_id
+            event_id, _ = pull_varint(element, 0)
+            return event_id, event_id
+        except (ValueError, NeedData, TidewireError, IndexError) as exc:
+            raise HttpRsioError(0, f"an element of {self.name.stream!r} without an id: {exc}",
+                                rsio=False) from None  # fmt: skip
+
+    def take(self, elements: list[bytes]) -> list[bytes]:
+        """``elements`` without those at or below the last id handed over (there are none
+        unless the hub started below ``from=``); the last id moves on."""
+        if not elements:
+            return elements
+        if self.last is not None and self._ids(elements[0])[0] <= self.last:
+            last = self.last
+            elements = [e for e in elements if self._ids(e)[1] > last]
+            if not elements:
+                return elements
+        self.last = self._ids(elements[-1])[1]
+        return elements
 
 
 class _Answer:

@@ -9,6 +9,10 @@ Publishing uses tidewire's extension 1: :meth:`RsioClient.publisher` offers a pu
 subscribes to it and requests elements as it commits them; each ``committed`` resolves the
 futures of the batches it covers. Queued elements are bounded in bytes (``max_queue_bytes``):
 :meth:`Publisher.submit` waits for room.
+
+When the connection is lost (EOF, a reset, the hub's ``goodbye``), every open subscription and
+offer fails with :class:`ConnectionLost`; ``connect(url, retry=Retry(...))`` gives instead a
+client that reconnects, resumes and re-offers (``tidewire.client.resilient``).
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections import deque
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field
 from ssl import SSLContext, create_default_context
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 from urllib.parse import quote, urlsplit
 
 from ..log.record import decode_body, parse_header
@@ -56,9 +61,14 @@ from ..protocols.rsio.publisher import (
     envelopes_to_batch,
 )
 
+if TYPE_CHECKING:
+    from .backoff import Retry
+    from .resilient import Reconnect
+
 __all__ = [
     "ByteReader",
     "ByteWriter",
+    "ConnectionLost",
     "Publisher",
     "Receipt",
     "RsioClient",
@@ -70,6 +80,11 @@ __all__ = [
 
 class RsioError(TidewireError):
     """The hub ended a subscription or an offer with an error, or the connection closed."""
+
+
+class ConnectionLost(RsioError):
+    """The connection closed (EOF, a reset, the hub's ``goodbye``) before the subscription or
+    the offer ended: nothing the hub said about it, so a new connection may resume it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +131,7 @@ class _Inbox:
     elements: list[bytes] = field(default_factory=list)
     count: int = 0  # elements received, not yet handed out (a packed run counts each)
     done: str | None = None  # "complete", or the error
+    lost: bool = False  # done because the connection closed (not the hub's onError)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -147,6 +163,7 @@ class RsioClient:
         self.writer = writer
         self.token = token
         self.principal: str | None = None  # what the hub's ``authenticated`` said
+        self.closed_event: ConnectionClosed | None = None  # how the RS.io connection ended
         extensions = (EXT_PUBLISH,) if token is None else (EXT_PUBLISH, EXT_AUTH)
         self.conn = Connection(Role.CLIENT, extensions=extensions, runs=True)
         self.conn.initiate()
@@ -177,10 +194,16 @@ class RsioClient:
             self._closed = self._closed or "connection closed"
             self._handshake.set()
             for inbox in self._inboxes.values():
-                inbox.done = inbox.done or self._closed
+                if inbox.done is None:
+                    inbox.done, inbox.lost = self._closed, True
                 inbox.wake.set()
             for outlet in list(self._outlets.values()):
-                outlet._end(self._closed)
+                outlet._end(self._closed, lost=True)
+
+    @property
+    def closed(self) -> str | None:
+        """Why the connection closed (e.g. the hub's goodbye reason), ``None`` while open."""
+        return self._closed
 
     def _dispatch(self) -> None:
         while (event := self.conn.next_event()) is not None:
@@ -245,7 +268,8 @@ class RsioClient:
                     self.principal = principal
                     self._handshake.set()
                 case ConnectionClosed(reason):
-                    self._closed = reason
+                    self.closed_event = event
+                    self._closed = self._closed or reason  # (the first reason is the cause)
 
     def _free_id(self) -> int:
         subscriber = self.conn.free_subscriber_id()
@@ -276,7 +300,7 @@ class RsioClient:
                     if inbox.done is not None:
                         if inbox.done == "complete":
                             return
-                        raise RsioError(inbox.done)
+                        raise (ConnectionLost if inbox.lost else RsioError)(inbox.done)
                     inbox.wake.clear()
                     await inbox.wake.wait()
                     continue
@@ -520,11 +544,12 @@ class Publisher:
             if not head.future.done():
                 head.future.set_result(Receipt(head.end - head.start, head.first_id, last))
 
-    def _end(self, error: str) -> None:
+    def _end(self, error: str, *, lost: bool = False) -> None:
         self.wake.set()
         self._room.set()
         self._pump.cancel()
-        exc = RsioError(f"offer for {self.name.stream!r} ended: {error}") if error else None
+        kind = ConnectionLost if lost else RsioError
+        exc = kind(f"offer for {self.name.stream!r} ended: {error}") if error else None
         self.error = exc
         while self._pending:
             pending = self._pending.popleft()
@@ -555,7 +580,7 @@ class Publisher:
             self._room.clear()
             await self._room.wait()
             if self.ended.done():
-                raise RsioError("the offer ended")
+                raise self.error or RsioError("the offer ended")
         self._queue.extend(parts)
         self._queue_counts.extend((self.size and len(p) // self.size) or 1 for p in parts)
         self._queued_bytes += nbytes
@@ -694,7 +719,8 @@ class _Raw:
 class _Connect:
     """``connect(url)``: awaitable (gives the client) and an async context manager."""
 
-    def __init__(self, url: str, token: str | None, ssl: SSLContext | None) -> None:
+    def __init__(self, url: str, token: str | None, ssl: SSLContext | None,
+                 keepalive: bool = False) -> None:  # fmt: skip
         parts = urlsplit(url)
         if parts.scheme not in ("rsio", "rsios") or not parts.hostname:
             raise ValueError(f"not an rsio:// or rsios:// URL: {url!r}")
@@ -702,12 +728,15 @@ class _Connect:
         self.port = parts.port or 7400
         self.token = token
         self.ssl = ssl if ssl is not None or parts.scheme == "rsio" else create_default_context()
+        self.keepalive = keepalive
         self.client: RsioClient | None = None
 
     async def _open(self) -> RsioClient:
         reader, writer = await asyncio.open_connection(
             self.host, self.port, limit=1 << 20, ssl=self.ssl
         )
+        if self.keepalive:
+            _tcp_keepalive(writer)
         client = RsioClient(reader, writer, self.token)
         if self.token is not None:
             try:
@@ -729,10 +758,43 @@ class _Connect:
             await self.client.close()
 
 
-def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None) -> _Connect:
+def _tcp_keepalive(writer: asyncio.StreamWriter) -> None:
+    """TCP keepalive (Linux: probes after 15 s of silence, every 5 s, 3 of them), so that a
+    subscriber waiting on a quiet stream notices a hub that vanished without a reset (its
+    host died, a NAT forgot the flow) within about 30 s: RS.io has no ping of its own."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+@overload
+def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None,
+            retry: None = None) -> _Connect: ...  # fmt: skip
+@overload
+def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None,
+            retry: Retry) -> Reconnect: ...  # fmt: skip
+def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None,
+            retry: Retry | None = None) -> _Connect | Reconnect:  # fmt: skip
     """Open an RS.io connection to ``rsio://host:port`` (``rsios://`` or ``ssl=``: over TLS,
     the hub's certificate verified): ``async with connect(url) as hub`` (or
     ``hub = await connect(url)``, then ``await hub.close()``). ``token``: authenticate as that
     principal (extension 2); a refused token raises here. For mutual TLS, ``ssl`` carries the
-    client certificate (``tidewire.server.guard.client_context``)."""
-    return _Connect(url, token, ssl)
+    client certificate (``tidewire.server.guard.client_context``).
+
+    With ``retry`` (a :class:`~tidewire.client.backoff.Retry`), the client is a
+    :class:`~tidewire.client.resilient.ReconnectingClient`: it reconnects with backoff after a
+    lost connection, resumes subscriptions after the last id handed out and re-offers what the
+    hub has not acknowledged (docs/protocols/rsio.md, "Reconnecting clients")."""
+    if retry is None:
+        return _Connect(url, token, ssl)
+    from .backoff import Backoff  # (resilient builds on this module: imported when used)
+    from .resilient import Reconnect
+
+    _Connect(url, token, ssl)  # the URL's errors are raised here, not at the first try
+    return Reconnect(lambda: _Connect(url, token, ssl, keepalive=True)._open(),
+                     Backoff(retry), what=url)  # fmt: skip

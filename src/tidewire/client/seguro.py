@@ -5,6 +5,19 @@ time, as the seed requires: ``save`` returns once the hub said COMMITTED, ``save
 said COMMITTED MANY (``latest`` follows the LATEST notifications meanwhile), ``read`` returns
 the events and the SENT summary.
 
+With ``retry=`` (a :class:`~tidewire.client.backoff.Retry`), ``connect`` gives a
+:class:`ReconnectingSeguroClient` instead: the same calls, surviving a lost connection. Seguro
+makes that exactly once, because the ship chooses the ids: WELCOME says the latest id the hub
+stored for the point (counting every append of an earlier session that was handed to the log),
+so after reconnecting the client drops the unacknowledged events at or below it (they are
+stored) and sends the others again; a read resumes after the last event it has. The hub never
+stores an id twice (ids must exceed the latest), so nothing is duplicated, and nothing is
+acknowledged before it is durable. Seguro has no error replies: a refusal (the ACL, a
+certificate naming another point, a limit) is a dropped connection like any other, so the
+client calls a drop final (:class:`SeguroRefused`) once the same step was dropped
+``refused_after`` times in a row with no progress. See docs/protocols/seguro.md,
+"Reconnecting clients".
+
 TLS: ``seguros://host:port`` (or ``ssl=`` a client context with ``seguro://``). The hub's
 certificate is always verified, host name included; a context with a client certificate
 (mutual TLS) proves the point: its subject CN must be the point's ``@p``.
@@ -15,26 +28,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as _ssl
-from collections.abc import Generator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Sequence
+from itertools import pairwise
+from typing import Any, Generic, TypeVar, overload
 from urllib.parse import urlsplit
 
-from ..model import TidewireError
+from ..model import MAX_ID, LocalProtocolError, TidewireError
 from ..protocols.seguro import (
     Breach,
     ClientSession,
     Committed,
     CommittedMany,
+    Identify,
+    Limits,
     ManyEvent,
     Sent,
     Welcome,
+    validate_patp,
 )
+from .backoff import Backoff, GaveUp, Retry
 
-__all__ = ["SeguroClient", "SeguroError", "connect"]
+__all__ = [
+    "REFUSED_AFTER",
+    "ReconnectingSeguroClient",
+    "SeguroClient",
+    "SeguroConnectionLost",
+    "SeguroError",
+    "SeguroRefused",
+    "connect",
+]
+
+REFUSED_AFTER = 6
+"""Drops of the same step in a row, with no progress, after which a reconnecting client takes
+them for a refusal (final): the hub dropped the point after ``POINT`` (an old session of the
+point may linger briefly, so a few are retried), or a command after sending it."""
+
+Dial = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
 class SeguroError(TidewireError):
     """The hub broke the protocol, or dropped the connection (Seguro has no error replies)."""
+
+
+class SeguroConnectionLost(SeguroError):
+    """The connection failed or the hub closed it (retriable: a reconnecting client does)."""
+
+
+class SeguroRefused(SeguroError):
+    """A reconnecting client's final error: the hub dropped the same step ``refused_after``
+    times in a row (the ACL, a certificate for another point, one of the hub's limits, or a
+    session of the point that lives on)."""
+
+
+class _PointDropped(SeguroConnectionLost):
+    """Dropped after ``POINT``: the point has a session already, or this peer was refused."""
 
 
 class SeguroClient:
@@ -50,24 +97,31 @@ class SeguroClient:
         """The highest id the hub said is committed (0 if none)."""
         return self.session.latest
 
-    async def _until(self, kinds: tuple[type, ...]) -> list[Any]:
-        """Events until one of ``kinds`` (inclusive)."""
-        self._flush()
-        got: list[Any] = []
+    async def _next(self) -> Any:
+        """The hub's next event, reading as needed (what the session has to say goes first)."""
         while True:
+            self._flush()
             event = self.session.next_event()
             if event is None:
                 try:
                     data = await self.reader.read(1 << 20)
-                except (ConnectionError, _ssl.SSLError) as exc:
-                    raise SeguroError(f"the connection failed: {exc}") from None
+                except OSError as exc:  # (ConnectionError, ssl.SSLError)
+                    raise SeguroConnectionLost(f"the connection failed: {exc}") from None
+                if not data:  # (what arrived whole was taken above: nothing is lost here)
+                    raise SeguroConnectionLost("the hub closed the connection (a breach, the "
+                                               "point has a session already, or this peer was "
+                                               "refused)")  # fmt: skip
                 self.session.receive_data(data)
-                if not data and self.session.next_event() is None:
-                    raise SeguroError("the hub closed the connection (a breach, the point has "
-                                      "a session already, or this peer was refused)")  # fmt: skip
                 continue
             if isinstance(event, Breach):
                 raise SeguroError(f"the hub broke the protocol: {event.reason}")
+            return event
+
+    async def _until(self, kinds: tuple[type, ...]) -> list[Any]:
+        """Events until one of ``kinds`` (inclusive)."""
+        got: list[Any] = []
+        while True:
+            event = await self._next()
             got.append(event)
             self._flush()
             if isinstance(event, kinds):
@@ -101,35 +155,289 @@ class SeguroClient:
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
 
+    def abort(self) -> None:
+        """Drop the connection now (a flow cut short leaves the session unusable)."""
+        transport = self.writer.transport
+        if not transport.is_closing():
+            transport.abort()
 
-class _Connect:
-    def __init__(self, url: str, point: str, ssl: _ssl.SSLContext | None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("seguro", "seguros") or not parts.hostname:
-            raise ValueError(f"not a seguro:// or seguros:// URL: {url!r}")
-        self.host, self.port, self.point = parts.hostname, parts.port or 7403, point
-        if ssl is None and parts.scheme == "seguros":
-            ssl = _ssl.create_default_context()  # the system's CAs; verifies the host name
-            ssl.minimum_version = _ssl.TLSVersion.TLSv1_2
-        self.ssl = ssl
-        self.client: SeguroClient | None = None
 
-    async def _open(self) -> SeguroClient:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20,
-                                                       ssl=self.ssl)  # fmt: skip
+class ReconnectingSeguroClient:
+    """A point's session that survives lost connections (``connect(..., retry=Retry(...))``).
+
+    ``save``, ``save_many`` and ``read`` are :class:`SeguroClient`'s, one flow at a time (calls
+    from several tasks queue); on a lost connection they reconnect, paced by the
+    :class:`~tidewire.client.backoff.Backoff`, and carry on: after WELCOME the unacknowledged
+    events at or below its latest id are dropped (stored), the rest sent again; a read resumes
+    after the last event received. :meth:`events` follows the point. Final, never retried:
+    :class:`LocalProtocolError` (an id not above the latest, ids that do not increase, an event
+    over the limits: checked before anything is sent), :class:`SeguroRefused`, a hub that breaks
+    the protocol or says a latest id below what it acknowledged (:class:`SeguroError`), and
+    :class:`~tidewire.client.backoff.GaveUp` once ``Retry.attempts`` or ``give_up_after`` of
+    one outage ran out. Cancelling a call drops the connection (the next call reconnects);
+    whether the events of a cancelled save were stored, ``latest`` then tells.
+
+    Counters (for tests and metrics): ``connects`` (welcomed sessions), ``reconnects`` (the
+    welcomed sessions after the first), ``failures`` (tries that failed), ``point_drops``
+    (drops after ``POINT``), ``resent`` (events sent again), ``found_stored`` (unacknowledged
+    events that LATEST or WELCOME showed were stored, so not sent again)."""
+
+    def __init__(self, dial: Dial, point: str, backoff: Backoff, *, where: str = "the hub",
+                 refused_after: int = REFUSED_AFTER, timeout: float = 10.0,
+                 limits: Limits | None = None) -> None:  # fmt: skip
+        if refused_after < 1:
+            raise ValueError("refused_after is at least 1")
+        self.point = validate_patp(point)
+        self.backoff = backoff
+        self.refused_after = refused_after
+        self.timeout = timeout  # for one connection and its handshake
+        self.limits = limits or Limits()
+        self._dial = dial
+        self._what = f"seguro session of {self.point} at {where}"
+        self._client: SeguroClient | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._known = 0  # the highest id any session of this client said is committed
+        self.welcome: Welcome | None = None
+        self.connects = 0
+        self.reconnects = 0
+        self.failures = 0
+        self.point_drops = 0
+        self.resent = 0
+        self.found_stored = 0
+
+    @property
+    def latest(self) -> int:
+        """The highest id the hub said is committed (0 if none)."""
+        if self._client is not None:
+            self._known = max(self._known, self._client.latest)
+        return self._known
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    # ------------------------------------------------------------------ connecting
+
+    async def _handshake(self) -> SeguroClient:
+        reader, writer = await self._dial()
         client = SeguroClient(reader, writer, self.point)
         try:
-            await client.handshake()
+            await client._until((Identify,))
+            try:  # the hub has our POINT next: a drop now is its answer to it
+                await client.handshake()
+            except SeguroConnectionLost as exc:
+                raise _PointDropped(str(exc)) from None
         except BaseException:
-            await client.close()
+            client.abort()
             raise
         return client
 
-    def __await__(self) -> Generator[Any, None, SeguroClient]:
-        return self._open().__await__()
+    async def _connect(self) -> SeguroClient:
+        """A welcomed session: tries until one is, paced by the backoff."""
+        dropped = 0  # after POINT, in a row
+        while True:
+            if self._closed:
+                raise SeguroError("the client is closed")
+            error: BaseException
+            try:
+                async with asyncio.timeout(self.timeout):
+                    client = await self._handshake()
+            except _PointDropped as exc:
+                self.point_drops += 1
+                dropped += 1
+                if dropped >= self.refused_after:
+                    raise SeguroRefused(
+                        f"{self._what}: dropped after POINT {dropped} times in a row (this peer "
+                        "may not use the point, or a session of the point lives on)"
+                    ) from None
+                error = exc
+            except _ssl.SSLCertVerificationError:  # (before OSError: trying again won't help)
+                raise
+            except (OSError, TimeoutError, SeguroConnectionLost) as exc:
+                dropped = 0  # (not in a row: the hub went away meanwhile)
+                error = exc
+            else:
+                latest = client.latest
+                if latest < self._known:
+                    client.abort()
+                    raise SeguroError(f"{self._what}: WELCOME says {latest}, but the hub said "
+                                      f"{self._known} was committed: it lost events")  # fmt: skip
+                self.welcome = client.welcome
+                if self.connects:
+                    self.reconnects += 1
+                self.connects += 1
+                self.backoff.reset()
+                self._client = client
+                return client
+            await self._wait(error)
 
-    async def __aenter__(self) -> SeguroClient:
-        self.client = await self._open()
+    async def _session(self) -> SeguroClient:
+        if self._closed:
+            raise SeguroError("the client is closed")
+        return self._client if self._client is not None else await self._connect()
+
+    async def _wait(self, error: BaseException) -> None:
+        """Count a failed try and wait before the next (:class:`GaveUp` ends the outage: the
+        next call starts a new one)."""
+        self.failures += 1
+        try:
+            await self.backoff.wait(self._what, error)
+        except GaveUp:
+            self.backoff.reset()
+            raise
+
+    def _lost(self, client: SeguroClient) -> None:
+        self._known = max(self._known, client.latest)
+        client.abort()
+        if self._client is client:
+            self._client = None
+
+    # ------------------------------------------------------------------ flows
+
+    def _check(self, events: Sequence[tuple[int, bytes]]) -> None:
+        """What the hub would refuse by dropping the connection, refused here instead."""
+        ids = [event_id for event_id, _ in events]
+        if not ids or any(b <= a for a, b in pairwise(ids)):
+            raise LocalProtocolError("event ids must increase")
+        if ids[0] < 1 or ids[-1] > MAX_ID:
+            raise LocalProtocolError(f"ids are 1 to 2**63-1 (tidewire's), not {ids[0]}..{ids[-1]}")
+        if len(ids) > self.limits.max_many_count:
+            raise LocalProtocolError(f"{len(ids)} events: over {self.limits.max_many_count}")
+        biggest = max(len(data) for _, data in events)
+        if biggest > self.limits.max_event_bytes:
+            raise LocalProtocolError(f"an event of {biggest} bytes: over the limit of "
+                                     f"{self.limits.max_event_bytes}")  # fmt: skip
+
+    async def save(self, event_id: int, data: bytes) -> None:
+        """Save one event; returns once it is durable (SAVE), across lost connections."""
+        await self._save([(event_id, data)])
+
+    async def save_many(self, events: Sequence[tuple[int, bytes]]) -> None:
+        """Save ``events`` (at least 2, ids increasing); returns once all are durable (SAVE
+        MANY), across lost connections (the rest goes again as SAVE MANY, or SAVE for one)."""
+        if len(events) < 2:
+            raise LocalProtocolError("SAVE MANY needs >= 2 increasing ids above the latest")
+        await self._save(list(events))
+
+    def _unstored(self, pending: list[tuple[int, bytes]], latest: int
+                  ) -> list[tuple[int, bytes]]:  # fmt: skip
+        rest = [e for e in pending if e[0] > latest]
+        self.found_stored += len(pending) - len(rest)
+        return rest
+
+    async def _save(self, events: list[tuple[int, bytes]]) -> None:
+        self._check(events)
+        async with self._lock:
+            client = await self._session()
+            if events[0][0] <= client.latest:  # (not sent: the session stays usable)
+                raise LocalProtocolError(f"id {events[0][0]} must exceed the latest "
+                                         f"{client.latest}")  # fmt: skip
+            pending, stalled = events, 0
+            try:
+                while pending:
+                    try:
+                        if len(pending) == 1:
+                            await client.save(*pending[0])
+                        else:
+                            await client.save_many(pending)
+                        break
+                    except SeguroConnectionLost as exc:
+                        before = len(pending)
+                        pending = self._unstored(pending, client.latest)  # LATEST said so
+                        self._lost(client)
+                        await self._wait(exc)
+                        client = await self._connect()
+                        pending = self._unstored(pending, client.latest)  # WELCOME says so
+                        stalled = stalled + 1 if len(pending) == before else 0
+                        if stalled >= self.refused_after:
+                            raise SeguroRefused(
+                                f"{self._what}: the hub dropped the connection on the save of "
+                                f"{pending[0][0]}.. {stalled} times in a row with nothing "
+                                "stored (this peer may not write the point, one of the hub's "
+                                "limits, or the hub cannot store it: a full disk)"
+                            ) from exc
+                        self.resent += len(pending)
+            except BaseException:
+                if self._client is client and client.session.state.value != "idle":
+                    self._lost(client)  # a flow cut short (cancelled, or a final error)
+                raise
+            self._known = max(self._known, events[-1][0], client.latest)
+
+    async def read(self, start: int, limit: int) -> tuple[list[tuple[int, bytes]], Sent]:
+        """Events from ``start`` (or the first above it), at most ``limit`` (READ), across lost
+        connections (a cut READ goes on after the last event received); the SENT summary is
+        of all of them."""
+        got: list[tuple[int, bytes]] = []
+        async with self._lock:
+            client = await self._session()
+            stalled = 0
+            try:
+                while not got or len(got) < limit:
+                    before = len(got)
+                    try:
+                        client.session.read(got[-1][0] + 1 if got else start, limit - len(got))
+                        while not isinstance(event := await client._next(), Sent):
+                            if isinstance(event, ManyEvent):
+                                got.append((event.id, event.data))
+                        break
+                    except SeguroConnectionLost as exc:
+                        self._lost(client)
+                        stalled = stalled + 1 if len(got) == before else 0
+                        if stalled >= self.refused_after:
+                            raise SeguroRefused(
+                                f"{self._what}: the hub dropped the connection on READ "
+                                f"{stalled} times in a row (this peer may not read the point)"
+                            ) from exc
+                        await self._wait(exc)
+                        client = await self._connect()
+            except BaseException:
+                if self._client is client and client.session.state.value != "idle":
+                    self._lost(client)
+                raise
+        sent = Sent(len(got), got[0][0], got[-1][0]) if got else Sent(0, 0, 0)
+        return got, sent
+
+    async def events(self, start: int = 1, *, page: int = 256, follow: bool = False,
+                     poll: float = 1.0) -> AsyncGenerator[tuple[int, bytes], None]:  # fmt: skip
+        """The point's events from ``start``, in order, each once: READs of ``page`` events
+        (what is held at once), each from the last event handed over + 1. ``follow``: once
+        caught up, READ again every ``poll`` seconds (through the backoff's ``sleep``), for
+        ever; else stop there."""
+        if page < 1:
+            raise ValueError("page is at least 1")
+        next_id = start
+        while True:
+            got, _ = await self.read(next_id, page)
+            for event_id, data in got:
+                next_id = event_id + 1
+                yield event_id, data
+            if len(got) < page:
+                if not follow:
+                    return
+                await self.backoff.sleep(poll)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None:
+            client, self._client = self._client, None
+            self._known = max(self._known, client.latest)
+            await client.close()
+
+
+C = TypeVar("C", SeguroClient, ReconnectingSeguroClient)
+
+
+class _Connect(Generic[C]):
+    def __init__(self, opener: Callable[[], Coroutine[Any, Any, C]]) -> None:
+        self._opener: Callable[[], Coroutine[Any, Any, C]] = opener
+        self.client: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._opener().__await__()
+
+    async def __aenter__(self) -> C:
+        self.client = await self._opener()
         return self.client
 
     async def __aexit__(self, *exc: object) -> None:
@@ -137,10 +445,61 @@ class _Connect:
             await self.client.close()
 
 
-def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None) -> _Connect:
+class _Endpoint:
+    def __init__(self, url: str, ssl: _ssl.SSLContext | None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("seguro", "seguros") or not parts.hostname:
+            raise ValueError(f"not a seguro:// or seguros:// URL: {url!r}")
+        self.host, self.port = parts.hostname, parts.port or 7403
+        if ssl is None and parts.scheme == "seguros":
+            ssl = _ssl.create_default_context()  # the system's CAs; verifies the host name
+            ssl.minimum_version = _ssl.TLSVersion.TLSv1_2
+        self.ssl = ssl
+
+    async def dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port, limit=1 << 20, ssl=self.ssl)
+
+    async def session(self, point: str) -> SeguroClient:
+        reader, writer = await self.dial()
+        client = SeguroClient(reader, writer, point)
+        try:
+            await client.handshake()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+
+@overload
+def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None,
+            retry: None = None) -> _Connect[SeguroClient]: ...  # fmt: skip
+@overload
+def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None, retry: Retry,
+            pacing: Callable[[Retry], Backoff] = Backoff, refused_after: int = REFUSED_AFTER,
+            timeout: float = 10.0) -> _Connect[ReconnectingSeguroClient]: ...  # fmt: skip
+def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None,
+            retry: Retry | None = None, pacing: Callable[[Retry], Backoff] = Backoff,
+            refused_after: int = REFUSED_AFTER, timeout: float = 10.0
+            ) -> _Connect[SeguroClient] | _Connect[ReconnectingSeguroClient]:  # fmt: skip
     """A Seguro session for ``point`` at ``seguro://host:port`` (handshake included).
 
     ``ssl``: a client context (TLS; ``seguros://`` without one uses the system's CAs). The
     hub's certificate and host name are verified; for mutual TLS the context's certificate
-    must name ``point`` (its subject CN)."""
-    return _Connect(url, point, ssl)
+    must name ``point`` (its subject CN).
+
+    ``retry``: reconnect (:class:`ReconnectingSeguroClient`), paced by ``pacing(retry)`` (a
+    :class:`~tidewire.client.backoff.Backoff`; tests give one with their own sleep and clock),
+    the first connection included; ``refused_after``: see :data:`REFUSED_AFTER`;
+    ``timeout``: seconds for one connection and its handshake."""
+    endpoint = _Endpoint(url, ssl)
+    if retry is None:
+        return _Connect(lambda: endpoint.session(point))
+    where = f"{endpoint.host}:{endpoint.port}"
+
+    async def reconnecting() -> ReconnectingSeguroClient:
+        ship = ReconnectingSeguroClient(endpoint.dial, point, pacing(retry), where=where,
+                                        refused_after=refused_after, timeout=timeout)  # fmt: skip
+        await ship._connect()
+        return ship
+
+    return _Connect(reconnecting)

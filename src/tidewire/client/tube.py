@@ -22,13 +22,17 @@ import contextlib
 import ssl as _ssl
 from collections import deque
 from collections.abc import Generator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import aiohttp
 
 from ..model import AccessError, Forbidden, Unauthenticated
 from ..protocols.tube import Closed, Connection, Limits, MessageReceived, Role
 from .rsio import RsioClient
+
+if TYPE_CHECKING:
+    from .backoff import Retry
+    from .resilient import Reconnect
 
 __all__ = ["TubeStream", "connect"]
 
@@ -205,10 +209,27 @@ class _Connect:
             await self.client.close()
 
 
-def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None,
-            **options: Any) -> _Connect:  # fmt: skip
+@overload
+def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None, *,
+            retry: None = None, **options: Any) -> _Connect: ...  # fmt: skip
+@overload
+def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None, *,
+            retry: Retry, **options: Any) -> Reconnect: ...  # fmt: skip
+def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None, *,
+            retry: Retry | None = None, **options: Any) -> _Connect | Reconnect:  # fmt: skip
     """RS.io over Tube at ``ws://host:port/tube`` (``wss://``: over TLS, ``ssl`` its context):
     ``async with connect(url) as hub``. ``token``: sent as ``Authorization: Bearer`` on the
     upgrade (a refused one raises :class:`~tidewire.model.Unauthenticated` here). Options:
-    ``fragment_size``, ``compression``, ``keepalive``, ``max_message_bytes``, ``session``."""
-    return _Connect(url, {**options, "token": token, "ssl": ssl})
+    ``fragment_size``, ``compression``, ``keepalive``, ``max_message_bytes``, ``session``.
+
+    With ``retry`` (a :class:`~tidewire.client.backoff.Retry`), the client is a
+    :class:`~tidewire.client.resilient.ReconnectingClient` over Tube: it reconnects with
+    backoff, resumes subscriptions and re-offers what was not acknowledged, exactly as over
+    TCP (docs/protocols/rsio.md, "Reconnecting clients")."""
+    opener = _Connect(url, {**options, "token": token, "ssl": ssl})
+    if retry is None:
+        return opener
+    from .backoff import Backoff  # (resilient builds on the RS.io client: imported when used)
+    from .resilient import Reconnect
+
+    return Reconnect(opener._open, Backoff(retry), what=url)

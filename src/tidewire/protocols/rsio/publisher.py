@@ -36,6 +36,7 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 from ...model import (
     MAX_ID,
     Batch,
+    InvalidBatch,
     InvalidStreamName,
     RemoteProtocolError,
     TidewireError,
@@ -215,9 +216,12 @@ def _unquote_strict(raw: str) -> str:
 
 
 def _id(value: str, text: str) -> int:
-    if not value.isdigit() or not 0 <= int(value) <= MAX_ID:
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and no more of
+    # them than an id has: int() refuses more than 4300 digits, leading zeros included
+    digits = value.lstrip("0") or "0"
+    if not (value.isascii() and value.isdigit()) or len(digits) > 19 or int(digits) > MAX_ID:
         raise PublisherNameError(f"{value!r} is not an id (0..2**63-1) in {text!r}")
-    return int(value)
+    return int(digits)
 
 
 # --------------------------------------------------------------------------- envelopes
@@ -361,6 +365,8 @@ def _columns_to_batch(
     id_view = memoryview(id_array).cast("B").cast("Q")
     if ids[0]:
         _check_ids(id_view)
+    elif any(ids):  # (id 0: "the hub assigns it", for every envelope or for none)
+        raise InvalidBatch("envelopes either all carry ids or all leave them to the hub")
     offsets = array("I", accumulate(map(len, values), initial=0))
     key_flags = key_offsets = key_view = None
     if keyed:
@@ -527,6 +533,8 @@ def _envelope_frames_to_batch(
                 try:
                     key_len, q = _pull(buf, q)
                 except ValueError:
+                    break
+                if q > end:  # the varint ran on past the element
                     break
             if key_len:  # (a padded varint 0 is "no key" too)
                 if q + key_len - 1 > end:

@@ -153,7 +153,7 @@ class ClientSubscription:
         if first is None:
             fresh = elements
         else:
-            if first > self.next_seq:
+            if not 0 <= first <= self.next_seq:  # (numbers start at 0: the header is the peer's)
                 raise RemoteProtocolError(
                     f"elements from {first}, but {self.next_seq} was the next expected"
                 )
