@@ -9,6 +9,7 @@ event loops; the backoff's sleep and clock are fakes wherever a delay is asserte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -307,6 +308,49 @@ def test_an_acknowledgement_lost_after_the_commit(
                     assert dict(stored)[two.last_id] == b"b1-1"
                 assert pub.found_stored == (1 if mode == "own_ids" else 0)
                 assert pub.txns == (2 if mode == "txn" else 0)
+
+    run(main())
+
+
+def test_own_ids_wait_for_the_hub_to_finish_a_lost_connections_append(
+    tmp_path: Path, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Own ids: after the cut, the stream's latest id still lags behind the append the lost
+    connection made (the hub has accepted it, not yet reported it); the re-offer is refused
+    with IdOrderError, and the publisher looks again instead of failing: stored once."""
+
+    async def main() -> None:
+        async with restartable(tmp_path, "tcp") as served:
+            hub = served.the_hub()
+            append, streams = hub.append, hub.streams
+            lagging: list[int] = []  # answers that hid the lost connection's append
+
+            async def cut_after(*args: Any, **kwargs: Any) -> Any:
+                result = await append(*args, **kwargs)
+                if not lagging:
+                    lagging.append(0)
+                    served.cut()
+                return result
+
+            def stale(*args: Any, **kwargs: Any) -> Any:
+                if lagging and len(lagging) < 3:  # the first two answers after the cut lag
+                    lagging.append(1)
+                    return [dataclasses.replace(s, latest_id=0) for s in streams()]
+                return streams()
+
+            monkeypatch.setattr(hub, "append", cut_after)
+            monkeypatch.setattr(hub, "streams", stale)
+            async with ReconnectingClient(opener(served), backoff=Backoff(FAST)) as client:
+                pub = await client.publisher("s", assign_ids=False)
+                one = await pub.send(Batch.build("s", values_of(0, 3), ids=[10, 11, 12]))
+                two = await pub.send(Batch.build("s", values_of(1, 2), ids=[20, 21]))
+                await pub.close()
+                assert (one, two) == (Receipt(3, 10, 12), Receipt(2, 20, 21))
+                assert lagging == [0, 1, 1]
+                assert pub.found_stored == 1
+                assert client.reconnects == 1
+                assert await served.stored("s") == list(
+                    zip([10, 11, 12, 20, 21], values_of(0, 3) + values_of(1, 2), strict=True))
 
     run(main())
 

@@ -577,7 +577,8 @@ class ResilientPublisher:
                             and head.offered > 1 and in_doubt < IN_DOUBT_TRIES):  # fmt: skip
                         raise
                     in_doubt += 1
-                    await self.hub.backoff.sleep(self.hub.backoff.retry.initial * 2**in_doubt)
+                    retry = self.hub.backoff.retry
+                    await self.hub.backoff.sleep(min(retry.maximum, retry.initial * 2**in_doubt))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
