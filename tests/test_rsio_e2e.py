@@ -295,3 +295,24 @@ def test_records_format_gives_whole_checked_batches(
             writer.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("size", [0, 8])
+def test_a_publisher_keeps_nothing_of_what_it_sent(
+    tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None], size: int
+) -> None:
+    """A long-lived offer's queue empties once the hub committed what was sent: no per-element
+    bookkeeping is left behind (the soak found one count per variable-size value kept)."""
+
+    async def main() -> None:
+        async with hub_server(tmp_path) as (_, _, url), await tidewire.connect(url) as client:
+            if size:
+                pub = await client.publisher("s", format="value", size=size)
+            else:
+                pub = await client.publisher("s")
+            for i in range(50):
+                await pub.send([b"%08d" % (i * 10 + j) for j in range(10)])
+            assert (len(pub._queue), len(pub._queue_counts), pub._queued_bytes) == (0, 0, 0)
+            await pub.close()
+
+    run(main())

@@ -502,7 +502,7 @@ class Publisher:
         self.subscribed = False
         self.wake = asyncio.Event()
         self._queue: deque[bytes] = deque()  # elements (or packed runs) not yet sent
-        self._queue_counts: deque[int] = deque()
+        self._queue_counts: deque[int] = deque()  # with size=N: events in each queued run
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -582,7 +582,8 @@ class Publisher:
             if self.ended.done():
                 raise self.error or RsioError("the offer ended")
         self._queue.extend(parts)
-        self._queue_counts.extend((self.size and len(p) // self.size) or 1 for p in parts)
+        if self.size:  # (the event counts of packed runs; variable values count one each)
+            self._queue_counts.extend(len(p) // self.size for p in parts)
         self._queued_bytes += nbytes
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(self._submitted, self._submitted + count, future, own_ids))
