@@ -8,6 +8,10 @@ The fuzz is seeded: ``TIDEWIRE_FUZZ_SEED=<n>`` replays a run's inputs (the seed 
 failure message; how concurrent connections interleave at the server still varies). Each input
 comes from its own seed, shown with it, so ``make_case(random.Random(s), s)`` rebuilds input
 ``s``. ``TIDEWIRE_FUZZ_SECONDS`` (default 8) lengthens the run for a deeper local search.
+
+The sans-IO machines themselves (RS.io's and the four other protocols') are fuzzed one by one
+in tests/fuzz/, from a corpus kept in the repository (docs/fuzzing.md); this file checks the
+running hub as a whole.
 """
 
 from __future__ import annotations

@@ -205,7 +205,11 @@ class _ProtocolBreach(Exception):
 def _number(text: bytes, bits: int, what: str) -> int:
     if not text or not text.isdigit() or not text.isascii():
         raise _ProtocolBreach(f"{what}: {text[:40]!r} is not a decimal number")
-    value = int(text)
+    digits = text.lstrip(b"0") or b"0"
+    if len(digits) > 20:  # (no 64-bit number has more; int() refuses past 4300 digits)
+        raise _ProtocolBreach(f"{what}: a number of {len(digits)} digits does not fit in "
+                              f"{bits} bits")  # fmt: skip
+    value = int(digits)
     if value >> bits:
         raise _ProtocolBreach(f"{what}: {value} does not fit in {bits} bits")
     return value
@@ -516,8 +520,9 @@ class ServerSession(_Base):
             if nl < 0:
                 break
             fields = bytes(buf[pos + 6 : nl]).split(b" ")
-            if len(fields) != 2 or not all(f.isdigit() and f.isascii() for f in fields):
-                break  # the frame by frame path says why
+            if len(fields) != 2 or not all(f.isdigit() and f.isascii() and len(f) <= 20
+                                           for f in fields):  # fmt: skip
+                break  # the frame by frame path says why (or takes long leading zeros)
             event_id, size = int(fields[0]), int(fields[1])
             if event_id > MAX_U64 or size > max_event:
                 break
