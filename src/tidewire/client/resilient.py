@@ -40,7 +40,7 @@ import itertools
 import ssl
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +56,7 @@ from ..model import (
 )
 from ..protocols.rsio import ConnectionClosed
 from .backoff import Backoff
+from .opening import Opening
 from .rsio import ConnectionLost, Receipt, RsioClient, RsioError, Values
 
 __all__ = ["Opener", "Reconnect", "ReconnectingClient", "ResilientPublisher"]
@@ -703,7 +704,7 @@ class ResilientPublisher:
             self._ack(item, Receipt(item.count, item.first_id, batch.last_id), client)
 
 
-class Reconnect:
+class Reconnect(Opening[ReconnectingClient]):
     """``connect(url, retry=...)``: awaitable (gives a connected :class:`ReconnectingClient`)
     and an async context manager (closes it)."""
 
@@ -711,7 +712,6 @@ class Reconnect:
         self.open = open
         self.backoff = backoff
         self.what = what
-        self.client: ReconnectingClient | None = None
 
     async def _open(self) -> ReconnectingClient:
         backoff = dataclasses.replace(self.backoff, failures=0, since=None)  # one per client
@@ -722,17 +722,6 @@ class Reconnect:
             await client.close()
             raise
         return client
-
-    def __await__(self) -> Generator[Any, None, ReconnectingClient]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> ReconnectingClient:
-        self.client = await self._open()
-        return self.client
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.client is not None:
-            await self.client.close()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -64,6 +64,7 @@ from ..protocols.rsio.publisher import (
 if TYPE_CHECKING:
     from .backoff import Retry
     from .resilient import Reconnect
+from .opening import Opening
 
 __all__ = [
     "ByteReader",
@@ -717,7 +718,7 @@ class _Raw:
         return self.text
 
 
-class _Connect:
+class _Connect(Opening[RsioClient]):
     """``connect(url)``: awaitable (gives the client) and an async context manager."""
 
     def __init__(self, url: str, token: str | None, ssl: SSLContext | None,
@@ -730,7 +731,6 @@ class _Connect:
         self.token = token
         self.ssl = ssl if ssl is not None or parts.scheme == "rsio" else create_default_context()
         self.keepalive = keepalive
-        self.client: RsioClient | None = None
 
     async def _open(self) -> RsioClient:
         reader, writer = await asyncio.open_connection(
@@ -746,17 +746,6 @@ class _Connect:
                 await client.close()
                 raise
         return client
-
-    def __await__(self) -> Generator[Any, None, RsioClient]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> RsioClient:
-        self.client = await self._open()
-        return self.client
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.client is not None:
-            await self.client.close()
 
 
 def _tcp_keepalive(writer: asyncio.StreamWriter) -> None:

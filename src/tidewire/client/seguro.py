@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as _ssl
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from itertools import pairwise
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit
 
 from ..model import MAX_ID, LocalProtocolError, TidewireError
@@ -47,6 +47,7 @@ from ..protocols.seguro import (
     validate_patp,
 )
 from .backoff import Backoff, GaveUp, Retry
+from .opening import Opening
 
 __all__ = [
     "REFUSED_AFTER",
@@ -428,21 +429,12 @@ class ReconnectingSeguroClient:
 C = TypeVar("C", SeguroClient, ReconnectingSeguroClient)
 
 
-class _Connect(Generic[C]):
+class _Connect(Opening[C]):
     def __init__(self, opener: Callable[[], Coroutine[Any, Any, C]]) -> None:
         self._opener: Callable[[], Coroutine[Any, Any, C]] = opener
-        self.client: C | None = None
 
-    def __await__(self) -> Generator[Any, None, C]:
-        return self._opener().__await__()
-
-    async def __aenter__(self) -> C:
-        self.client = await self._opener()
-        return self.client
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.client is not None:
-            await self.client.close()
+    async def _open(self) -> C:
+        return await self._opener()
 
 
 class _Endpoint:

@@ -21,13 +21,13 @@ import asyncio
 import contextlib
 import ssl as _ssl
 from collections import deque
-from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import aiohttp
 
 from ..model import AccessError, Forbidden, Unauthenticated
 from ..protocols.tube import Closed, Connection, Limits, MessageReceived, Role
+from .opening import Opening
 from .rsio import RsioClient
 
 if TYPE_CHECKING:
@@ -187,26 +187,14 @@ def _refusal(exc: aiohttp.WSServerHandshakeError) -> AccessError | None:
     return kind(f"the hub refused the Tube upgrade: {exc.status} {exc.message}")
 
 
-class _Connect:
+class _Connect(Opening[RsioClient]):
     def __init__(self, url: str, options: dict[str, Any]) -> None:
         self.url = url
         self.options = options
-        self.client: RsioClient | None = None
 
     async def _open(self) -> RsioClient:
         stream = await TubeStream.open(self.url, **self.options)
         return RsioClient(stream, stream)
-
-    def __await__(self) -> Generator[Any, None, RsioClient]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> RsioClient:
-        self.client = await self._open()
-        return self.client
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.client is not None:
-            await self.client.close()
 
 
 @overload
