@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 
 from ...model import LocalProtocolError, RemoteProtocolError
+from ..buffer import ReceiveBuffer
 
 __all__ = [
     "CONTROL_CHANNEL",
@@ -59,6 +60,17 @@ class Limits:
     max_name_bytes: int = 4096  # a channel or key
     max_body_bytes: int = 16 * 1024 * 1024
     max_subscriptions: int = 65536  # entries in one handshake; held at once (Connection)
+    # bytes received and not parsed: raised to the largest message frame plus 1 MiB if below
+    # it (the adapters drain every complete frame after each read, so what waits is at most
+    # one partial frame and one read); a handshake larger than this is a breach (**decision**)
+    max_buffered_bytes: int = 64 * 1024 * 1024
+
+    @property
+    def buffer_limit(self) -> int:
+        """The receive buffer's limit: :attr:`max_buffered_bytes`, or more if a message frame
+        at the other limits would not fit."""
+        frame = _MSG.size + 2 * self.max_name_bytes + self.max_body_bytes
+        return max(self.max_buffered_bytes, frame + 1024 * 1024)
 
 
 def _check_name(what: str, name: str) -> bytes:
@@ -196,7 +208,7 @@ class _NeedData(Exception):
     pass
 
 
-def _name(buf: bytearray, pos: int, size: int, what: str) -> str:
+def _name(buf: bytes | bytearray, pos: int, size: int, what: str) -> str:
     try:
         return bytes(buf[pos : pos + size]).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -215,7 +227,7 @@ def parse_entry(data: bytes | bytearray, limits: Limits) -> SubscriptionEntry:
     return entry
 
 
-def _entry(buf: bytearray, pos: int, limits: Limits) -> tuple[SubscriptionEntry, int]:
+def _entry(buf: bytes | bytearray, pos: int, limits: Limits) -> tuple[SubscriptionEntry, int]:
     if len(buf) < pos + _ENTRY.size:
         raise _NeedData
     op, clen, klen = _ENTRY.unpack_from(buf, pos)
@@ -234,12 +246,13 @@ def _entry(buf: bytearray, pos: int, limits: Limits) -> tuple[SubscriptionEntry,
 
 class Decoder:
     """Bytes in (:meth:`feed`), frames out (:meth:`next_frame`, ``None`` = need more).
-    :class:`RemoteProtocolError` means the peer broke the format (the decoder is then dead)."""
+    :class:`RemoteProtocolError` means the peer broke the format (the decoder is then dead);
+    more than ``limits.buffer_limit`` bytes unparsed is such a breach
+    (:class:`~tidewire.protocols.buffer.BufferFull`)."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
-        self._buf = bytearray()
-        self._pos = 0
+        self._rx = ReceiveBuffer(self.limits.buffer_limit)
         self._dead: RemoteProtocolError | None = None
         self._names: dict[bytes, str] = {}  # channel and key bytes -> str, recently seen
 
@@ -257,30 +270,34 @@ class Decoder:
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        """Bytes received and not parsed yet (at most ``limits.buffer_limit``)."""
+        return self._rx.buffered
 
     def feed(self, data: bytes) -> None:
         if self._dead is not None:
             raise self._dead
-        if self._pos > 65536 and self._pos > len(self._buf) // 2:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        try:
+            self._rx.append(data)
+        except RemoteProtocolError as exc:
+            self._dead = exc
+            raise
 
     def next_frame(self) -> Frame | None:
         if self._dead is not None:
             raise self._dead
-        try:
-            frame, end = self._parse(self._buf, self._pos)
+        rx = self._rx
+        try:  # (parsed in place: a frame is consumed only once it is whole)
+            frame, end = self._parse(rx.data, rx.pos)
         except _NeedData:
             return None
         except RemoteProtocolError as exc:
             self._dead = exc
+            self._rx.clear()
             raise
-        self._pos = end
+        rx.advance_to(end)
         return frame
 
-    def _parse(self, buf: bytearray, pos: int) -> tuple[Frame, int]:
+    def _parse(self, buf: bytes | bytearray, pos: int) -> tuple[Frame, int]:
         if pos >= len(buf):
             raise _NeedData
         code = buf[pos]

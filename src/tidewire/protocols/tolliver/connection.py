@@ -154,9 +154,21 @@ class Connection:
         return tuple(SubscriptionEntry(0, c, k) for c, k in sorted(self.subscriptions))
 
     def data_to_send(self) -> bytes:
+        """Everything queued for the peer, in order (``b""``: nothing)."""
         data = bytes(self._out)
         self._out.clear()
         return data
+
+    @property
+    def pending(self) -> int:
+        """Bytes queued in :meth:`data_to_send`."""
+        return len(self._out)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not parsed yet: at most ``limits.buffer_limit`` (more is a
+        breach)."""
+        return self._decoder.buffered
 
     @property
     def established(self) -> bool:
@@ -268,6 +280,7 @@ class Connection:
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes) -> None:
+        """Bytes from the peer; ``b""``: it closed. A breach closes (:class:`Closed`)."""
         if self.closed:
             return
         if not data:
@@ -279,6 +292,7 @@ class Connection:
             self._close(str(exc), error=True)
 
     def next_event(self) -> Event | None:
+        """The next event, or ``None`` until more bytes come (or once closed)."""
         events, decoder, unacked = self._events, self._decoder, self._unacked
         while not events and self.state is not _State.CLOSED:
             try:
