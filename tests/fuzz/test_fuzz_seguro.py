@@ -70,7 +70,7 @@ def check_waiting(session: ServerSession | ClientSession) -> None:
     """A session that ran dry waits for one line, or for the event data it was announced."""
     if session.closed:
         return
-    buffered = session._reader.buffered
+    buffered = session.buffered
     pending = session._pending_block
     if pending is None:
         assert buffered <= session.limits.max_line_bytes, buffered

@@ -100,7 +100,7 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.session.receive_data(data)
         self._wake.set()
-        if self.session._reader.buffered > MAX_PENDING_BYTES and self._reading:
+        if self.session.buffered > MAX_PENDING_BYTES and self._reading:
             self._pause()
 
     def eof_received(self) -> bool | None:
@@ -226,7 +226,7 @@ class _Protocol(asyncio.Protocol):
     def _waited(self, reply: str) -> bool:
         """The ship must wait for ``reply`` before saying more: bytes already here were sent
         before it (the reply is not sent yet), a breach. Drops the connection if so."""
-        if self.session.unread:  # (the run loop then meets the Breach and drops the connection)
+        if self.session.buffered:  # (the run loop then meets the Breach and drops the connection)
             self.session.breach(f"a command before the {reply} it had to wait for")
             return False
         return True

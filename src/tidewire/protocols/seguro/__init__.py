@@ -1,9 +1,8 @@
-"""Seguro (seed 004): the per-identity event-log protocol, sans-IO. See docs/protocols/seguro.md."""
+"""Seguro (seed 004): the per-identity event-log protocol, sans-IO. See docs/protocols/seguro.md.
+``codec``: the wire, its limits and events; ``session``: the hub's side; ``ship``: a ship's."""
 
-from .patp import InvalidPatp, rank, validate_patp
-from .session import (
+from .codec import (
     Breach,
-    ClientSession,
     Committed,
     CommittedMany,
     Event,
@@ -20,10 +19,12 @@ from .session import (
     SaveMany,
     Seguro,
     Sent,
-    ServerSession,
     StreamedMany,
     Welcome,
 )
+from .patp import InvalidPatp, rank, validate_patp
+from .session import ServerSession
+from .ship import ClientSession
 
 __all__ = [
     "Breach",
