@@ -6,10 +6,11 @@ Strategy (h11's ``ReceiveBuffer``, wsproto's ``Buffer``, asyncpg's chunk list):
 * **One contiguous store and a read position.** Parsed bytes are not deleted one message at a
   time (that would be quadratic); the consumed prefix is dropped at :meth:`append` once it is
   over 64 KiB and over half the store, so the cost per byte stays constant.
-* **Zero-copy for a lone chunk.** While the buffer holds nothing unparsed, an appended ``bytes``
-  is kept as it is (not copied); :meth:`take` of exactly that chunk hands the same object back
-  (a one-fragment Tube message, a whole Seguro block that came in one read). Only a second
-  chunk, arriving while the first is partly unparsed, copies the rest into a ``bytearray``.
+* **Zero-copy for a lone chunk, one copy for a run of chunks.** While the buffer holds nothing
+  unparsed, an appended ``bytes`` is kept as it is (not copied); :meth:`take` of exactly that
+  chunk hands the same object back. Later chunks wait in a list (asyncpg's model) and are
+  joined once: by :meth:`take_all` straight into the result (a Tube message of several
+  fragments), or into one ``bytearray`` when a parser first needs to look across them.
 * **Transactions.** :meth:`rollback` moves the read position back to the last :meth:`commit`,
   so a parser that finds half a frame gives back what it took: a partial frame is never
   half-consumed.
@@ -19,8 +20,8 @@ Strategy (h11's ``ReceiveBuffer``, wsproto's ``Buffer``, asyncpg's chunk list):
   :class:`~tidewire.model.RemoteProtocolError`), raised by :meth:`append` before the bytes are
   kept.
 
-Parsers on a hot path read the store in place (:attr:`data` from :attr:`pos`, e.g. with
-``struct.unpack_from``) and then :meth:`advance_to` the end of what they parsed.
+Parsers on a hot path read the store in place (:meth:`view`: the store and the read position,
+e.g. for ``struct.unpack_from``) and then :meth:`advance_to` the end of what they parsed.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class ReceiveBuffer:
     them (or :meth:`advance_to` / :meth:`skip` says so); ``len(buffer)`` and :attr:`buffered`
     are the unparsed bytes (from the read position to the end)."""
 
-    __slots__ = ("_data", "_mark", "_pos", "_scan", "_scan_from", "_scanned", "limit")
+    __slots__ = (
+        "_data", "_mark", "_pos", "_scan", "_scan_from", "_scanned", "_tail", "_tail_bytes",
+        "limit",
+    )  # fmt: skip
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
@@ -58,6 +62,8 @@ class ReceiveBuffer:
         self._data: bytes | bytearray = b""
         self._pos = 0  # the read position
         self._mark = 0  # the read position at the last commit (rollback returns here)
+        self._tail: list[bytes] = []  # chunks after _data, not joined to it yet
+        self._tail_bytes = 0
         # find(): the delimiter last searched for, and the stretch of _data (absolute) known
         # not to hold it
         self._scan = b""
@@ -67,15 +73,15 @@ class ReceiveBuffer:
     # ------------------------------------------------------------------ size
 
     def __len__(self) -> int:
-        return len(self._data) - self._pos
+        return len(self._data) - self._pos + self._tail_bytes
 
     def __bool__(self) -> bool:
-        return len(self._data) > self._pos
+        return len(self._data) - self._pos + self._tail_bytes > 0
 
     @property
     def buffered(self) -> int:
         """Bytes received and not parsed (the same as ``len(buffer)``)."""
-        return len(self._data) - self._pos
+        return len(self._data) - self._pos + self._tail_bytes
 
     # ------------------------------------------------------------------ input
 
@@ -86,21 +92,34 @@ class ReceiveBuffer:
         size = len(data)
         if not size:
             return
-        unparsed = len(self._data) - self._pos
+        unparsed = len(self._data) - self._pos + self._tail_bytes
         if unparsed + size > self.limit:
             raise BufferFull(self.limit, unparsed + size)
+        chunk = data if isinstance(data, bytes) else bytes(data)  # (the caller may reuse it)
         if not unparsed:  # nothing pending: keep the chunk as it came (zero-copy)
-            self._data = data if isinstance(data, bytes) else bytes(data)
+            self._data = chunk
             self._pos = self._mark = self._scan_from = self._scanned = 0
             return
-        pos = self._mark = self._pos
-        if isinstance(self._data, bytes):  # a second chunk: from now on, one bytearray
-            self._data = bytearray(memoryview(self._data)[pos:])
-            self._shift(pos)
-        elif pos > _COMPACT_BYTES and pos * 2 > len(self._data):
-            del self._data[:pos]
-            self._shift(pos)
-        self._data += data
+        self._mark = self._pos
+        self._tail.append(chunk)
+        self._tail_bytes += size
+
+    def _join(self) -> None:
+        """Join the waiting chunks to the store (one ``bytearray`` from the mark on)."""
+        data, mark = self._data, self._mark
+        if isinstance(data, bytes):
+            store = bytearray(memoryview(data)[mark:])
+            self._shift(mark)
+        else:
+            store = data
+            if mark > _COMPACT_BYTES and mark * 2 > len(store):
+                del store[:mark]
+                self._shift(mark)
+        for chunk in self._tail:
+            store += chunk
+        self._tail.clear()
+        self._tail_bytes = 0
+        self._data = store
 
     def _shift(self, removed: int) -> None:
         self._pos -= removed
@@ -112,6 +131,8 @@ class ReceiveBuffer:
         """Forget everything buffered (a machine that closed keeps no bytes)."""
         self._data = b""
         self._pos = self._mark = self._scan_from = self._scanned = 0
+        self._tail.clear()
+        self._tail_bytes = 0
 
     # ------------------------------------------------------------------ transactions
 
@@ -129,21 +150,34 @@ class ReceiveBuffer:
     def data(self) -> bytes | bytearray:
         """The store, for parsers that read in place from :attr:`pos` (read-only; valid until
         the next :meth:`append`)."""
+        if self._tail:
+            self._join()
         return self._data
 
     @property
     def pos(self) -> int:
         """The read position in :attr:`data`."""
+        if self._tail:
+            self._join()
         return self._pos
 
+    def view(self) -> tuple[bytes | bytearray, int]:
+        """``(data, pos)`` in one call (the hot decoders' way in)."""
+        if self._tail:
+            self._join()
+        return self._data, self._pos
+
     def advance_to(self, pos: int) -> None:
-        """Consume up to ``pos`` in :attr:`data` (an in-place parser's end)."""
-        if not self._pos <= pos <= len(self._data):
-            raise ValueError(f"position {pos} outside {self._pos}..{len(self._data)}")
+        """Consume up to ``pos`` in :attr:`data` (an in-place parser's end; no chunk may have
+        been appended since it read :attr:`data`). Checked only by an assert: it is on every
+        hot decoder's path, once a frame."""
+        assert self._pos <= pos <= len(self._data), f"position {pos} outside the store"
         self._pos = pos
 
     def skip(self, size: int) -> None:
         """Consume ``size`` bytes (there must be that many)."""
+        if self._tail:
+            self._join()
         self.advance_to(self._pos + size)
 
     def take(self, size: int) -> bytes | None:
@@ -152,16 +186,25 @@ class ReceiveBuffer:
         pos, data = self._pos, self._data
         end = pos + size
         if end > len(data):
-            return None
+            if end > len(data) + self._tail_bytes:
+                return None
+            self._join()
+            pos, data = self._pos, self._data
+            end = pos + size
         self._pos = end
         if pos == 0 and end == len(data) and isinstance(data, bytes):
             return data
-        return bytes(data[pos:end])
+        return bytes(memoryview(data)[pos:end])
 
     def take_all(self) -> bytes:
-        """Everything buffered, consumed."""
-        taken = self.take(len(self._data) - self._pos)
-        assert taken is not None
+        """Everything buffered, consumed (waiting chunks are joined straight into it)."""
+        if not self._tail:
+            taken = self.take(len(self._data) - self._pos)
+            assert taken is not None
+            return taken
+        head = memoryview(self._data)[self._pos :]
+        taken = b"".join([head, *self._tail] if head else self._tail)
+        self.clear()
         return taken
 
     def find(self, delimiter: bytes, max_bytes: int) -> int:
@@ -169,6 +212,8 @@ class ReceiveBuffer:
         within the first ``max_bytes + len(delimiter)`` bytes buffered (nothing consumed).
         Searching again for the same delimiter resumes where the last search stopped, so
         bytes are scanned once however thinly they arrive."""
+        if self._tail:
+            self._join()
         data, pos = self._data, self._pos
         start = scan_from = pos
         if delimiter == self._scan and self._scan_from <= pos <= self._scanned:
@@ -192,4 +237,4 @@ class ReceiveBuffer:
             return None
         pos = self._pos
         self._pos = pos + at + len(delimiter)
-        return bytes(self._data[pos : pos + at])
+        return bytes(memoryview(self._data)[pos : pos + at])

@@ -149,7 +149,7 @@ class Session:
         assert self._pending_block is not None
         size = self._pending_block[2]
         rx = self._rx
-        data, pos = rx.data, rx.pos
+        data, pos = rx.view()
         end = pos + size
         if len(data) < end + 2:
             return None
@@ -338,7 +338,8 @@ class ServerSession(Session):
         be (up to a breach, which ends the run, the events before it dropped with it)."""
         assert self._many is not None
         rx, many = self._rx, self._many
-        buf, pos, end_buf = rx.data, rx.pos, len(rx.data)
+        buf, pos = rx.view()
+        end_buf = len(buf)
         max_line, max_event = self.limits.max_line_bytes, self.limits.max_event_bytes
         ids: list[int] = []
         datas: list[bytes] = []

@@ -287,7 +287,7 @@ class Decoder:
             raise self._dead
         rx = self._rx
         try:  # (parsed in place: a frame is consumed only once it is whole)
-            frame, end = self._parse(rx.data, rx.pos)
+            frame, end = self._parse(*rx.view())
         except _NeedData:
             return None
         except RemoteProtocolError as exc:
