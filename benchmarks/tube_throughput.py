@@ -77,12 +77,12 @@ async def serve() -> None:
             tube = Connection(Role.SERVER, fragment_size=FRAGMENT, now=loop.time(),
                               compression=mode)  # fmt: skip
             first = await ws.receive()  # the client's fragment size
-            tube.receive_message(first.data, loop.time())
-            for message in tube.messages_to_send():  # the server's
+            tube.receive_data(first.data, loop.time())
+            for message in tube.data_to_send():  # the server's
                 await ws.send_bytes(message)
             for _ in range(n):
                 tube.send(data, loop.time())
-                for message in tube.messages_to_send():
+                for message in tube.data_to_send():
                     await ws.send_bytes(message)
         await ws.receive()  # the receiver closes when it has everything
         return ws
@@ -117,13 +117,13 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                 got += 1
         else:
             tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time())
-            for out in tube.messages_to_send():
+            for out in tube.data_to_send():
                 await ws.send_bytes(out)
             while got < n:
                 message = await ws.receive()
                 if message.type != WSMsgType.BINARY:
                     raise RuntimeError(f"unexpected {message.type}")
-                tube.receive_message(message.data, loop.time())
+                tube.receive_data(message.data, loop.time())
                 while (event := tube.next_event()) is not None:
                     if isinstance(event, MessageReceived):
                         if len(event.data) != size:

@@ -57,7 +57,7 @@ def events(conn: Connection) -> list[Event]:
 
 def feed(conn: Connection, messages: Sequence[bytes], now: float = 0.0) -> list[Event]:
     for message in messages:
-        conn.receive_message(message, now)
+        conn.receive_data(message, now)
     return events(conn)
 
 
@@ -77,8 +77,8 @@ def pair(
     server = Connection(Role.SERVER, fragment_size=server_fragment_size,
                         limits=limits or Limits(), compression=server_mode,
                         keepalive=keepalive)  # fmt: skip
-    assert feed(server, client.messages_to_send()) == [Established(client_fragment_size)]
-    assert feed(client, server.messages_to_send()) == [Established(server_fragment_size)]
+    assert feed(server, client.data_to_send()) == [Established(client_fragment_size)]
+    assert feed(client, server.data_to_send()) == [Established(server_fragment_size)]
     assert client.established
     assert server.established
     return client, server
@@ -88,7 +88,7 @@ def server_with_peer_size(size: int, fragment_size: int = 0, **kwargs: object) -
     """A server that has read a client's fragment size ``size`` (answer taken)."""
     server = Connection(Role.SERVER, fragment_size=fragment_size, **kwargs)  # type: ignore[arg-type]
     assert feed(server, [push_varint(size)]) == [Established(size)]
-    assert server.messages_to_send() == [push_varint(fragment_size)]
+    assert server.data_to_send() == [push_varint(fragment_size)]
     return server
 
 
@@ -101,15 +101,11 @@ def closed(evs: Sequence[Event]) -> Closed:
 
 def count_of(messages: Sequence[bytes]) -> int:
     """The fragment count a header announces, checked against the messages that follow."""
-    code, count, offset = split_header(messages[0])
+    code, count, _ = split_header(messages[0])
     assert code < 8
-    # README reading: the first fragment shares the header's message; the literal reading
-    # (header alone) is used only for the empty message, as header + one empty fragment.
-    if offset == len(messages[0]):
-        assert messages[1:] == [b""]
-        assert count == 1
-    else:
-        assert count == len(messages)
+    # README reading: the first fragment shares the header's message, and an empty message is
+    # the header alone (its first fragment, glued to it, is empty).
+    assert count == len(messages)
     return count
 
 
@@ -218,15 +214,15 @@ def test_split_header_refuses(wire: str, why: str) -> None:
 def test_the_client_speaks_first_and_the_server_answers_after_reading() -> None:
     client = Connection(Role.CLIENT, fragment_size=300)
     server = Connection(Role.SERVER, fragment_size=64)
-    assert client.messages_to_send() == [h("d8 04")]  # at construction
-    assert server.messages_to_send() == []  # nothing before the client's size
+    assert client.data_to_send() == [h("d8 04")]  # at construction
+    assert server.data_to_send() == []  # nothing before the client's size
     assert not client.established
     assert not server.established
     assert feed(server, [h("d8 04")]) == [Established(300)]
-    assert server.messages_to_send() == [h("80 01")]
+    assert server.data_to_send() == [h("80 01")]
     assert server.peer_fragment_size == 300
     assert feed(client, [h("80 01")]) == [Established(64)]
-    assert client.messages_to_send() == []  # the client does not answer the answer
+    assert client.data_to_send() == []  # the client does not answer the answer
     assert client.established
     assert server.established
 
@@ -245,14 +241,14 @@ def test_the_client_speaks_first_and_the_server_answers_after_reading() -> None:
 )
 def test_a_bad_fragment_size_request_is_a_breach(role: Role, wire: str, why: str) -> None:
     conn = Connection(role, fragment_size=1024)
-    conn.messages_to_send()
+    conn.data_to_send()
     evs = feed(conn, [h(wire)])
     assert len(evs) == 1
     event = closed(evs)
     assert event.error
     assert event.code == 1002
     assert why in event.reason
-    assert conn.messages_to_send() == []  # a server answers nothing
+    assert conn.data_to_send() == []  # a server answers nothing
     assert feed(conn, [b"\x80"]) == []  # and reads nothing more
 
 
@@ -278,12 +274,12 @@ def small_peer_size_send(size: int, length: int) -> tuple[bool, list[bytes], byt
     payload = bytes(i % 251 for i in range(length))
     if any(isinstance(e, Closed) for e in evs):
         return True, [], payload  # refused at the handshake: fine
-    server.messages_to_send()
+    server.data_to_send()
     try:
         server.send(payload, 0.0, compress=False)
     except LocalProtocolError:
         return True, [], payload  # refused by the sender: fine
-    return False, server.messages_to_send(), payload
+    return False, server.data_to_send(), payload
 
 
 def check_small_peer_size(size: int, length: int) -> None:
@@ -292,7 +288,7 @@ def check_small_peer_size(size: int, length: int) -> None:
         return
     assert max(map(len, sent)) <= size
     receiver = Connection(Role.CLIENT, fragment_size=8)
-    receiver.messages_to_send()
+    receiver.data_to_send()
     feed(receiver, [push_varint(64)])
     assert feed(receiver, sent) == [MessageReceived(payload, False)]
 
@@ -316,7 +312,7 @@ def test_a_peer_fragment_size_too_small_for_the_header_is_refused_or_honoured(
 
 def send_and_take(src: Connection, data: bytes, **kwargs: bool) -> list[bytes]:
     src.send(data, 0.0, **kwargs)
-    return src.messages_to_send()
+    return src.data_to_send()
 
 
 @pytest.mark.parametrize("fragment_size", [16, 64, 65536])
@@ -338,8 +334,8 @@ def test_fragment_boundaries(fragment_size: int, shape: str) -> None:
         assert sent[0][0] == 0
         assert count > 7
         assert sent[0].startswith(b"\x00" + push_varint(count))
-    if length == 0:
-        assert sent == [b"\x01", b""]
+    if length == 0:  # the header alone (README: its first fragment, glued to it, is empty)
+        assert sent == [b"\x01"]
     assert feed(client, sent) == [MessageReceived(payload, False)]
     # and the other way: the client splits at the server's size
     client2, server2 = pair(client_fragment_size=0, server_fragment_size=f)
@@ -403,7 +399,7 @@ def test_round_trip_property(
         if src.compression == "always":
             assert code == CODE_DEFLATE
         assert feed(dst, sent) == [MessageReceived(payload, code == CODE_DEFLATE)]
-        assert dst.messages_to_send() == []
+        assert dst.data_to_send() == []
 
 
 # --------------------------------------------------------------------------- two readings
@@ -416,8 +412,11 @@ def literal(messages: list[bytes]) -> list[bytes]:
     return [messages[0][:offset], messages[0][offset:], *messages[1:]]
 
 
-@pytest.mark.parametrize("count", [1, 3, 10])
+@pytest.mark.parametrize("count", [3, 10])
 def test_both_readings_of_a_header(count: int) -> None:
+    """With several fragments, a header alone means its first fragment is the next WebSocket
+    message (the seed's literal reading); a README sender never sends one so (an empty first
+    fragment in a message of several is a breach). With one, see the empty message below."""
     f = 16
     client, server = pair(client_fragment_size=f)
     payload = bytes(range(f * count - (2 if count > 7 else 1)))  # exactly `count` fragments
@@ -431,13 +430,25 @@ def test_both_readings_of_a_header(count: int) -> None:
     assert feed(client, readme) == [MessageReceived(payload, False)]  # and back again
 
 
-def test_an_empty_message_is_a_header_alone_then_an_empty_fragment() -> None:
+def test_an_empty_message_is_the_header_byte_alone() -> None:
+    """Golden bytes (shared/seeds/README.md: the first fragment is glued to its header, so an
+    empty message is the header alone): plain ``01``, deflated ``09``, one WebSocket message."""
     client, server = pair(client_fragment_size=64)
-    assert send_and_take(server, b"") == [b"\x01", b""]
-    assert feed(client, [b"\x01", b""]) == [MessageReceived(b"", False)]
-    # a ping after the header is taken as the first fragment (the literal reading)
-    assert feed(client, [b"\x01", b"\x80"]) == [MessageReceived(b"\x80", False)]
-    assert client.messages_to_send() == []
+    assert send_and_take(server, b"") == [b"\x01"]
+    assert feed(client, [b"\x01"]) == [MessageReceived(b"", False)]
+    server.send(b"", 0.0, compress=True)  # (deflated: not empty, so not alone)
+    deflated = server.data_to_send()
+    assert deflated == [h("09 78 01 03 00 00 00 00 01")]
+    assert feed(client, deflated) == [MessageReceived(b"", True)]
+    # a ping after it is a ping, not a first fragment
+    assert feed(client, [b"\x01", b"\x80"]) == [MessageReceived(b"", False), Ping()]
+    assert client.data_to_send() == [b"\x88"]
+    # what tidewire sent before (01, then an empty fragment) still reads as one empty message
+    assert feed(client, [b"\x01", b"", b"\x01hi"]) == [
+        MessageReceived(b"", False), MessageReceived(b"hi", False)
+    ]
+    # ...but an empty WebSocket message anywhere else is still a breach
+    assert closed(feed(client, [b""])).code == 1002
 
 
 # --------------------------------------------------------------------------- compression
@@ -486,7 +497,7 @@ def test_an_unknown_compression_is_refused_and_the_message_dropped(compression_i
     body = bytes(40)  # three fragments
     wire = [bytes([compression_id << 3 | 3]) + body[:15], body[15:31], body[31:]]
     assert feed(client, wire) == []
-    assert client.messages_to_send() == [bytes([(8 + compression_id) << 3])]
+    assert client.data_to_send() == [bytes([(8 + compression_id) << 3])]
     assert client.established  # the connection carries on
     assert feed(client, [b"\x01ok"]) == [MessageReceived(b"ok", False)]
     # the sender hears of it
@@ -539,29 +550,29 @@ def test_deflate_up_to_the_limit_inflates() -> None:
 def test_ping_is_answered_at_once_and_pong_is_not() -> None:
     client, server = pair()
     assert feed(server, [b"\x80"]) == [Ping()]
-    assert server.messages_to_send() == [b"\x88"]
+    assert server.data_to_send() == [b"\x88"]
     assert feed(client, [b"\x88"]) == [Pong()]
-    assert client.messages_to_send() == []
+    assert client.data_to_send() == []
     client.ping(0.0)
-    assert client.messages_to_send() == [b"\x80"]
+    assert client.data_to_send() == [b"\x80"]
     # reserved control codes (8, 18-31) are ignored
     assert feed(client, [b"\x40", b"\x90", b"\xf8"]) == []
-    assert client.messages_to_send() == []
+    assert client.data_to_send() == []
 
 
 def test_keepalive_pings_after_quiet_and_closes_a_silent_peer() -> None:
     client, _server = pair(keepalive=10)  # everything at now=0
     assert client.next_deadline() == 10
     client.handle_timer(9.99)
-    assert client.messages_to_send() == []
+    assert client.data_to_send() == []
     assert events(client) == []
     client.handle_timer(10)
-    assert client.messages_to_send() == [b"\x80"]
+    assert client.data_to_send() == [b"\x80"]
     assert client.next_deadline() == 20
     client.handle_timer(20)
-    assert client.messages_to_send() == [b"\x80"]
+    assert client.data_to_send() == [b"\x80"]
     client.send(b"data", 25)  # sending pushes the next ping
-    client.messages_to_send()
+    client.data_to_send()
     assert client.next_deadline() == 30  # silence: 3 x 10 after the last receipt
     client.handle_timer(29.99)
     assert events(client) == []
@@ -571,17 +582,17 @@ def test_keepalive_pings_after_quiet_and_closes_a_silent_peer() -> None:
     assert event.error
     assert "silent" in event.reason
     assert client.next_deadline() is None
-    assert client.messages_to_send() == []
+    assert client.data_to_send() == []
 
 
 def test_receiving_anything_pushes_the_silence_deadline() -> None:
     client, _server = pair(keepalive=10)
     for now, message in [(12, b"\x88"), (35, b"\x01x"), (60, b"\x80")]:
-        client.receive_message(message, now)
+        client.receive_data(message, now)
         events(client)
         client.handle_timer(now + 29.99)
         assert not any(isinstance(e, Closed) for e in events(client))
-        client.messages_to_send()
+        client.data_to_send()
     client.handle_timer(90)
     assert closed(events(client)).code == 1001
 
@@ -590,14 +601,14 @@ def test_no_keepalive_no_deadline() -> None:
     client, _server = pair()
     assert client.next_deadline() is None
     client.handle_timer(1e9)
-    assert client.messages_to_send() == []
+    assert client.data_to_send() == []
     assert events(client) == []
 
 
 @pytest.mark.parametrize("role", list(Role))
 def test_a_handled_deadline_moves_on_before_the_exchange(role: Role) -> None:
     conn = Connection(role, fragment_size=64, keepalive=10, now=0.0)
-    conn.messages_to_send()
+    conn.data_to_send()
     assert conn.next_deadline() == 30  # before the exchange: the silence deadline only (no ping)
     conn.handle_timer(10)
     deadline = conn.next_deadline()
@@ -622,9 +633,9 @@ def test_a_100_mib_message_within_a_128_mib_limit() -> None:
     assert len(header) == 3
     assert count == 101
     view = memoryview(payload)
-    server.receive_message(header + payload[: f - 3], 0.0)
+    server.receive_data(header + payload[: f - 3], 0.0)
     for start in range(f - 3, len(payload), f):
-        server.receive_message(view[start : start + f], 0.0)
+        server.receive_data(view[start : start + f], 0.0)
     (event,) = events(server)
     assert isinstance(event, MessageReceived)
     assert len(event.data) == len(payload)
@@ -699,10 +710,10 @@ def wire_of(items: Sequence[Item], alone: bool) -> list[bytes]:
     for kind, payload, header_alone in items:
         if kind in ("data", "json"):
             sender.send(payload, 0.0)
-            sent = sender.messages_to_send()
+            sent = sender.data_to_send()
         elif kind == "unknown":  # compression id 3, split at 16 bytes as this side splits
             sender._send_fragments(3, bytes(payload), 0.0)
-            sent = sender.messages_to_send()
+            sent = sender.data_to_send()
         elif kind == "ping":
             sent = [b"\x80"]
         elif kind == "pong":
@@ -710,8 +721,9 @@ def wire_of(items: Sequence[Item], alone: bool) -> list[bytes]:
         else:
             sent = [payload]
         _, _, offset = split_header(sent[0])
-        if alone and header_alone and offset < len(sent[0]):  # a non-empty first fragment
-            sent = literal(sent)
+        if alone and header_alone and offset < len(sent[0]) and len(sent) > 1:
+            sent = literal(sent)  # (a header alone means "the next is my first fragment" only
+            # for a message of several fragments: alone with one, it is an empty message)
         out += sent
     return out
 
@@ -723,9 +735,9 @@ def test_the_same_sequence_in_different_splits(items: list[Item]) -> None:
     got: list[tuple[list[Event], list[bytes]]] = []
     for wire in (readme, seed):
         client = Connection(Role.CLIENT, fragment_size=16)
-        client.messages_to_send()
+        client.data_to_send()
         feed(client, [push_varint(0)])
-        got.append((feed(client, wire), client.messages_to_send()))
+        got.append((feed(client, wire), client.data_to_send()))
     assert got[0] == got[1]
     evs, replies = got[0]
     expected: list[Event] = []
@@ -761,9 +773,9 @@ def test_a_long_fixed_sequence_in_three_splits() -> None:
     for wire in (wire_of(items, False), wire_of(items, True),
                  wire_of([(k, p, True) for k, p, _ in items], True)):  # fmt: skip
         client = Connection(Role.CLIENT, fragment_size=16)
-        client.messages_to_send()
+        client.data_to_send()
         feed(client, [push_varint(0)])
-        results.append((feed(client, wire), client.messages_to_send()))
+        results.append((feed(client, wire), client.data_to_send()))
     assert results[0] == results[1] == results[2]
     received = [e for e in results[0][0] if isinstance(e, MessageReceived)]
     assert len(received) == 100

@@ -208,13 +208,13 @@ def tube_conversation(sender_size: int, receiver_size: int, items: list[bytes | 
     """The WebSocket messages a Tube side sends (after the peer's fragment size, which the
     receiving side has sent first): ``items`` are messages to send, or "ping"."""
     sender = tube.Connection(tube.Role.SERVER, fragment_size=sender_size, compression="smart")
-    sender.receive_message(tube.push_varint(receiver_size), 0.0)
+    sender.receive_data(tube.push_varint(receiver_size), 0.0)
     for item in items:
         if item == "ping":
             sender.ping(0.0)
         elif isinstance(item, bytes):
             sender.send(item, 0.0)
-    return messages(*sender.messages_to_send())
+    return messages(*sender.data_to_send())
 
 
 def tube_entries() -> Iterable[tuple[str, bytes]]:
@@ -241,10 +241,10 @@ def tube_entries() -> Iterable[tuple[str, bytes]]:
     server_payloads: list[bytes | str] = [b"x" * 300, b"", "ping", b"y" * 1000, b"z"]
     yield "to-client-conversation", tube_conversation(0, 64, server_payloads)
     client = tube.Connection(tube.Role.CLIENT, fragment_size=64, compression="always")
-    client.receive_message(tube.push_varint(64), 0.0)
+    client.receive_data(tube.push_varint(64), 0.0)
     for payload in (b"RS.io bytes", b"q" * 500, b""):
         client.send(payload, 0.0)
-    yield "to-server-conversation", messages(*client.messages_to_send())
+    yield "to-server-conversation", messages(*client.data_to_send())
 
 
 # --------------------------------------------------------------------------- Tolliver

@@ -116,7 +116,7 @@ class TubeStream:
             tube.handle_timer(loop.time())
         else:
             if message.type == aiohttp.WSMsgType.BINARY:
-                tube.receive_message(message.data, loop.time())
+                tube.receive_data(message.data, loop.time())
             elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
                                   aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):  # fmt: skip
                 self.closed_reason = f"the WebSocket closed ({message.data!r})"
@@ -140,7 +140,7 @@ class TubeStream:
             self._kick()
 
     def _kick(self) -> None:
-        self._queued = self.tube.buffered
+        self._queued = self.tube.pending
         if self._queued:
             self._idle.clear()
             self._wake.set()
@@ -150,9 +150,9 @@ class TubeStream:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                for message in self.tube.messages_to_send():
+                for message in self.tube.data_to_send():
                     await self.ws.send_bytes(message)
-                self._queued = self.tube.buffered
+                self._queued = self.tube.pending
                 if not self._queued:
                     self._idle.set()
         except (ConnectionError, RuntimeError) as exc:

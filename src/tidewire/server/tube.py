@@ -86,7 +86,7 @@ class TubeTransport(asyncio.Transport):
     def flush(self) -> None:
         """Hand what the Tube machine wants to send to the writer task."""
         self._wake.set()
-        self.queued = self.tube.buffered + self._in_writer
+        self.queued = self.tube.pending + self._in_writer
         if not self._paused and self.queued > WRITE_HIGH_WATER and self.protocol is not None:
             self._paused = True
             self.protocol.pause_writing()
@@ -97,7 +97,7 @@ class TubeTransport(asyncio.Transport):
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                messages = self.tube.messages_to_send()
+                messages = self.tube.data_to_send()
                 self._in_writer = sum(len(m) for m in messages)
                 for message in messages:
                     await self.ws.send_bytes(message)
@@ -235,7 +235,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, hub: Hub,
             await transport.readable()
             message = await ws.receive()
             if message.type == WSMsgType.BINARY:
-                tube.receive_message(message.data, loop.time())
+                tube.receive_data(message.data, loop.time())
                 handle()
             elif message.type == WSMsgType.TEXT:
                 conn_log.warning("a text WebSocket message (Tube is binary): closing")

@@ -60,6 +60,7 @@ export class TubeSocket {
     this.onMessage = () => {};
     this.onClose = () => {};
     this.incoming = null; // {code, count, received, parts}
+    this.afterEmpty = false; // the last WebSocket message was an empty Tube message
     this.inflating = Promise.resolve(); // keeps decompressed messages in order
     this.ws = new WebSocket(url);
     this.ws.binaryType = "arraybuffer";
@@ -78,7 +79,10 @@ export class TubeSocket {
       this.onOpen();
       return;
     }
+    const afterEmpty = this.afterEmpty;
+    this.afterEmpty = false;
     if (this.incoming) { this.fragment(data); return; }
+    if (data.length === 0 && afterEmpty) return; // an older tidewire's fragment after an empty message
     const code = data[0] >> 3;
     let count = data[0] & 7, pos = 1;
     if (code >= 8) { // control: the byte alone
@@ -87,8 +91,10 @@ export class TubeSocket {
     }
     if (count === 0) [count, pos] = pullZigzag(data, 1);
     this.incoming = { code, count, received: 0, parts: [], size: 0 };
-    if (pos < data.length) this.fragment(data.subarray(pos));
-    // else: the header came alone; its first fragment is the next message (the seed's reading)
+    // The header alone: with one fragment, an empty message (README: its first fragment, glued
+    // to it, is empty); with several, its first fragment is the next message (the seed's reading)
+    if (pos === data.length && count === 1) this.afterEmpty = true;
+    if (pos < data.length || count === 1) this.fragment(data.subarray(pos));
   }
 
   fragment(data) {
@@ -121,8 +127,7 @@ export class TubeSocket {
       const msg = new Uint8Array(payload.length + 1);
       msg[0] = 1; // code 0 (plain), 1 fragment
       msg.set(payload, 1);
-      if (payload.length === 0) { this.ws.send(msg); this.ws.send(new Uint8Array(0)); return; }
-      this.ws.send(msg);
+      this.ws.send(msg); // (an empty message: the header byte alone, 01)
       return;
     }
     let count = 1, head = 1, first = 0;

@@ -1,16 +1,21 @@
 """One Tube connection, sans-IO (seed 001 and shared/seeds/README.md): WebSocket message
-payloads in (:meth:`Connection.receive_message`), events out (:meth:`Connection.next_event`),
-payloads to send out (:meth:`Connection.messages_to_send`); time is an argument (``now``).
+payloads in (:meth:`Connection.receive_data`, one message a call), events out
+(:meth:`Connection.next_event`), payloads to send out (:meth:`Connection.data_to_send`, one
+WebSocket message each); time is an argument (``now``). The machine contract
+(docs/architecture.md) with WebSocket's framing: ``b""`` is an empty WebSocket message, not the
+end of the stream.
 
 * **Fragment sizes.** The client sends its fragment size first; the server answers with its own
   once it has read the client's. Each side splits what it sends so that every WebSocket message
   is at most the size the *peer* asked for (0: do not split); the header shares the first
   message with the first fragment, and counts against its size.
-* **Two readings of a header.** A WebSocket message that holds a data header and nothing after
-  it starts a message whose first fragment is the *next* WebSocket message (the seed's literal
-  reading); one with bytes after the header carries the first fragment (the README's reading).
-  This side sends an empty message as a header alone followed by an empty fragment, so that
-  both readings agree on everything it sends (**decision**, docs/protocols/tube.md).
+* **Two readings of a header.** A header carries its first fragment in its WebSocket message
+  (the README's reading). A header alone is an empty message when it has one fragment (the
+  README: its first fragment, glued to it, is empty); with several, its first fragment is the
+  *next* WebSocket message (the seed's literal reading, which no README sender can mean: an
+  empty fragment in a message of several is a breach). This side sends an empty message as the
+  header byte alone, ``01`` (**decision**, docs/protocols/tube.md); an empty WebSocket message
+  right after one is ignored (what tidewire sent before: ``01`` then an empty fragment).
 * **Limits.** A message over ``max_message_bytes`` is refused as soon as that is known: at its
   header when ``count`` fragments of this side's fragment size cannot fit, else when the bytes
   received pass it; a deflated message is inflated at most to the limit. A breach closes the
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ...model import LocalProtocolError, RemoteProtocolError
+from ..buffer import BufferFull, ReceiveBuffer
 from .codec import (
     CODE_DEFLATE,
     CODE_PING,
@@ -127,8 +133,6 @@ class _Incoming:
     code: int
     count: int
     received: int = 0
-    size: int = 0
-    parts: list[bytes] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -143,8 +147,9 @@ class Connection:
     peer_fragment_size: int | None = None
     _out: list[bytes] = field(default_factory=list)
     _events: deque[Event] = field(default_factory=deque)
-    _incoming: _Incoming | None = None
-    _literal: bool = False  # a header came alone: its first fragment is the next message
+    _incoming: _Incoming | None = None  # the message being reassembled (its fragments: _rx)
+    _rx: ReceiveBuffer = field(init=False)
+    _after_empty: bool = False  # the last WebSocket message was an empty Tube message
     _last_sent: float = 0.0
     _last_received: float = 0.0
     _deflate_ok: bool = True
@@ -155,17 +160,30 @@ class Connection:
         if self.fragment_size and self.fragment_size < 8:
             raise LocalProtocolError("a fragment size below 8 bytes cannot hold a header")
         self._last_sent = self._last_received = self.now
+        self._rx = ReceiveBuffer(self.limits.max_message_bytes)
         if self.role is Role.CLIENT:  # the client speaks first (the seed)
             self._queue(push_varint(self.fragment_size), self.now)
 
     # ------------------------------------------------------------------ output
 
     @property
-    def buffered(self) -> int:
-        """Bytes waiting in :meth:`messages_to_send`."""
+    def pending(self) -> int:
+        """Bytes waiting in :meth:`data_to_send`."""
         return sum(len(m) for m in self._out)
 
-    def messages_to_send(self) -> list[bytes]:
+    @property
+    def buffered(self) -> int:
+        """Bytes received of the message being reassembled (at most
+        ``limits.max_message_bytes``: more closes with 1009)."""
+        return self._rx.buffered
+
+    @property
+    def receiving(self) -> bool:
+        """Whether a message is being reassembled (its header came, not all its fragments)."""
+        return self._incoming is not None
+
+    def data_to_send(self) -> list[bytes]:
+        """Every WebSocket message queued for the peer, in order (``[]``: none)."""
         out, self._out = self._out, []
         return out
 
@@ -195,11 +213,7 @@ class Connection:
 
     def _send_fragments(self, code: int, payload: bytes, now: float) -> None:
         size = self.peer_fragment_size or 0
-        if not payload:  # header alone, then an empty fragment: both readings agree
-            self._queue(encode_header(code, 1), now)
-            self._queue(b"", now)
-            return
-        if not size or len(payload) + 1 <= size:
+        if not size or len(payload) + 1 <= size:  # (an empty message: the header alone, 01)
             self._queue(encode_header(code, 1) + payload, now)
             return
         # The first fragment shares its WebSocket message with the header; find the count
@@ -249,24 +263,29 @@ class Connection:
 
     # ------------------------------------------------------------------ input
 
-    def receive_message(self, data: bytes | bytearray | memoryview, now: float) -> None:
-        """One WebSocket message's payload from the peer."""
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """One WebSocket message's payload from the peer (``b""``: an empty one; the end of the
+        WebSocket is the adapter's, see :meth:`close`). Never raises: a breach is
+        :class:`Closed`."""
         if self.state is _State.CLOSED:
             return
         self._last_received = now
         try:
             self._receive(data if isinstance(data, bytes) else bytes(data), now)
         except RemoteProtocolError as exc:
-            code = CLOSE_TOO_BIG if isinstance(exc, TooBig) else CLOSE_PROTOCOL_ERROR
+            too_big = isinstance(exc, TooBig | BufferFull)
+            code = CLOSE_TOO_BIG if too_big else CLOSE_PROTOCOL_ERROR
             self._close(f"protocol error: {exc}", code, error=True)
 
     def next_event(self) -> Event | None:
+        """The next event, or ``None`` until another WebSocket message comes."""
         return self._events.popleft() if self._events else None
 
     def _close(self, reason: str, code: int, *, error: bool) -> None:
         if self.state is not _State.CLOSED:
             self.state = _State.CLOSED
             self._incoming = None
+            self._rx.clear()
             self._events.append(Closed(reason, code, error))
 
     def _receive(self, data: bytes, now: float) -> None:
@@ -289,50 +308,62 @@ class Connection:
             return
         incoming = self._incoming
         if incoming is not None:  # a further fragment (or, after a lone header, the first)
-            self._literal = False
             self._fragment(incoming, data)
             return
+        if self._after_empty:
+            self._after_empty = False
+            if not data:  # (**decision**: an older tidewire's trailing empty fragment)
+                return
         code, count, offset = split_header(data)
         if code >= 8:
             self._control(code, now)
             return
         limits, size = self.limits, self.fragment_size
+        if count == 1:  # (the hot path: one fragment is the whole message, nothing to join)
+            if offset == len(data):
+                self._after_empty = True  # the header alone: an empty message (README)
+            elif len(data) - offset > limits.max_message_bytes:
+                raise TooBig(f"a message over {limits.max_message_bytes} bytes")
+            self._message(code, data[offset:])
+            return
         if count > limits.max_fragments:
             raise RemoteProtocolError(f"{count} fragments, over {limits.max_fragments}")
         # The smallest message a peer splitting at our size sends in `count` fragments: the
         # first fills its WebSocket message after the header, the middle ones are whole, the
         # last holds at least a byte. Past the limit, it is refused before any is buffered.
         least = (size - offset) + (count - 2) * size + 1
-        if size and count > 1 and least > limits.max_message_bytes:
+        if size and least > limits.max_message_bytes:
             raise TooBig(f"a message of {count} fragments of {size} bytes: over "
                          f"{limits.max_message_bytes} bytes")  # fmt: skip
         incoming = _Incoming(code, count)
         self._incoming = incoming
         if offset == len(data):  # the header alone: the first fragment is the next message
-            self._literal = True
-            return
+            return  # (the seed's literal reading; with one fragment, above, an empty message)
         self._fragment(incoming, data[offset:])
 
     def _fragment(self, incoming: _Incoming, data: bytes) -> None:
-        if not data and incoming.count > 1:  # (**decision**: it would let a peer grow a
-            # message's bookkeeping without sending bytes; no sender needs one)
+        """One fragment of a message of several: kept in the receive buffer until the last."""
+        if not data:  # (**decision**: it would let a peer grow a message's bookkeeping
+            # without sending bytes; no sender needs one)
             raise RemoteProtocolError("an empty fragment in a message of several")
         incoming.received += 1
-        incoming.size += len(data)
-        if incoming.size > self.limits.max_message_bytes:
-            raise TooBig(f"a message over {self.limits.max_message_bytes} bytes")
-        incoming.parts.append(data)  # (bytes: kept as they came, joined once at the end)
+        try:  # (fragments are kept as they came and joined once, at the last)
+            self._rx.append(data)
+        except BufferFull:
+            raise TooBig(f"a message over {self.limits.max_message_bytes} bytes") from None
         if incoming.received < incoming.count:
             return
         self._incoming = None
-        parts = incoming.parts
-        payload = parts[0] if len(parts) == 1 else b"".join(parts)
-        if incoming.code == CODE_PLAIN:
+        payload = self._rx.take_all()
+        self._message(incoming.code, payload)
+
+    def _message(self, code: int, payload: bytes) -> None:
+        if code == CODE_PLAIN:
             self._events.append(MessageReceived(payload, False))
-        elif incoming.code == CODE_DEFLATE:
+        elif code == CODE_DEFLATE:
             self._events.append(MessageReceived(self._inflate(payload), True))
         else:  # a compression this side does not know: say so, drop the message (README)
-            self._queue(encode_header(8 + incoming.code, 0), self._last_received)
+            self._queue(encode_header(8 + code, 0), self._last_received)
 
     def _inflate(self, payload: bytes) -> bytes:
         limit = self.limits.max_message_bytes
