@@ -432,7 +432,7 @@ def test_more_than_256_distinct_names_decode_correctly_and_the_cache_stays_bound
         frame = decoder.next_frame()
         assert frame is not None
         got.append(frame)
-        assert len(decoder._names) <= 256
+        assert decoder.names_cached <= 256
     assert got == sent
     assert decoder.next_frame() is None
 

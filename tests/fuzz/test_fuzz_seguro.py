@@ -71,11 +71,11 @@ def check_waiting(session: ServerSession | ClientSession) -> None:
     if session.closed:
         return
     buffered = session.buffered
-    pending = session._pending_block
-    if pending is None:
+    awaiting = session.awaiting_data
+    if awaiting is None:
         assert buffered <= session.limits.max_line_bytes, buffered
     else:
-        assert buffered < pending[2] + 2, (buffered, pending)
+        assert buffered < awaiting + 2, (buffered, awaiting)
 
 
 def after_close(session: ServerSession | ClientSession) -> None:

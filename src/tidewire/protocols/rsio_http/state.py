@@ -66,6 +66,13 @@ class ServerSubscription:
         self.demand = min(MAX_DEMAND, self.demand + n)
 
     @property
+    def pending(self) -> int:
+        """Bytes of the delivery prepared and not yet known to be written in full (the
+        machine contract's pending bytes: RS.io over HTTP has no receive buffer, aiohttp
+        frames each body)."""
+        return len(self.unsent.body) if self.unsent is not None else 0
+
+    @property
     def room(self) -> int:
         """Elements that may be taken for a new delivery (demand not covered by the unsent)."""
         return self.demand - (self.unsent.count if self.unsent is not None else 0)

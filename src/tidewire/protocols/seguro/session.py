@@ -96,6 +96,13 @@ class Session:
         """Bytes queued in :meth:`data_to_send`."""
         return len(self._out)
 
+    @property
+    def awaiting_data(self) -> int | None:
+        """The length of the event data announced (SAVE, EVENT) and not yet whole: until it
+        comes, :attr:`buffered` stays under it plus its two newlines. ``None``: a line is next,
+        and :attr:`buffered` stays within ``limits.max_line_bytes``."""
+        return None if self._pending_block is None else self._pending_block[2]
+
     def data_to_send(self) -> bytes:
         """Everything queued for the peer, in order (``b""``: nothing)."""
         data = bytes(self._out)

@@ -273,6 +273,11 @@ class Decoder:
         """Bytes received and not parsed yet (at most ``limits.buffer_limit``)."""
         return self._rx.buffered
 
+    @property
+    def names_cached(self) -> int:
+        """Channel and key names kept decoded (at most 256: the cache is bounded too)."""
+        return len(self._names)
+
     def feed(self, data: bytes) -> None:
         if self._dead is not None:
             raise self._dead
