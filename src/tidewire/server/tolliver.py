@@ -40,9 +40,9 @@ import ssl
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from ..hub import Hub, Subscription
 from ..hub.access import (
@@ -68,6 +68,7 @@ from ..protocols.tolliver import (
     Received,
     Role,
 )
+from ..tolliver.link import Link
 from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
@@ -155,33 +156,33 @@ class _Channel:
         self.task.cancel()
 
 
-class _Link(asyncio.Protocol):
+class _Link(Link):
+    """The hub's side of one connection: the shared :class:`~tidewire.tolliver.link.Link`
+    (flush, resend timer on the server's ``clock``, pause/resume, close after the last words)
+    plus the hub's rules: vet the peer (certificate, ACL), store what it sends, deliver the
+    streams it follows."""
+
     def __init__(self, server: TolliverServer) -> None:
         self.server = server
         settings = server.settings
         limits = Limits(max_body_bytes=settings.max_message_bytes,
                         max_subscriptions=settings.max_subscriptions)  # fmt: skip
-        self.conn = Connection(Role.ACCEPTOR, server.instance, VERSION, frozenset({VERSION}),
-                               set(server.wanted), limits=limits, auto_ack=False)  # fmt: skip
-        self.transport: asyncio.Transport | None = None
+        super().__init__(Connection(Role.ACCEPTOR, server.instance, VERSION,
+                                    frozenset({VERSION}), set(server.wanted), limits=limits,
+                                    auto_ack=False), server.clock)  # fmt: skip
         self.channels: dict[str, _Channel] = {}
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
         self.peer = "?"  # the socket's address
         self.log = connection_log(log, None, "tolliver")
         self.principal = ANONYMOUS
         self.cert_name: str | None = None  # the verified client certificate's subject CN
-        self.refused = False
         self._vetted_peer: uuid.UUID | None = None  # the instance UUID checked against cert_name
         self._vetted: set[tuple[str, str]] = set()  # subscriptions the ACL allowed
         self._subscriptions: set[tuple[str, str]] | None = None  # the set _vetted copies
         self._write_rights: dict[str, bool] = {}  # channel -> may send on it (a small cache)
-        self.writable = asyncio.Event()  # the transport's buffer is below its high-water mark
-        self.writable.set()
         self._pending = 0  # bytes of bodies handed to the log and not yet stored
         self._paused = False
         self._quiet = False  # shutting down: never read again
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when it fires (time.monotonic())
 
     def __str__(self) -> str:
         """For log lines: the address, the instance and the principal."""
@@ -189,8 +190,13 @@ class _Link(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
+    @property
+    def refused(self) -> bool:
+        """Refused (identity, ACL): nothing more is read or written."""
+        return self.muted
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
         self.log = connection_log(log, transport, "tolliver")
         self.peer = self.log.context.peer
         cert = peer_certificate(transport)
@@ -200,23 +206,8 @@ class _Link(asyncio.Protocol):
         self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
         self.server.links.add(self)
 
-    def data_received(self, data: bytes) -> None:
-        self.conn.receive_data(data)
-        self._events()
-
-    def eof_received(self) -> bool | None:
-        self.conn.receive_data(b"")
-        self._events()
-        return None
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
-        self.flush()  # (arms the resend timer again)
-
     def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
         self.server.links.discard(self)
         peer = self.conn.peer
         if peer is not None:  # (the metrics' counter lives on across connections)
@@ -225,36 +216,6 @@ class _Link(asyncio.Protocol):
             del self.server.by_peer[peer]
         for channel in self.channels.values():
             channel.stop()
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def flush(self) -> None:
-        if self.refused:
-            return
-        data = self.conn.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-        deadline = self.conn.next_deadline()
-        if self._timer is not None and (deadline is None or deadline < self._timer_at):
-            self._timer.cancel()
-            self._timer = None
-        if deadline is not None and self._timer is None:  # (one that fires early re-arms)
-            delay = max(0.0, deadline - time.monotonic())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._resend)
-            self._timer_at = deadline
-
-    def _resend(self) -> None:
-        self._timer = None
-        self.handle_timer(time.monotonic())
-
-    def handle_timer(self, now: float) -> None:
-        """Resend what is due at ``now`` (``time.monotonic()``): nothing while the remote does
-        not read (its unacked messages would pile up in the buffer once a second); the timer
-        is armed again when it reads (:meth:`resume_writing`)."""
-        if not self.writable.is_set():
-            return
-        self.conn.handle_timer(now)
-        self.flush()
 
     # ------------------------------------------------------------------ access
 
@@ -262,10 +223,7 @@ class _Link(asyncio.Protocol):
         """A refusal (identity, ACL): logged with the principal; the connection is closed
         with nothing more sent (Tolliver has no error message outside the handshake)."""
         self.log.warning("refused: %s; closing the connection", reason)
-        self.refused = True
-        self.conn.data_to_send()  # (a handshake response, acks: never sent)
-        if self.transport is not None:
-            self.transport.close()
+        self.refuse()  # (a handshake response, acks: never sent)
 
     def _vet(self, changed: bool = True) -> bool:
         """Whether the peer may be the instance its handshake names and hold its
@@ -307,7 +265,7 @@ class _Link(asyncio.Protocol):
 
     # ------------------------------------------------------------------ events
 
-    def _events(self) -> None:
+    def handle_events(self) -> None:
         if self.refused:
             return
         arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
@@ -340,8 +298,10 @@ class _Link(asyncio.Protocol):
                     if error:
                         self.log.warning("(%s) closing: %s", self.conn.peer or "no handshake yet",
                                          reason)  # fmt: skip
-                    if self.transport is not None:
-                        self.transport.close()
+                    if self.conn.peer is not None and not self._vet():
+                        return  # (a peer it may not be gets no response, not even a refusal)
+                    self.close(event)  # (a handshake refusal is written first)
+                    return
         if not self._vet(changed=False):  # a request answered 3 (its final is to come)
             return
         if acks:
@@ -439,7 +399,7 @@ class _Link(asyncio.Protocol):
             channel.sub.request(skipped)
             channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
         if items:
-            self.conn.send_many(name, items, time.monotonic())
+            self.conn.send_many(name, items, self.clock())
             if skipped:  # (what was skipped is not counted as sent)
                 nbytes = sum(20 + len(k) + len(v) for k, v, _ in items)
             else:
@@ -507,8 +467,12 @@ class TolliverServer:
         access: Access | None = None,
         admission: Admission | None = None,
         tls: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the time base of resends (seconds; tests give a fake one and call a
+        link's ``handle_timer``)."""
         self.hub = hub
+        self.clock = clock
         self.settings = settings or TolliverSettings()
         self.access = access if access is not None else Access()
         self.listener = Listener(
