@@ -15,6 +15,9 @@
 * The hub subscribes to every channel (all keys) that any remote subscribes to, so instances
   send it their messages on those channels; it never unsubscribes (**decision**).
 * A new connection from a UUID that has one replaces the old one.
+* A remote never gets its own messages back (no echo), and :meth:`TolliverServer.connect`
+  dials another hub; two hubs linked so relay nothing in a loop (docs/protocols/tolliver.md,
+  "Echo and loops").
 
 Security and limits (docs/protocols/tolliver.md, "Security and limits"): the socket is a
 :class:`~tidewire.server.guard.Listener`'s (TLS, connection limits, handshake and idle
@@ -34,13 +37,14 @@ log (more than ``MAX_PENDING_BYTES``) is not read meanwhile.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import ssl
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +72,7 @@ from ..protocols.tolliver import (
     Received,
     Role,
 )
-from ..tolliver.link import Link
+from ..tolliver.link import HandshakeFailed, Link
 from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
@@ -84,6 +88,8 @@ OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one 
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
 MAX_PENDING_BYTES = 32 * 1024 * 1024  # per remote: bodies received, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
+MAX_ORIGIN_RANGES = 256  # per remote and channel: runs of event ids it sent, not echoed to it
+MAX_EVENT_ID = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,7 @@ class _Channel:
                 await link.server.ids_ready.wait()  # (ids for one delivery: <= MAX_UNACKED)
                 if (batches := await self.sub.next()) is None:
                     break
+                await link.settled(self.channel)  # (so that its own messages are known)
                 link.deliver(self, batches)
                 link.flush()  # once per delivery, not per message
         except asyncio.CancelledError:
@@ -162,12 +169,14 @@ class _Link(Link):
     plus the hub's rules: vet the peer (certificate, ACL), store what it sends, deliver the
     streams it follows."""
 
-    def __init__(self, server: TolliverServer) -> None:
+    def __init__(self, server: TolliverServer, role: Role = Role.ACCEPTOR) -> None:
+        """``role``: ``CONNECTOR`` for a connection the hub dialed (:meth:`TolliverServer.
+        connect`): the remote is the operator's choice, so no certificate or ACL check."""
         self.server = server
         settings = server.settings
         limits = Limits(max_body_bytes=settings.max_message_bytes,
                         max_subscriptions=settings.max_subscriptions)  # fmt: skip
-        super().__init__(Connection(Role.ACCEPTOR, server.instance, VERSION,
+        super().__init__(Connection(role, server.instance, VERSION,
                                     frozenset({VERSION}), set(server.wanted), limits=limits,
                                     auto_ack=False), server.clock)  # fmt: skip
         self.channels: dict[str, _Channel] = {}
@@ -183,6 +192,13 @@ class _Link(Link):
         self._pending = 0  # bytes of bodies handed to the log and not yet stored
         self._paused = False
         self._quiet = False  # shutting down: never read again
+        self.dialed = role is Role.CONNECTOR
+        # the remote's UUID once established (or why not); awaited by TolliverServer.connect
+        self.ready: asyncio.Future[uuid.UUID] = asyncio.get_running_loop().create_future()
+        # channel -> [stores started, stores finished] of this remote's messages on a channel
+        # it follows (see settled()); dropped when they are equal
+        self._storing: dict[str, list[int]] = {}
+        self._store_done = asyncio.Event()
 
     def __str__(self) -> str:
         """For log lines: the address, the instance and the principal."""
@@ -208,6 +224,9 @@ class _Link(Link):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(f"closed before the handshake: {exc}"))
+            self.ready.exception()  # (retrieved: only a dialed link's is awaited)
         self.server.links.discard(self)
         peer = self.conn.peer
         if peer is not None:  # (the metrics' counter lives on across connections)
@@ -232,6 +251,8 @@ class _Link(Link):
         is sent in reply."""
         conn = self.conn
         peer = conn.peer
+        if self.dialed:
+            return True  # the operator chose this remote (TolliverServer.connect)
         if peer is not None and peer != self._vetted_peer:
             if self.cert_name is not None:
                 if self.cert_name.lower() != str(peer):
@@ -270,7 +291,7 @@ class _Link(Link):
             return
         arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
         acks: list[int] = []  # handled together
-        everyone_writes = self.server.access.open
+        everyone_writes = self.server.access.open or self.dialed
         while (event := self.conn.next_event()) is not None:
             if isinstance(event, Acked):  # (the hot path first)
                 acks.append(event.id)
@@ -289,6 +310,8 @@ class _Link(Link):
                     self.server.by_peer[peer] = self
                     if old is not None and old is not self and old.transport is not None:
                         old.transport.close()  # a reconnect replaces the stale connection
+                    if not self.ready.done():
+                        self.ready.set_result(peer)
                 case PeerSubscriptions(subscriptions):
                     if not self._vet():
                         return
@@ -300,15 +323,22 @@ class _Link(Link):
                                          reason)  # fmt: skip
                     if self.conn.peer is not None and not self._vet():
                         return  # (a peer it may not be gets no response, not even a refusal)
+                    if not self.ready.done():
+                        self.ready.set_exception(HandshakeFailed(reason))
+                        self.ready.exception()  # (retrieved: only a dialed link's is awaited)
                     self.close(event)  # (a handshake refusal is written first)
                     return
         if not self._vet(changed=False):  # a request answered 3 (its final is to come)
             return
         if acks:
             self._acked(acks)
-        for messages in arrived.values():
+        for channel, messages in arrived.items():
             self._hold(sum(len(m.body) for m in messages))
-            self.server.spawn(self._store(messages))
+            if channel in self.channels:  # (its own messages are not delivered back to it)
+                self._storing.setdefault(channel, [0, 0])[0] += 1
+                self.server.spawn(self._store_counted(channel, messages))
+            else:
+                self.server.spawn(self._store(messages))
         self.flush()
 
     def _hold(self, nbytes: int) -> None:
@@ -381,9 +411,13 @@ class _Link(Link):
         items: list[tuple[bytes, bytes, int]] = []
         skipped = 0
         next_id = self.server.next_message_id
+        own = self.server.origins.get((self.conn.peer, name)) if self.conn.peer else None
         for batch in batches:
             ids = batch.ids
             for i in range(len(ids)):
+                if own and _within(own, ids[i]):  # its own message: not echoed (no_echo)
+                    skipped += 1
+                    continue
                 key = _utf8_key(batch.key(i))
                 if not every and (name, key.decode()) not in wanted:
                     skipped += 1
@@ -424,6 +458,36 @@ class _Link(Link):
                 if moved is not None and peer is not None:
                     self.server.remember(peer, channel.channel, moved)
 
+    async def settled(self, channel: str) -> None:
+        """Until every store of this remote's messages on ``channel`` begun so far is over, so
+        that the ids of its own messages are known to :meth:`deliver` (a delivery read from
+        the stream may hold events whose append has not returned yet). Bounded: stores begun
+        later do not extend the wait."""
+        counts = self._storing.get(channel)
+        if counts is None:
+            return
+        target = counts[0]
+        while counts[1] < target:
+            self._store_done.clear()
+            await self._store_done.wait()
+
+    def _came(self, channel: str, stored: Batch) -> None:
+        """Remember that ``stored`` came from this remote, if it follows ``channel``."""
+        peer = self.conn.peer
+        if peer is not None and channel in self.channels:
+            self.server.came_from(peer, channel, stored.first_id, stored.last_id)
+
+    async def _store_counted(self, channel: str, messages: list[Message]) -> None:
+        """:meth:`_store`, counted as over (stored or refused) for :meth:`settled`."""
+        try:
+            await self._store(messages)
+        finally:
+            counts = self._storing[channel]
+            counts[1] += 1
+            if counts[1] >= counts[0]:
+                del self._storing[channel]
+            self._store_done.set()
+
     async def _store(self, messages: list[Message]) -> None:
         """Append to stream C (keys K) in one batch, then ack each (an ack says: durable in the
         hub)."""
@@ -432,7 +496,8 @@ class _Link(Link):
         try:
             keys = [m.key.encode() if m.key else None for m in messages]
             batch = Batch.build(channel, [m.body for m in messages], keys=keys)
-            await self.server.hub.append(batch, assign_ids=True, via="tolliver")
+            stored = await self.server.hub.append(batch, assign_ids=True, via="tolliver")
+            self._came(channel, stored)
         except TidewireError as exc:
             self.log.warning("(%s) %d message(s) on %r refused: %s",
                              self.conn.peer or "no handshake yet",
@@ -445,6 +510,12 @@ class _Link(Link):
                 if message.reliable:
                     self.conn.ack(message.id)
             self.flush()
+
+
+def _within(ranges: list[tuple[int, int]], event_id: int) -> bool:
+    """Whether ``event_id`` is in one of ``ranges`` (sorted, disjoint, inclusive)."""
+    at = bisect.bisect_right(ranges, (event_id, MAX_EVENT_ID)) - 1
+    return at >= 0 and ranges[at][1] >= event_id
 
 
 def _utf8_key(key: bytes | None) -> bytes:
@@ -485,6 +556,9 @@ class TolliverServer:
         self.by_peer: dict[uuid.UUID, _Link] = {}
         self.offsets: dict[tuple[uuid.UUID, str], int] = {}
         self.resends: dict[uuid.UUID, int] = {}  # by remote, over its past connections
+        # (remote, stream) -> runs (first, last) of event ids that came from that remote and
+        # that it may still be delivered: never delivered back to it (see came_from)
+        self.origins: dict[tuple[uuid.UUID, str], list[tuple[int, int]]] = {}
         hub.metrics.listeners.append(self.listener)
         hub.metrics.tolliver = self.peers
         self.tasks: set[asyncio.Task[None]] = set()
@@ -557,6 +631,40 @@ class TolliverServer:
             self.spawn(self._reserve())
         await self.listener.start(host, port)
 
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        channels: Iterable[str] = (),
+        *,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> uuid.UUID:
+        """Dial another Tolliver instance (another hub, say) and complete the handshake; its
+        UUID. The hub first subscribes to ``channels`` (every key; see :meth:`want`), so the
+        remote sends it its messages on them, and it delivers to the remote the streams the
+        remote subscribes to, as for a remote that dialed the hub. The remote is the
+        operator's choice: no certificate or ACL check. ``tls``: a client context (the
+        remote's certificate is verified against its CAs and ``server_hostname``, default
+        ``host``). One try (bound it with
+        ``asyncio.timeout``): a lost connection is not made again. :class:`~tidewire.
+        tolliver.HandshakeFailed` if the remote's handshake said no, ``OSError`` if it could
+        not be reached. Two hubs are linked by one connection, dialed by either: a message
+        is never delivered back to the instance it came from, so they relay nothing in a
+        loop (docs/protocols/tolliver.md, "Echo and loops")."""
+        self.want(set(channels))
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_connection(
+            lambda: _Link(self, Role.CONNECTOR), host, port, ssl=tls,
+            server_hostname=(server_hostname or host) if tls is not None else None,
+        )  # fmt: skip
+        try:
+            return await link.ready
+        except BaseException:
+            if link.transport is not None:
+                link.transport.abort()
+            raise
+
     def took_ids(self, next_id: int, count: int) -> None:
         """Deliveries took ``count`` ids, up to ``next_id``; past half of the reserved ones,
         the next block is reserved."""
@@ -608,6 +716,19 @@ class TolliverServer:
                     link.conn.subscriptions.add((channel, key))
             link.flush()
 
+    def came_from(self, peer: uuid.UUID, stream: str, first: int, last: int) -> None:
+        """Events ``first..last`` of ``stream`` are messages from ``peer`` (which follows the
+        stream): never delivered back to it. Bounded: at most ``MAX_ORIGIN_RANGES`` runs per
+        remote and stream (the oldest forgotten first), and runs below the remote's offset
+        are dropped (nothing below it is delivered again, see :meth:`remember`)."""
+        ranges = self.origins.setdefault((peer, stream), [])
+        if ranges and ranges[-1][1] + 1 == first:
+            ranges[-1] = (ranges[-1][0], last)  # (a remote sending alone: one run)
+        else:
+            ranges.append((first, last))
+            if len(ranges) > MAX_ORIGIN_RANGES:
+                del ranges[0]
+
     def remember(self, peer: uuid.UUID, channel: str, next_id: int) -> None:
         """A remote's new offset for a channel: kept in the hub's stream, at most every
         ``OFFSET_INTERVAL`` seconds per remote and channel (a crash in between only means
@@ -616,6 +737,11 @@ class TolliverServer:
         if next_id <= self.offsets.get(key, 0):
             return
         self.offsets[key] = next_id
+        if (ranges := self.origins.get(key)) is not None:
+            while ranges and ranges[0][1] < next_id:
+                del ranges[0]
+            if not ranges:
+                del self.origins[key]
         if key not in self._dirty:
             self._dirty[key] = asyncio.get_running_loop().call_later(
                 OFFSET_INTERVAL, self._save, key
