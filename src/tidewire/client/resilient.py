@@ -57,6 +57,7 @@ from ..model import (
 from ..protocols.rsio import ConnectionClosed
 from .backoff import Backoff
 from .opening import Opening
+from .reconnect import Reconnector
 from .rsio import ConnectionLost, Receipt, RsioClient, RsioError, Values
 
 __all__ = ["Opener", "Reconnect", "ReconnectingClient", "ResilientPublisher"]
@@ -85,26 +86,43 @@ class ReconnectingClient:
         ``stable_after``: a connection that lived this long (by the backoff's clock) ends
         its outage even if it delivered nothing."""
         self.open = open
-        self.backoff = backoff if backoff is not None else Backoff()
         self.what = what
         self.connect_timeout = connect_timeout
         self.stable_after = stable_after
         self.client: RsioClient | None = None
-        self.connects = 0
-        self.reconnects = 0
         self.lost = 0
         self.failed_attempts = 0
         self.last_error: str | None = None
         self.error: Exception | None = None
         self._closing = False
-        self._closed = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._opened_at = 0.0
-        self._progress = False
+        self._reconnector: Reconnector[RsioClient] = Reconnector(
+            backoff if backoff is not None else Backoff(), what, stable_after=stable_after,
+            final=self._final_try, closed=lambda: RsioError("this client is closed"),
+        )  # fmt: skip
         self._disposing: set[asyncio.Task[None]] = set()
         self._publishers: set[ResilientPublisher] = set()
 
     # ------------------------------------------------------------------ the connection
+
+    @property
+    def backoff(self) -> Backoff:
+        """The pacing of reconnects (a test may replace it between outages)."""
+        return self._reconnector.backoff
+
+    @backoff.setter
+    def backoff(self, backoff: Backoff) -> None:
+        self._reconnector.backoff = backoff
+
+    @property
+    def connects(self) -> int:
+        """Connections opened."""
+        return self._reconnector.connects
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened after the first."""
+        return self._reconnector.reconnects
 
     @property
     def connected(self) -> bool:
@@ -142,9 +160,10 @@ class ReconnectingClient:
     def made_progress(self, client: RsioClient) -> None:
         """``client`` delivered or acknowledged something: it counts as stable."""
         if client is self.client:
-            self._progress = True
+            self._reconnector.progressed()
 
     async def _replace(self, old: RsioClient | None) -> None:
+        reconnector = self._reconnector
         if old is not None:
             self.client = None
             self.lost += 1
@@ -153,32 +172,19 @@ class ReconnectingClient:
             final = _final(old.closed or "", old.closed_event)
             if final is not None:
                 raise final
-            if self._progress or self.backoff.clock() - self._opened_at >= self.stable_after:
-                self.backoff.reset()  # a new outage: try at once
+            if reconnector.lasted():
+                reconnector.reset()  # a new outage: try at once
             else:  # it did not last: a failed try of the same outage
-                await self._pause(ConnectionLost(old.closed or "connection lost"))
-        while True:
-            try:
-                client = await self._attempt()
-            except Exception as exc:
-                final_exc = _final_error(exc)
-                if final_exc is exc:
-                    raise
-                if final_exc is not None:
-                    raise final_exc from exc
-                self.failed_attempts += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                await self._pause(exc)
-                continue
-            if self._closing:  # (closed while this try was under way)
-                self._dispose(client)
-                raise RsioError("this client is closed")
-            self.client = client
-            self.connects += 1
-            self.reconnects += self.connects > 1
-            self._opened_at = self.backoff.clock()
-            self._progress = False
-            return
+                await reconnector.pause(ConnectionLost(old.closed or "connection lost"))
+        self.client = await reconnector.dial(self._attempt)
+
+    def _final_try(self, exc: BaseException) -> BaseException | None:
+        """A failed try: the error that ends the client, or ``None`` (counted; another try)."""
+        final = _final_error(exc) if isinstance(exc, Exception) else exc
+        if final is None:
+            self.failed_attempts += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        return final
 
     async def _attempt(self) -> RsioClient:
         async with asyncio.timeout(self.connect_timeout):
@@ -188,21 +194,10 @@ class ReconnectingClient:
             except BaseException:
                 self._dispose(client)
                 raise
-        return client
-
-    async def _pause(self, error: BaseException) -> None:
-        """Count a failed try and wait (:class:`~.backoff.GaveUp` when the outage is over
-        its bounds); :meth:`close` cuts the wait short."""
-        delay = self.backoff.failed(self.what, error)
-        sleep = asyncio.ensure_future(self.backoff.sleep(delay))
-        closed = asyncio.ensure_future(self._closed.wait())
-        try:
-            await asyncio.wait({sleep, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleep.cancel()
-            closed.cancel()
-        if self._closing:
+        if self._closing:  # (closed while this try was under way)
+            self._dispose(client)
             raise RsioError("this client is closed")
+        return client
 
     def _dispose(self, client: RsioClient) -> None:
         """Close a dead connection in the background (a lost WebSocket may take its time)."""
@@ -214,7 +209,7 @@ class ReconnectingClient:
         """Close: publishers still holding batches fail them (close those first to flush),
         subscriptions end with :class:`RsioError`, a reconnect under way stops."""
         self._closing = True
-        self._closed.set()
+        self._reconnector.close()
         for publisher in list(self._publishers):
             publisher._abort(RsioError("the client was closed"))
         client, self.client = self.client, None

@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from ..client.backoff import Backoff, GaveUp, Retry
+from ..client.reconnect import Reconnector
 from ..protocols.tolliver import Role, matches
 from .instance_link import InstanceLink
 from .link import HandshakeFailed
@@ -27,8 +28,9 @@ log = logging.getLogger("tidewire.tolliver")
 class Supervisor:
     """Keeps an :class:`Instance` connected to one remote (``Instance.connect(..., retry=)``).
 
-    A task dials ``host:port``; whenever the connection is lost it waits as its
-    :class:`~tidewire.client.backoff.Backoff` says, dials again and does the handshake again
+    A task dials ``host:port`` (with the one reconnect helper every client uses,
+    :class:`~tidewire.client.reconnect.Reconnector`); whenever the connection is lost it waits
+    as its :class:`~tidewire.client.backoff.Backoff` says, dials again and does the handshake again
     (the instance's subscriptions as they are then), and the instance resends every message
     the remote has not acked. Counting, per outage (``retry.attempts``, ``give_up_after``):
     each failed try is a failure, and so is the loss of a connection (so ``Retry(attempts=1)``
@@ -61,19 +63,30 @@ class Supervisor:
         self.stable_after = stable_after
         self.peer: uuid.UUID | None = None  # the remote's UUID, once a handshake completed
         self.link: InstanceLink | None = None  # the connection established now (or just lost)
-        self.attempts = 0
         self.failures = 0
-        self.reconnects = 0
         self.last_error: BaseException | None = None
         self.gave_up: GaveUp | None = None
         self._known: frozenset[tuple[str, str]] = frozenset()  # the remote's, when last seen
-        self._backoff = Backoff(retry, clock=instance.clock, sleep=instance.sleep)
+        self._reconnector: Reconnector[InstanceLink] = Reconnector(
+            Backoff(retry, clock=instance.clock, sleep=instance.sleep),
+            f"tolliver {host}:{port}", stable_after=stable_after, final=self._final,
+        )  # fmt: skip
         self._first: asyncio.Future[uuid.UUID] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._run(), name=f"tolliver {host}:{port}")
 
     def __repr__(self) -> str:
         return (f"<Supervisor {self.host}:{self.port} peer={self.peer} "
                 f"connected={self.connected} reconnects={self.reconnects}>")  # fmt: skip
+
+    @property
+    def attempts(self) -> int:
+        """Connection tries."""
+        return self._reconnector.attempts
+
+    @property
+    def reconnects(self) -> int:
+        """Connections established after the first."""
+        return self._reconnector.reconnects
 
     @property
     def connected(self) -> bool:
@@ -117,24 +130,23 @@ class Supervisor:
     def _what(self) -> str:
         return f"tolliver {self.host}:{self.port}"
 
+    def _final(self, exc: BaseException) -> BaseException | None:
+        """A failed try: :class:`HandshakeFailed` (versions) ends it at once, in
+        :class:`GaveUp`; ``OSError`` (refused, reset, TLS, timed out, closed unanswered) is
+        worth another try; anything else is a bug, raised."""
+        if isinstance(exc, HandshakeFailed):
+            self._failed(exc)
+            return GaveUp(self._what, self._reconnector.backoff.failures + 1, exc)
+        if isinstance(exc, OSError):
+            self._failed(exc)
+            return None
+        return exc
+
     async def _run(self) -> None:
-        clock = self.instance.clock
-        error: BaseException | None = None  # why the last try failed, or the link was lost
+        reconnector = self._reconnector
         try:
             while True:
-                if error is not None:
-                    await self._backoff.wait(self._what, error)  # (or GaveUp)
-                self.attempts += 1
-                try:
-                    link = await self._dial()
-                except HandshakeFailed as exc:
-                    self._failed(exc)
-                    raise GaveUp(self._what, self._backoff.failures + 1, exc) from exc
-                except OSError as exc:  # refused, reset, TLS, timed out, closed unanswered
-                    self._failed(exc)
-                    error = exc
-                    continue
-                since = clock()
+                link = await reconnector.dial(self._dial)
                 self._established(link)
                 lost = await link.gone
                 error = lost if lost is not None else ConnectionError("closed by the remote")
@@ -142,13 +154,14 @@ class Supervisor:
                 self.link = None
                 self._failed(error)
                 log.info("%s: connection lost (%s); reconnecting", self._what, error)
-                if clock() - since >= self.stable_after:
-                    self._backoff.reset()
+                if reconnector.lasted():  # (a shorter one is one more failure of its outage)
+                    reconnector.reset()
+                await reconnector.pause(error)  # (every loss counts: attempts=1 never retries)
         except GaveUp as exc:
             self._stopped(exc)
         except Exception as exc:  # a bug: stop, and say so
             log.exception("%s: the supervisor failed", self._what)
-            self._stopped(GaveUp(self._what, self._backoff.failures, exc))
+            self._stopped(GaveUp(self._what, reconnector.backoff.failures, exc))
         finally:
             if self.link is not None:
                 self._known = frozenset(self.link.conn.peer_subscriptions)
@@ -191,7 +204,6 @@ class Supervisor:
         self.peer = peer
         self.link = link
         if self._first.done():
-            self.reconnects += 1
             log.info("%s: reconnected to %s", self._what, peer)
         else:
             self._first.set_result(peer)
