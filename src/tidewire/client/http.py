@@ -55,6 +55,7 @@ from ..protocols.rsio_http import (
 )
 from ..protocols.rsio_http.codec import MAX_DEMAND
 from .backoff import Backoff, GaveUp, Retry
+from .reconnect import Reconnector
 from .rsio import _start
 
 __all__ = ["HttpHub", "HttpRsioError"]
@@ -185,8 +186,8 @@ class HttpHub:
         resume = _Resume.of(publisher) if self.reconnecting else None
         if resume is not None and resume.name.start == "latest":
             resume.name = await self._resolve_latest(resume.name)
-        pacing = self.pacing(self.retry)
         what = f"RS.io over HTTP {publisher!r} at {self.base_url}"
+        pacing: Reconnector[_Answer] = Reconnector(self.pacing(self.retry), what)
         sub_url: str | None = None
         abandoned: str | None = None  # a subscription left behind that the hub may still have
         state = ClientSubscription()
@@ -237,7 +238,7 @@ class HttpHub:
                     pacing.reset()
                     delay = _retry_after(response.headers.get("Retry-After"))
                     if delay:
-                        await pacing.sleep(delay)
+                        await pacing.backoff.sleep(delay)
                 elif response.status == 410:
                     done = True
                     return
@@ -255,7 +256,8 @@ class HttpHub:
                     with contextlib.suppress(Exception):
                         await asyncio.shield(self._cancel(url))
 
-    async def _subscribe(self, publisher: str, demand: int, pacing: Backoff, what: str) -> str:
+    async def _subscribe(self, publisher: str, demand: int, pacing: Reconnector[_Answer],
+                         what: str) -> str:  # fmt: skip
         """``PUT <publisher>?request=<demand>``: the subscription URL (the 201's Location)."""
         path, _, query = publisher.partition("?")
         path = {".": "%2E", "..": "%2E%2E"}.get(path, path)  # (not dot segments of the URL)
@@ -303,17 +305,19 @@ class HttpHub:
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
             return _Answer(0, {}, str(exc).encode())
 
-    async def _put(self, url: str, pacing: Backoff | None = None, what: str = "",
+    async def _put(self, url: str, pacing: Reconnector[_Answer] | None = None, what: str = "",
                    *, headers: dict[str, str] | None = None, again: tuple[int, ...] = (),
                    lost: tuple[int, ...] = (), lost_after: int | None = None
                    ) -> _Answer:  # fmt: skip
-        """One request, retried (paced by ``pacing``; a fresh :class:`Backoff` if none) on a
+        """One request, retried (paced by ``pacing``, the one reconnect helper; a fresh one
+        with a fresh :class:`Backoff` if none) on a
         5xx without ``X-Rsio-Error``, a failed connection, and the ``again`` statuses with it;
         an onError or a final error raises :class:`HttpRsioError`. :class:`_Lost` (after a
         wait): the ``lost`` statuses with the header, or ``lost_after`` failed connections
         in a row."""
-        pacing = pacing if pacing is not None else self.pacing(self.retry)
         what = what or f"RS.io over HTTP at {self.base_url}"
+        if pacing is None:
+            pacing = Reconnector(self.pacing(self.retry), what)
         failed = 0  # connections in a row
         while True:
             answer = await self._request(url, headers)
@@ -331,16 +335,15 @@ class HttpHub:
             ))  # fmt: skip
             if not gone and not retriable:
                 raise error
+            later = 0.0
+            if rsio:  # (a 503 that says when: not before)
+                later = min(_retry_after(answer.headers.get("Retry-After")), self.retry.maximum)
             try:
-                delay = pacing.failed(what, error)
+                await pacing.pause(error, at_least=later)
             except GaveUp:
                 if self.reconnecting:
                     raise
                 raise error from None  # (as before Retry: the last answer is the error)
-            if rsio:  # (a 503 that says when: not before)
-                later = _retry_after(answer.headers.get("Retry-After"))
-                delay = max(delay, min(later, self.retry.maximum))
-            await pacing.sleep(delay)
             if gone:
                 raise _Lost(error)
             self.retried += 1

@@ -48,6 +48,7 @@ from ..protocols.seguro import (
 )
 from .backoff import Backoff, GaveUp, Retry
 from .opening import Opening
+from .reconnect import Reconnector
 
 __all__ = [
     "REFUSED_AFTER",
@@ -200,9 +201,12 @@ class ReconnectingSeguroClient:
         self._closed = False
         self._known = 0  # the highest id any session of this client said is committed
         self.welcome: Welcome | None = None
-        self.connects = 0
-        self.reconnects = 0
         self.failures = 0
+        self._dropped = 0  # after POINT, in a row
+        self._reconnector: Reconnector[SeguroClient] = Reconnector(
+            backoff, self._what, final=self._final_try,
+            closed=lambda: SeguroError("the client is closed"),
+        )  # fmt: skip
         self.point_drops = 0
         self.resent = 0
         self.found_stored = 0
@@ -217,6 +221,16 @@ class ReconnectingSeguroClient:
     @property
     def connected(self) -> bool:
         return self._client is not None
+
+    @property
+    def connects(self) -> int:
+        """Welcomed sessions."""
+        return self._reconnector.connects
+
+    @property
+    def reconnects(self) -> int:
+        """Welcomed sessions after the first."""
+        return self._reconnector.reconnects
 
     # ------------------------------------------------------------------ connecting
 
@@ -235,43 +249,47 @@ class ReconnectingSeguroClient:
         return client
 
     async def _connect(self) -> SeguroClient:
-        """A welcomed session: tries until one is, paced by the backoff."""
-        dropped = 0  # after POINT, in a row
-        while True:
-            if self._closed:
-                raise SeguroError("the client is closed")
-            error: BaseException
-            try:
-                async with asyncio.timeout(self.timeout):
-                    client = await self._handshake()
-            except _PointDropped as exc:
-                self.point_drops += 1
-                dropped += 1
-                if dropped >= self.refused_after:
-                    raise SeguroRefused(
-                        f"{self._what}: dropped after POINT {dropped} times in a row (this peer "
-                        "may not use the point, or a session of the point lives on)"
-                    ) from None
-                error = exc
-            except _ssl.SSLCertVerificationError:  # (before OSError: trying again won't help)
-                raise
-            except (OSError, TimeoutError, SeguroConnectionLost) as exc:
-                dropped = 0  # (not in a row: the hub went away meanwhile)
-                error = exc
-            else:
-                latest = client.latest
-                if latest < self._known:
-                    client.abort()
-                    raise SeguroError(f"{self._what}: WELCOME says {latest}, but the hub said "
-                                      f"{self._known} was committed: it lost events")  # fmt: skip
-                self.welcome = client.welcome
-                if self.connects:
-                    self.reconnects += 1
-                self.connects += 1
-                self.backoff.reset()
-                self._client = client
-                return client
-            await self._wait(error)
+        """A welcomed session: tries until one is, paced by the backoff (the one reconnect
+        helper, :class:`~.reconnect.Reconnector`); the outage ends on WELCOME."""
+        self._dropped = 0
+        try:
+            client = await self._reconnector.dial(self._welcomed, try_seconds=self.timeout)
+        except GaveUp:
+            self._reconnector.reset()  # (the next call starts a new outage)
+            raise
+        self.welcome = client.welcome
+        self._reconnector.reset()
+        self._client = client
+        return client
+
+    async def _welcomed(self) -> SeguroClient:
+        """One try: a session whose WELCOME does not contradict what the hub said before."""
+        client = await self._handshake()
+        latest = client.latest
+        if latest < self._known:
+            client.abort()
+            raise SeguroError(f"{self._what}: WELCOME says {latest}, but the hub said "
+                              f"{self._known} was committed: it lost events")  # fmt: skip
+        return client
+
+    def _final_try(self, exc: BaseException) -> BaseException | None:
+        """A failed try: the error that ends the call, or ``None`` (counted; another try)."""
+        if isinstance(exc, _PointDropped):
+            self.point_drops += 1
+            self._dropped += 1
+            if self._dropped >= self.refused_after:
+                return SeguroRefused(
+                    f"{self._what}: dropped after POINT {self._dropped} times in a row (this "
+                    "peer may not use the point, or a session of the point lives on)"
+                )  # fmt: skip
+        elif isinstance(exc, _ssl.SSLCertVerificationError):  # (an OSError: won't help)
+            return exc
+        elif isinstance(exc, OSError | TimeoutError | SeguroConnectionLost):
+            self._dropped = 0  # (not in a row: the hub went away meanwhile)
+        else:
+            return exc
+        self.failures += 1
+        return None
 
     async def _session(self) -> SeguroClient:
         if self._closed:
@@ -283,9 +301,9 @@ class ReconnectingSeguroClient:
         next call starts a new one)."""
         self.failures += 1
         try:
-            await self.backoff.wait(self._what, error)
+            await self._reconnector.pause(error)
         except GaveUp:
-            self.backoff.reset()
+            self._reconnector.reset()
             raise
 
     def _lost(self, client: SeguroClient) -> None:
@@ -420,6 +438,7 @@ class ReconnectingSeguroClient:
 
     async def close(self) -> None:
         self._closed = True
+        self._reconnector.close()
         if self._client is not None:
             client, self._client = self._client, None
             self._known = max(self._known, client.latest)

@@ -15,6 +15,9 @@
 * The hub subscribes to every channel (all keys) that any remote subscribes to, so instances
   send it their messages on those channels; it never unsubscribes (**decision**).
 * A new connection from a UUID that has one replaces the old one.
+* A remote never gets its own messages back (no echo), and :meth:`TolliverServer.connect`
+  dials another hub; two hubs linked so relay nothing in a loop (docs/protocols/tolliver.md,
+  "Echo and loops").
 
 Security and limits (docs/protocols/tolliver.md, "Security and limits"): the socket is a
 :class:`~tidewire.server.guard.Listener`'s (TLS, connection limits, handshake and idle
@@ -39,46 +42,24 @@ import logging
 import ssl
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from ..hub import Hub, Subscription
-from ..hub.access import (
-    ANONYMOUS,
-    Access,
-    Action,
-    Principal,
-    certificate_name,
-    certificate_principal,
-)
-from ..model import Batch, TidewireError, validate_stream_name
-from ..observe.logs import connection_log
+from ..hub import Hub
+from ..hub.access import Access
+from ..model import Batch, TidewireError
 from ..observe.metrics import TolliverPeer
-from ..protocols.tolliver import (
-    UNRELIABLE,
-    Acked,
-    Closed,
-    Connection,
-    Established,
-    Limits,
-    Message,
-    PeerSubscriptions,
-    Received,
-    Role,
-)
+from ..protocols.tolliver import Message, Role
 from ..tolliver.store import uuid7
-from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
+from .guard import Admission, ConnectionLimits, Listener
+from .tolliver_link import MAX_UNACKED, HubLink, Origins
 
 __all__ = ["TolliverServer", "TolliverSettings", "start_tolliver_server"]
 
 log = logging.getLogger("tidewire.tolliver")
 
 STATE_STREAM = "_tidewire.tolliver"
-VERSION = 1
-DELIVERY_BYTES = 256 * 1024
-MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
 MAX_PENDING_BYTES = 32 * 1024 * 1024  # per remote: bodies received, not yet stored
@@ -99,257 +80,16 @@ class TolliverSettings:
             raise ValueError("max_message_bytes is a u32 and max_subscriptions >= 0")
 
 
-class _Channel:
-    """One remote's delivery of one stream: a hub subscription and what awaits acks."""
+class _Link(HubLink):
+    """A :class:`HubLink` with the hub's ingest: what the remote sends is stored in the
+    stream of its channel, then acked; past ``MAX_PENDING_BYTES`` waiting for the log the
+    socket is not read."""
 
-    def __init__(self, link: _Link, channel: str, start: int,
-                 kept: asyncio.Future[None] | None = None) -> None:  # fmt: skip
-        """``kept``: delivery waits for it (the remote's first offset on its way to disk)."""
-        self.link = link
-        self.kept = kept
-        self.channel = channel
-        self.sub: Subscription = link.server.hub.subscribe(
-            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
-            connection=link.log.context.conn, counted=False,  # (deliver() counts what it sends)
-        )
-        self.sub.request(MAX_UNACKED)
-        self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
-        self.acked_to = start - 1
-        self.task = asyncio.create_task(self._pump())
-
-    async def _pump(self) -> None:
-        link = self.link
-        try:
-            if self.kept is not None:
-                await self.kept
-            while True:
-                await link.writable.wait()  # a remote that does not read gets nothing more
-                await link.server.ids_ready.wait()  # (ids for one delivery: <= MAX_UNACKED)
-                if (batches := await self.sub.next()) is None:
-                    break
-                link.deliver(self, batches)
-                link.flush()  # once per delivery, not per message
-        except asyncio.CancelledError:
-            raise
-        except TidewireError as exc:
-            link.log.warning("delivering %r stopped: %s", self.channel, exc)
-
-    def acked(self, message_ids: list[int]) -> int | None:
-        """Record acks (of this channel's deliveries); the new offset (next event id to
-        deliver) if it moved."""
-        inflight = self.inflight
-        last = None
-        for message_id in message_ids:
-            last = inflight.pop(message_id)
-        if last is None:
-            return None
-        self.sub.request(len(message_ids))
-        low = next(iter(inflight.values()), last + 1)  # (in event order)
-        if low - 1 > self.acked_to:
-            self.acked_to = low - 1
-            return low
-        return None
-
-    def stop(self) -> None:
-        self.sub.cancel()
-        self.task.cancel()
-
-
-class _Link(asyncio.Protocol):
-    def __init__(self, server: TolliverServer) -> None:
-        self.server = server
-        settings = server.settings
-        limits = Limits(max_body_bytes=settings.max_message_bytes,
-                        max_subscriptions=settings.max_subscriptions)  # fmt: skip
-        self.conn = Connection(Role.ACCEPTOR, server.instance, VERSION, frozenset({VERSION}),
-                               set(server.wanted), limits=limits, auto_ack=False)  # fmt: skip
-        self.transport: asyncio.Transport | None = None
-        self.channels: dict[str, _Channel] = {}
-        self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
-        self.peer = "?"  # the socket's address
-        self.log = connection_log(log, None, "tolliver")
-        self.principal = ANONYMOUS
-        self.cert_name: str | None = None  # the verified client certificate's subject CN
-        self.refused = False
-        self._vetted_peer: uuid.UUID | None = None  # the instance UUID checked against cert_name
-        self._vetted: set[tuple[str, str]] = set()  # subscriptions the ACL allowed
-        self._subscriptions: set[tuple[str, str]] | None = None  # the set _vetted copies
-        self._write_rights: dict[str, bool] = {}  # channel -> may send on it (a small cache)
-        self.writable = asyncio.Event()  # the transport's buffer is below its high-water mark
-        self.writable.set()
+    def __init__(self, server: TolliverServer, role: Role = Role.ACCEPTOR) -> None:
+        super().__init__(server, role)
         self._pending = 0  # bytes of bodies handed to the log and not yet stored
         self._paused = False
         self._quiet = False  # shutting down: never read again
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when it fires (time.monotonic())
-
-    def __str__(self) -> str:
-        """For log lines: the address, the instance and the principal."""
-        return f"{self.peer} ({self.conn.peer or 'no handshake yet'}, {self.principal})"
-
-    # ------------------------------------------------------------------ asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.log = connection_log(log, transport, "tolliver")
-        self.peer = self.log.context.peer
-        cert = peer_certificate(transport)
-        self.cert_name = certificate_name(cert)
-        self.principal = certificate_principal(cert) or ANONYMOUS
-        self.log.context.principal = self.principal.name
-        self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
-        self.server.links.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.conn.receive_data(data)
-        self._events()
-
-    def eof_received(self) -> bool | None:
-        self.conn.receive_data(b"")
-        self._events()
-        return None
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
-        self.flush()  # (arms the resend timer again)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server.links.discard(self)
-        peer = self.conn.peer
-        if peer is not None:  # (the metrics' counter lives on across connections)
-            self.server.resends[peer] = self.server.resends.get(peer, 0) + self.conn.resends
-        if peer is not None and self.server.by_peer.get(peer) is self:
-            del self.server.by_peer[peer]
-        for channel in self.channels.values():
-            channel.stop()
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def flush(self) -> None:
-        if self.refused:
-            return
-        data = self.conn.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-        deadline = self.conn.next_deadline()
-        if self._timer is not None and (deadline is None or deadline < self._timer_at):
-            self._timer.cancel()
-            self._timer = None
-        if deadline is not None and self._timer is None:  # (one that fires early re-arms)
-            delay = max(0.0, deadline - time.monotonic())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._resend)
-            self._timer_at = deadline
-
-    def _resend(self) -> None:
-        self._timer = None
-        self.handle_timer(time.monotonic())
-
-    def handle_timer(self, now: float) -> None:
-        """Resend what is due at ``now`` (``time.monotonic()``): nothing while the remote does
-        not read (its unacked messages would pile up in the buffer once a second); the timer
-        is armed again when it reads (:meth:`resume_writing`)."""
-        if not self.writable.is_set():
-            return
-        self.conn.handle_timer(now)
-        self.flush()
-
-    # ------------------------------------------------------------------ access
-
-    def _refuse(self, reason: str) -> None:
-        """A refusal (identity, ACL): logged with the principal; the connection is closed
-        with nothing more sent (Tolliver has no error message outside the handshake)."""
-        self.log.warning("refused: %s; closing the connection", reason)
-        self.refused = True
-        self.conn.data_to_send()  # (a handshake response, acks: never sent)
-        if self.transport is not None:
-            self.transport.close()
-
-    def _vet(self, changed: bool = True) -> bool:
-        """Whether the peer may be the instance its handshake names and hold its
-        subscriptions (those not checked yet), else it is refused. ``changed=False``: only
-        if a handshake request came (cheap: once per chunk received). Runs before anything
-        is sent in reply."""
-        conn = self.conn
-        peer = conn.peer
-        if peer is not None and peer != self._vetted_peer:
-            if self.cert_name is not None:
-                if self.cert_name.lower() != str(peer):
-                    self._refuse(f"{self.principal} may not be instance {peer} (a certificate "
-                                 "must name the instance UUID it is for)")  # fmt: skip
-                    return False
-                self.principal = Principal(f"cert:{peer}")  # the UUID's canonical text
-            self._vetted_peer = peer
-        subscriptions = conn.peer_subscriptions
-        if self.server.access.open or not (changed or subscriptions is not self._subscriptions):
-            return True
-        for channel, _ in subscriptions - self._vetted:
-            if not self.server.access.may(self.principal, "read", channel):
-                self._refuse(self._forbidden("read", channel, "a subscription to it"))
-                return False
-        self._vetted = set(subscriptions)
-        self._subscriptions = subscriptions  # (a handshake request makes a new set)
-        return True
-
-    def _forbidden(self, action: Action, channel: str, what: str) -> str:
-        return f"{self.principal} may not {action} stream {channel!r} ({what})"
-
-    def _may_write(self, channel: str) -> bool:
-        allowed = self._write_rights.get(channel)
-        if allowed is None:
-            allowed = self.server.access.may(self.principal, "write", channel)
-            if len(self._write_rights) >= 256:
-                self._write_rights.clear()
-            self._write_rights[channel] = allowed
-        return allowed
-
-    # ------------------------------------------------------------------ events
-
-    def _events(self) -> None:
-        if self.refused:
-            return
-        arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
-        acks: list[int] = []  # handled together
-        everyone_writes = self.server.access.open
-        while (event := self.conn.next_event()) is not None:
-            if isinstance(event, Acked):  # (the hot path first)
-                acks.append(event.id)
-                continue
-            match event:
-                case Received(message):
-                    if not everyone_writes and not self._may_write(message.channel):
-                        self._refuse(self._forbidden("write", message.channel, "a message"))
-                        return  # what arrived with it is neither stored nor acked
-                    arrived.setdefault(message.channel, []).append(message)
-                case Established(peer):
-                    if not self._vet():
-                        return
-                    established(self.transport)  # the handshake deadline no longer applies
-                    old = self.server.by_peer.get(peer)
-                    self.server.by_peer[peer] = self
-                    if old is not None and old is not self and old.transport is not None:
-                        old.transport.close()  # a reconnect replaces the stale connection
-                case PeerSubscriptions(subscriptions):
-                    if not self._vet():
-                        return
-                    if self.conn.established:
-                        self._follow({c for c, _ in subscriptions})
-                case Closed(reason, error):
-                    if error:
-                        self.log.warning("(%s) closing: %s", self.conn.peer or "no handshake yet",
-                                         reason)  # fmt: skip
-                    if self.transport is not None:
-                        self.transport.close()
-        if not self._vet(changed=False):  # a request answered 3 (its final is to come)
-            return
-        if acks:
-            self._acked(acks)
-        for messages in arrived.values():
-            self._hold(sum(len(m.body) for m in messages))
-            self.server.spawn(self._store(messages))
-        self.flush()
 
     def _hold(self, nbytes: int) -> None:
         """Bodies on their way to the log: past ``MAX_PENDING_BYTES`` the socket is not read
@@ -380,90 +120,6 @@ class _Link(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
 
-    def _follow(self, channels: set[str]) -> None:
-        """Follow the streams of the channels subscribed to; stop the others. The hub itself
-        subscribes to every channel a remote wants, so that instances send it their messages
-        (it stores and relays them)."""
-        self.server.want(channels)
-        for name in list(self.channels):
-            if name not in channels:
-                self.channels.pop(name).stop()
-        peer = self.conn.peer
-        assert peer is not None
-        for name in channels - set(self.channels):
-            try:
-                validate_stream_name(name)
-            except TidewireError:
-                continue  # no stream can have that name: nothing to deliver
-            key = (peer, name)
-            known = self.server.offsets.get(key)
-            start = known or self.starts.get(name, 1)
-            kept = None
-            if known is None:
-                # A remote's first subscription to a channel: its offset is kept at once, and
-                # nothing is delivered before, so that a hub restarted (even killed) later
-                # resumes it there; else it would start over where the stream then stands,
-                # and what was stored while it was away would never reach it.
-                self.server.offsets[key] = start
-                kept = asyncio.ensure_future(self.server._keep_offset(key, start))
-            self.channels[name] = _Channel(self, name, start, kept)
-
-    def deliver(self, channel: _Channel, batches: list[Batch]) -> None:
-        """The events of ``batches`` (stream ``channel.channel``) as reliable messages, those
-        with a key the remote subscribed to (or all, subscribed to the channel with the empty
-        key); the others are skipped."""
-        if not self.conn.established:
-            return
-        wanted = self.conn.peer_subscriptions
-        name = channel.channel
-        every = (name, "") in wanted
-        inflight = channel.inflight
-        items: list[tuple[bytes, bytes, int]] = []
-        skipped = 0
-        next_id = self.server.next_message_id
-        for batch in batches:
-            ids = batch.ids
-            for i in range(len(ids)):
-                key = _utf8_key(batch.key(i))
-                if not every and (name, key.decode()) not in wanted:
-                    skipped += 1
-                    continue
-                message_id = next_id
-                next_id = (next_id + 1) & 0xFFFFFFFF
-                if message_id == UNRELIABLE:  # never a reliable message's id
-                    message_id, next_id = next_id, next_id + 1
-                inflight[message_id] = ids[i]
-                items.append((key, batch.value(i), message_id))
-        self.server.took_ids(next_id, len(items))
-        if skipped:
-            channel.sub.request(skipped)
-            channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
-        if items:
-            self.conn.send_many(name, items, time.monotonic())
-            if skipped:  # (what was skipped is not counted as sent)
-                nbytes = sum(20 + len(k) + len(v) for k, v, _ in items)
-            else:
-                nbytes = sum(b.nbytes for b in batches)
-            self.server.hub.metrics.sent("tolliver", name, len(items), nbytes)
-
-    def _acked(self, message_ids: list[int]) -> None:
-        peer = self.conn.peer
-        channels = list(self.channels.values())
-        if len(channels) == 1:
-            by_channel = {channels[0]: [m for m in message_ids if m in channels[0].inflight]}
-        else:
-            by_channel = {}
-            for message_id in message_ids:
-                for channel in channels:
-                    if message_id in channel.inflight:
-                        by_channel.setdefault(channel, []).append(message_id)
-                        break
-        for channel, acked in by_channel.items():
-            if acked:
-                moved = channel.acked(acked)
-                if moved is not None and peer is not None:
-                    self.server.remember(peer, channel.channel, moved)
-
     async def _store(self, messages: list[Message]) -> None:
         """Append to stream C (keys K) in one batch, then ack each (an ack says: durable in the
         hub)."""
@@ -472,7 +128,8 @@ class _Link(asyncio.Protocol):
         try:
             keys = [m.key.encode() if m.key else None for m in messages]
             batch = Batch.build(channel, [m.body for m in messages], keys=keys)
-            await self.server.hub.append(batch, assign_ids=True, via="tolliver")
+            stored = await self.server.hub.append(batch, assign_ids=True, via="tolliver")
+            self._came(channel, stored)
         except TidewireError as exc:
             self.log.warning("(%s) %d message(s) on %r refused: %s",
                              self.conn.peer or "no handshake yet",
@@ -487,17 +144,6 @@ class _Link(asyncio.Protocol):
             self.flush()
 
 
-def _utf8_key(key: bytes | None) -> bytes:
-    """An event's key as a Tolliver key: UTF-8 ("" for none; invalid bytes replaced)."""
-    if not key:
-        return b""
-    try:
-        key.decode("utf-8")
-    except UnicodeDecodeError:
-        return key.decode("utf-8", "replace").encode()
-    return key
-
-
 class TolliverServer:
     def __init__(
         self,
@@ -507,8 +153,12 @@ class TolliverServer:
         access: Access | None = None,
         admission: Admission | None = None,
         tls: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the time base of resends (seconds; tests give a fake one and call a
+        link's ``handle_timer``)."""
         self.hub = hub
+        self.clock = clock
         self.settings = settings or TolliverSettings()
         self.access = access if access is not None else Access()
         self.listener = Listener(
@@ -517,10 +167,11 @@ class TolliverServer:
             admission if admission is not None else Admission(ConnectionLimits()),
             tls=tls,
         )
-        self.links: set[_Link] = set()
-        self.by_peer: dict[uuid.UUID, _Link] = {}
+        self.links: set[HubLink] = set()
+        self.by_peer: dict[uuid.UUID, HubLink] = {}
         self.offsets: dict[tuple[uuid.UUID, str], int] = {}
         self.resends: dict[uuid.UUID, int] = {}  # by remote, over its past connections
+        self.origins = Origins()  # which events came from which remote: never echoed to it
         hub.metrics.listeners.append(self.listener)
         hub.metrics.tolliver = self.peers
         self.tasks: set[asyncio.Task[None]] = set()
@@ -593,6 +244,40 @@ class TolliverServer:
             self.spawn(self._reserve())
         await self.listener.start(host, port)
 
+    async def connect(
+        self,
+        host: str,
+        port: int,
+        channels: Iterable[str] = (),
+        *,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> uuid.UUID:
+        """Dial another Tolliver instance (another hub, say) and complete the handshake; its
+        UUID. The hub first subscribes to ``channels`` (every key; see :meth:`want`), so the
+        remote sends it its messages on them, and it delivers to the remote the streams the
+        remote subscribes to, as for a remote that dialed the hub. The remote is the
+        operator's choice: no certificate or ACL check. ``tls``: a client context (the
+        remote's certificate is verified against its CAs and ``server_hostname``, default
+        ``host``). One try (bound it with
+        ``asyncio.timeout``): a lost connection is not made again. :class:`~tidewire.
+        tolliver.HandshakeFailed` if the remote's handshake said no, ``OSError`` if it could
+        not be reached. Two hubs are linked by one connection, dialed by either: a message
+        is never delivered back to the instance it came from, so they relay nothing in a
+        loop (docs/protocols/tolliver.md, "Echo and loops")."""
+        self.want(set(channels))
+        loop = asyncio.get_running_loop()
+        _, link = await loop.create_connection(
+            lambda: _Link(self, Role.CONNECTOR), host, port, ssl=tls,
+            server_hostname=(server_hostname or host) if tls is not None else None,
+        )  # fmt: skip
+        try:
+            return await link.ready
+        except BaseException:
+            if link.transport is not None:
+                link.transport.abort()
+            raise
+
     def took_ids(self, next_id: int, count: int) -> None:
         """Deliveries took ``count`` ids, up to ``next_id``; past half of the reserved ones,
         the next block is reserved."""
@@ -652,6 +337,7 @@ class TolliverServer:
         if next_id <= self.offsets.get(key, 0):
             return
         self.offsets[key] = next_id
+        self.origins.passed(peer, channel, next_id)
         if key not in self._dirty:
             self._dirty[key] = asyncio.get_running_loop().call_later(
                 OFFSET_INTERVAL, self._save, key

@@ -37,400 +37,26 @@ import logging
 import ssl as _ssl
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import cast
 
-from ..client.backoff import Backoff, GaveUp, Retry
-from ..model import LimitExceeded, LocalProtocolError, ProtocolError
-from ..protocols.tolliver import (
-    CONTROL_CHANNEL,
-    UNRELIABLE,
-    Acked,
-    Closed,
-    Connection,
-    Established,
-    Message,
-    PeerSubscriptions,
-    Received,
-    Role,
-    matches,
-)
+from ..client.backoff import Retry
+from ..model import LimitExceeded, LocalProtocolError
+from ..protocols.tolliver import CONTROL_CHANNEL, UNRELIABLE, Message, Role, matches
+from .inbox import Delivery, Inbox
+from .instance_link import InstanceLink, ack_on_links
+from .link import HandshakeFailed
 from .store import Store
+from .supervisor import Supervisor
 
 __all__ = ["Delivery", "HandshakeFailed", "Instance", "Supervisor"]
 
 
-def _ack(acks: list[tuple[_Link, int]]) -> None:
-    """Ack on their connections (one write per connection; none on a connection gone)."""
-    by_link: dict[_Link, list[int]] = {}
-    for link, message_id in acks:
-        by_link.setdefault(link, []).append(message_id)
-    for link, message_ids in by_link.items():
-        if link.conn.established:
-            link.conn.ack_many(message_ids)
-            link.soon()
-
-
 log = logging.getLogger("tidewire.tolliver")
 
-VERSION = 1
-
 # what the application has handled: (the connection it came on, its sender, its id)
-_Handled = list[tuple["_Link", uuid.UUID, int]]
-
-
-class HandshakeFailed(ProtocolError, ConnectionError):
-    """The remote's handshake said no (it cannot speak this instance's version, or answered
-    bytes that are not a Tolliver handshake): final, never retried. (A remote that closes the
-    connection before answering is a :class:`ConnectionError`: it could be restarting.)"""
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A message received from ``sender`` (``id`` 2**31-1: unreliable)."""
-
-    sender: uuid.UUID
-    channel: str
-    key: str
-    body: bytes
-    id: int
-
-
-class _Inbox:
-    """Messages received and not yet taken by the application: bounded in count and bytes
-    (one over either bound is not acked, so its sender resends it later)."""
-
-    def __init__(self, limit: int, limit_bytes: int) -> None:
-        self.limit = limit
-        self.limit_bytes = limit_bytes
-        self.nbytes = 0
-        self._items: deque[tuple[Delivery, _Link]] = deque()
-        self._ready = asyncio.Event()
-
-    def full(self) -> bool:
-        return len(self._items) >= self.limit or self.nbytes >= self.limit_bytes
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def put_nowait(self, item: tuple[Delivery, _Link]) -> None:
-        size = len(item[0].body)
-        over = self._items and self.nbytes + size > self.limit_bytes  # (one always fits)
-        if len(self._items) >= self.limit or over:
-            raise asyncio.QueueFull
-        self._items.append(item)
-        self.nbytes += size
-        self._ready.set()
-
-    async def take(self, most: int) -> list[tuple[Delivery, _Link]]:
-        """At least one and at most ``most`` items, oldest first (waits for one)."""
-        items = self._items
-        while not items:
-            self._ready.clear()
-            await self._ready.wait()
-        taken = [items.popleft() for _ in range(min(most, len(items)))]
-        self.nbytes -= sum(len(delivery.body) for delivery, _ in taken)
-        return taken
-
-
-class _Link(asyncio.Protocol):
-    """One connection to a remote: the sans-IO machine, its transport, its resend timer."""
-
-    def __init__(self, instance: Instance, role: Role) -> None:
-        self.instance = instance
-        self.conn = Connection(role, instance.store.instance, VERSION, frozenset({VERSION}),
-                               set(instance.subscriptions),
-                               resend_interval=instance.resend_interval,
-                               auto_ack=False)  # acked once in the inbox (_deliver)  # fmt: skip
-        self.transport: asyncio.Transport | None = None
-        loop = asyncio.get_running_loop()
-        self.ready: asyncio.Future[uuid.UUID] = loop.create_future()
-        self.gone: asyncio.Future[Exception | None] = loop.create_future()  # connection_lost's
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when it fires (the instance's clock)
-        self._flush_soon = False
-        self._eof = False  # the remote closed its side
-        self.lost = False  # the connection is gone: nothing to resend on it
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.instance._handshakes += 1
-        self.instance._sendable.clear()
-        if self.conn.role is Role.CONNECTOR:
-            self.conn.initiate()
-        self.flush()
-
-    def data_received(self, data: bytes) -> None:
-        self.conn.receive_data(data)
-        self.pump()
-
-    def eof_received(self) -> bool | None:
-        self._eof = True
-        self.conn.receive_data(b"")
-        self.pump()
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(ConnectionError(f"connection lost before the handshake completed: {exc}"))
-        self.instance._forget(self)
-        self.lost = True
-        if not self.gone.done():
-            self.gone.set_result(exc)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fail(self, exc: Exception) -> None:
-        """The handshake did not complete (once)."""
-        if self.ready.done():
-            return
-        self.ready.set_exception(exc)
-        if self.conn.role is Role.ACCEPTOR:
-            self.ready.exception()  # (nobody awaits an accepted connection's handshake)
-        self.instance._handshake_done()
-
-    def flush(self) -> None:
-        self._flush_soon = False
-        data = self.conn.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-        self._arm()
-
-    def soon(self) -> None:
-        """Flush once the event loop is done with what is ready now (one write for the sends
-        and acks of one turn)."""
-        if not self._flush_soon:
-            self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def _arm(self) -> None:
-        deadline = None if self.lost else self.conn.next_deadline()
-        if self._timer is not None and (deadline is None or deadline < self._timer_at):
-            self._timer.cancel()
-            self._timer = None
-        if deadline is not None and self._timer is None:  # (one that fires early re-arms)
-            loop = asyncio.get_running_loop()
-            delay = max(0.0, deadline - self.instance.clock())
-            self._timer = loop.call_later(delay, self._resend)
-            self._timer_at = deadline
-
-    def _resend(self) -> None:
-        self._timer = None
-        self.conn.handle_timer(self.instance.clock())
-        self.flush()
-
-    def pump(self) -> None:
-        instance = self.instance
-        while (event := self.conn.next_event()) is not None:
-            if isinstance(event, Received):  # (the hot paths first)
-                instance._deliver(self, event.message)
-                continue
-            if isinstance(event, Acked):
-                if self.conn.peer is not None:
-                    instance.acked(event.id, self.conn.peer)
-                continue
-            match event:
-                case Established(peer):
-                    instance._adopt(self, peer)
-                    if not self.ready.done():
-                        self.ready.set_result(peer)
-                        instance._handshake_done()
-                case Received(message):
-                    instance._deliver(self, message)
-                case Acked(message_id):
-                    if self.conn.peer is not None:
-                        instance.acked(message_id, self.conn.peer)
-                case PeerSubscriptions():
-                    pass
-                case Closed(reason, error):
-                    if error:
-                        log.warning("tolliver %s: closing: %s", self.conn.peer, reason)
-                    if not self._eof:  # refused by the handshake, or not Tolliver at all
-                        self._fail(HandshakeFailed(reason))
-                    if self.transport is not None:
-                        self.transport.close()
-        self.flush()
-
-
-class Supervisor:
-    """Keeps an :class:`Instance` connected to one remote (``Instance.connect(..., retry=)``).
-
-    A task dials ``host:port``; whenever the connection is lost it waits as its
-    :class:`~tidewire.client.backoff.Backoff` says, dials again and does the handshake again
-    (the instance's subscriptions as they are then), and the instance resends every message
-    the remote has not acked. Counting, per outage (``retry.attempts``, ``give_up_after``):
-    each failed try is a failure, and so is the loss of a connection (so ``Retry(attempts=1)``
-    never reconnects); a connection that lasted ``stable_after`` seconds ends the outage (the
-    pacing starts again at ``retry.initial``), a shorter one does not, so a remote that closes
-    every connection right after its handshake (e.g. an ACL refusing what is resent) still
-    ends in :class:`GaveUp`. A :class:`HandshakeFailed` (versions) is final at once.
-
-    Counters: :attr:`attempts` (connection tries), :attr:`failures` (tries failed and
-    connections lost, in all), :attr:`reconnects` (connections established after the first),
-    :attr:`last_error`; :attr:`gave_up` once it stopped for good (:meth:`wait` raises it).
-    """
-
-    def __init__(
-        self,
-        instance: Instance,
-        host: str,
-        port: int,
-        retry: Retry,
-        *,
-        ssl: _ssl.SSLContext | None,
-        server_hostname: str | None,
-        handshake_timeout: float,
-        stable_after: float,
-    ) -> None:
-        self.instance = instance
-        self.host, self.port, self.retry = host, port, retry
-        self.ssl, self.server_hostname = ssl, server_hostname
-        self.handshake_timeout = handshake_timeout
-        self.stable_after = stable_after
-        self.peer: uuid.UUID | None = None  # the remote's UUID, once a handshake completed
-        self.link: _Link | None = None  # the connection established now (or just lost)
-        self.attempts = 0
-        self.failures = 0
-        self.reconnects = 0
-        self.last_error: BaseException | None = None
-        self.gave_up: GaveUp | None = None
-        self._known: frozenset[tuple[str, str]] = frozenset()  # the remote's, when last seen
-        self._backoff = Backoff(retry, clock=instance.clock, sleep=instance.sleep)
-        self._first: asyncio.Future[uuid.UUID] = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._run(), name=f"tolliver {host}:{port}")
-
-    def __repr__(self) -> str:
-        return (f"<Supervisor {self.host}:{self.port} peer={self.peer} "
-                f"connected={self.connected} reconnects={self.reconnects}>")  # fmt: skip
-
-    @property
-    def connected(self) -> bool:
-        return self.link is not None and self.link.conn.established
-
-    @property
-    def running(self) -> bool:
-        """Not stopped (by :meth:`Instance.close`, or :class:`GaveUp`)."""
-        return not self._task.done()
-
-    @property
-    def subscriptions(self) -> frozenset[tuple[str, str]]:
-        """The remote's subscriptions: now, or as they were when its connection was lost."""
-        link = self.link
-        return frozenset(link.conn.peer_subscriptions) if link is not None else self._known
-
-    def keeps(self, channel: str, key: str) -> bool:
-        """Whether a message on (channel, key) is kept for this remote while it is away."""
-        if self.peer is None or self._task.done():
-            return False
-        link = self.link
-        subscriptions = link.conn.peer_subscriptions if link is not None else self._known
-        return matches(subscriptions, channel, key)
-
-    async def wait(self) -> None:
-        """Until the supervisor stops: returns after :meth:`Instance.close`, raises
-        :class:`GaveUp` if it gave up."""
-        await asyncio.wait([self._task])
-        if self.gave_up is not None:
-            raise self.gave_up
-
-    async def first(self) -> uuid.UUID:
-        """The remote's UUID once the first handshake completed (:class:`GaveUp` if never)."""
-        return await asyncio.shield(self._first)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.wait([self._task])
-
-    @property
-    def _what(self) -> str:
-        return f"tolliver {self.host}:{self.port}"
-
-    async def _run(self) -> None:
-        clock = self.instance.clock
-        error: BaseException | None = None  # why the last try failed, or the link was lost
-        try:
-            while True:
-                if error is not None:
-                    await self._backoff.wait(self._what, error)  # (or GaveUp)
-                self.attempts += 1
-                try:
-                    link = await self._dial()
-                except HandshakeFailed as exc:
-                    self._failed(exc)
-                    raise GaveUp(self._what, self._backoff.failures + 1, exc) from exc
-                except OSError as exc:  # refused, reset, TLS, timed out, closed unanswered
-                    self._failed(exc)
-                    error = exc
-                    continue
-                since = clock()
-                self._established(link)
-                lost = await link.gone
-                error = lost if lost is not None else ConnectionError("closed by the remote")
-                self._known = frozenset(link.conn.peer_subscriptions)
-                self.link = None
-                self._failed(error)
-                log.info("%s: connection lost (%s); reconnecting", self._what, error)
-                if clock() - since >= self.stable_after:
-                    self._backoff.reset()
-        except GaveUp as exc:
-            self._stopped(exc)
-        except Exception as exc:  # a bug: stop, and say so
-            log.exception("%s: the supervisor failed", self._what)
-            self._stopped(GaveUp(self._what, self._backoff.failures, exc))
-        finally:
-            if self.link is not None:
-                self._known = frozenset(self.link.conn.peer_subscriptions)
-            self.link = None
-            if not self._first.done():
-                self._first.set_exception(ConnectionError("the instance was closed"))
-            self._first.exception()  # (retrieved: connect() may have stopped waiting)
-
-    def _stopped(self, exc: GaveUp) -> None:
-        self.gave_up = exc
-        log.warning("%s: %s", self._what, exc)
-        if not self._first.done():
-            self._first.set_exception(exc)
-
-    async def _dial(self) -> _Link:
-        instance = self.instance
-        loop = asyncio.get_running_loop()
-        link: _Link | None = None
-        try:
-            async with asyncio.timeout(self.handshake_timeout):
-                _, link = await loop.create_connection(
-                    lambda: _Link(instance, Role.CONNECTOR), self.host, self.port,
-                    ssl=self.ssl, server_hostname=(self.server_hostname or self.host)
-                    if self.ssl is not None else None,
-                )  # fmt: skip
-                await link.ready
-        except BaseException:
-            if link is not None and link.transport is not None:
-                link.transport.abort()
-            raise
-        return link
-
-    def _established(self, link: _Link) -> None:
-        peer = link.conn.peer
-        assert peer is not None
-        if self.peer is not None and peer != self.peer:
-            log.warning("%s: now instance %s, was %s (what was kept for %s stays in the "
-                        "outbox for when it comes back)", self._what, peer, self.peer,
-                        self.peer)  # fmt: skip
-        self.peer = peer
-        self.link = link
-        if self._first.done():
-            self.reconnects += 1
-            log.info("%s: reconnected to %s", self._what, peer)
-        else:
-            self._first.set_result(peer)
-
-    def _failed(self, error: BaseException) -> None:
-        self.failures += 1
-        self.last_error = error
-        self.instance.last_error = error
+_Handled = list[tuple[InstanceLink, uuid.UUID, int]]
 
 
 class Instance:
@@ -454,11 +80,11 @@ class Instance:
         self.clock = clock
         self.sleep = sleep
         self.subscriptions: set[tuple[str, str]] = set()
-        self.links: dict[uuid.UUID, _Link] = {}
+        self.links: dict[uuid.UUID, InstanceLink] = {}
         self.supervisors: list[Supervisor] = []  # connect(..., retry=...): one per call
         self.last_error: BaseException | None = None  # the latest of any supervisor
         self.duplicates = 0  # repeats dropped (dedupe)
-        self._inbox = _Inbox(inbox_limit, inbox_bytes)
+        self._inbox = Inbox(inbox_limit, inbox_bytes)
         # dedupe: finished by the application (the newest dedupe_window, from the store too),
         # and held now (in the inbox or being handled)
         self._done: OrderedDict[tuple[uuid.UUID, int], None] = OrderedDict()
@@ -466,7 +92,7 @@ class Instance:
             self._done.update((seen, None) for seen in self.store.recent_seen(dedupe_window))
         self._held: set[tuple[uuid.UUID, int]] = set()
         self._seen: list[tuple[uuid.UUID, int]] = []  # finished: recorded with the next commit
-        self._ack_after: list[tuple[_Link, int]] = []  # their acks: sent once it is durable
+        self._ack_after: list[tuple[InstanceLink, int]] = []  # their acks: sent once it is durable
         self._acking: set[tuple[int, uuid.UUID]] = set()  # acks received, not committed yet
         self._servers: list[asyncio.Server] = []
         self._handshakes = 0
@@ -496,7 +122,7 @@ class Instance:
     async def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Accept remotes on ``host:port``; the port bound."""
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _Link(self, Role.ACCEPTOR), host, port)
+        server = await loop.create_server(lambda: InstanceLink(self, Role.ACCEPTOR), host, port)
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
@@ -543,7 +169,7 @@ class Instance:
                 raise
         loop = asyncio.get_running_loop()
         _, link = await loop.create_connection(
-            lambda: _Link(self, Role.CONNECTOR), host, port, ssl=ssl,
+            lambda: InstanceLink(self, Role.CONNECTOR), host, port, ssl=ssl,
             server_hostname=(server_hostname or host) if ssl is not None else None,
         )  # fmt: skip
         return await link.ready
@@ -554,7 +180,7 @@ class Instance:
             self._handshakes = 0
             self._sendable.set()
 
-    def _adopt(self, link: _Link, peer: uuid.UUID) -> None:
+    def _adopt(self, link: InstanceLink, peer: uuid.UUID) -> None:
         old = self.links.get(peer)
         self.links[peer] = link
         if old is not None and old is not link and old.transport is not None:
@@ -566,7 +192,7 @@ class Instance:
                 link.conn.send(Message(channel, key, body, message_id), now)  # resent at once
         link.flush()
 
-    def _forget(self, link: _Link) -> None:
+    def _forget(self, link: InstanceLink) -> None:
         peer = link.conn.peer
         if peer is not None and self.links.get(peer) is link:
             del self.links[peer]
@@ -673,12 +299,12 @@ class Instance:
         self,
         adds: list[tuple[list[tuple[str, str, bytes, list[uuid.UUID]]], asyncio.Future[list[int]]]],
         acks: list[tuple[int, uuid.UUID]],
-        then: list[tuple[_Link, int]],
+        then: list[tuple[InstanceLink, int]],
         commit: asyncio.Future[list[int]],
     ) -> None:
         self._commit = None
         self._acking.difference_update(acks)
-        _ack(then)  # (also if the record failed: the application is done with them)
+        ack_on_links(then)  # (also if the record failed: the application is done with them)
         if commit.cancelled() or commit.exception() is not None:
             exc = commit.exception() if not commit.cancelled() else asyncio.CancelledError()
             assert exc is not None
@@ -706,10 +332,9 @@ class Instance:
         test with a fake ``clock`` advances it and calls this."""
         now = self.clock() if now is None else now
         for link in list(self.links.values()):
-            link.conn.handle_timer(now)
-            link.flush()
+            link.handle_timer(now)
 
-    def _deliver(self, link: _Link, message: Message) -> None:
+    def _deliver(self, link: InstanceLink, message: Message) -> None:
         sender = link.conn.peer
         assert sender is not None
         seen = (sender, message.id)
@@ -738,7 +363,7 @@ class Instance:
         if not handled:
             return
         if not self.dedupe:
-            _ack([(link, message_id) for link, _, message_id in handled])
+            ack_on_links([(link, message_id) for link, _, message_id in handled])
             handled.clear()
             return
         done, window = self._done, self.dedupe_window

@@ -1,0 +1,496 @@
+"""The hub's side of one Tolliver connection (:class:`HubLink`, on the shared
+:class:`~tidewire.tolliver.link.Link`) and its delivery of one stream to the remote
+(:class:`ChannelDelivery`); :mod:`tidewire.server.tolliver` is the hub's instance (state, ids,
+offsets, the listener) and the ingest of what remotes send.
+
+* **Vetting.** A remote's certificate must name the instance of its handshake; its principal
+  needs ``read`` on a channel to subscribe and ``write`` to send (docs/protocols/tolliver.md,
+  "Security and limits"). A remote the hub dialed itself (``role=CONNECTOR``) is trusted.
+* **Delivery.** Per channel the remote follows, a hub subscription on the stream, at most
+  ``MAX_UNACKED`` deliveries unacked; acks move the remote's offset.
+* **No echo.** Events that came from the remote itself are skipped (:class:`Origins`):
+  docs/protocols/tolliver.md, "Echo and loops".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import uuid
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from ..hub import Subscription
+from ..hub.access import (
+    ANONYMOUS,
+    Action,
+    Principal,
+    certificate_name,
+    certificate_principal,
+)
+from ..model import Batch, TidewireError, validate_stream_name
+from ..observe.logs import connection_log
+from ..protocols.tolliver import (
+    UNRELIABLE,
+    Acked,
+    Closed,
+    Connection,
+    Established,
+    Limits,
+    Message,
+    PeerSubscriptions,
+    Received,
+    Role,
+)
+from ..tolliver.link import HandshakeFailed, Link
+from .guard import established, peer_certificate
+
+if TYPE_CHECKING:
+    from .tolliver import TolliverServer
+
+__all__ = [
+    "DELIVERY_BYTES",
+    "MAX_UNACKED",
+    "VERSION",
+    "ChannelDelivery",
+    "HubLink",
+    "Origins",
+    "utf8_key",
+    "within",
+]
+
+log = logging.getLogger("tidewire.tolliver")
+
+VERSION = 1
+DELIVERY_BYTES = 256 * 1024
+MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
+MAX_ORIGIN_RANGES = 256  # per remote and channel: runs of event ids it sent, not echoed to it
+MAX_EVENT_ID = 2**63 - 1
+
+
+class Origins:
+    """Which events came from which remote, so that none is delivered back to it (no echo):
+    per (remote, stream), runs ``(first, last)`` of event ids, ascending. Bounded: at most
+    ``MAX_ORIGIN_RANGES`` runs per remote and stream (the oldest forgotten first), and runs
+    below the remote's offset are dropped (:meth:`passed`: nothing below it is delivered
+    again). In memory: a restart forgets them (docs/protocols/tolliver.md, "Echo and
+    loops")."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[uuid.UUID, str], list[tuple[int, int]]] = {}
+
+    def __len__(self) -> int:
+        """How many (remote, stream) pairs have runs (for tests and the soak's bounds)."""
+        return len(self._runs)
+
+    def came(self, peer: uuid.UUID, stream: str, first: int, last: int) -> None:
+        """Events ``first..last`` of ``stream`` are messages from ``peer``."""
+        runs = self._runs.setdefault((peer, stream), [])
+        if runs and runs[-1][1] + 1 == first:
+            runs[-1] = (runs[-1][0], last)  # (a remote sending alone: one run)
+        else:
+            runs.append((first, last))
+            if len(runs) > MAX_ORIGIN_RANGES:
+                del runs[0]
+
+    def of(self, peer: uuid.UUID, stream: str) -> list[tuple[int, int]] | None:
+        """``peer``'s runs in ``stream`` (``None``: none; see :func:`within`)."""
+        return self._runs.get((peer, stream))
+
+    def passed(self, peer: uuid.UUID, stream: str, next_id: int) -> None:
+        """``peer`` will never be delivered an event of ``stream`` below ``next_id`` again."""
+        runs = self._runs.get((peer, stream))
+        if runs is not None:
+            while runs and runs[0][1] < next_id:
+                del runs[0]
+            if not runs:
+                del self._runs[(peer, stream)]
+
+
+class ChannelDelivery:
+    """One remote's delivery of one stream: a hub subscription and what awaits acks."""
+
+    def __init__(self, link: HubLink, channel: str, start: int,
+                 kept: asyncio.Future[None] | None = None) -> None:  # fmt: skip
+        """``kept``: delivery waits for it (the remote's first offset on its way to disk)."""
+        self.link = link
+        self.kept = kept
+        self.channel = channel
+        self.sub: Subscription = link.server.hub.subscribe(
+            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
+            connection=link.log.context.conn, counted=False,  # (deliver() counts what it sends)
+        )
+        self.sub.request(MAX_UNACKED)
+        self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
+        self.acked_to = start - 1
+        self.task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        link = self.link
+        try:
+            if self.kept is not None:
+                await self.kept
+            while True:
+                await link.writable.wait()  # a remote that does not read gets nothing more
+                await link.server.ids_ready.wait()  # (ids for one delivery: <= MAX_UNACKED)
+                if (batches := await self.sub.next()) is None:
+                    break
+                await link.settled(self.channel)  # (so that its own messages are known)
+                link.deliver(self, batches)
+                link.flush()  # once per delivery, not per message
+        except asyncio.CancelledError:
+            raise
+        except TidewireError as exc:
+            link.log.warning("delivering %r stopped: %s", self.channel, exc)
+
+    def acked(self, message_ids: list[int]) -> int | None:
+        """Record acks (of this channel's deliveries); the new offset (next event id to
+        deliver) if it moved."""
+        inflight = self.inflight
+        last = None
+        for message_id in message_ids:
+            last = inflight.pop(message_id)
+        if last is None:
+            return None
+        self.sub.request(len(message_ids))
+        low = next(iter(inflight.values()), last + 1)  # (in event order)
+        if low - 1 > self.acked_to:
+            self.acked_to = low - 1
+            return low
+        return None
+
+    def stop(self) -> None:
+        self.sub.cancel()
+        self.task.cancel()
+
+
+class HubLink(Link):
+    """The hub's side of one connection: the shared :class:`~tidewire.tolliver.link.Link`
+    (flush, resend timer on the server's ``clock``, pause/resume, close after the last words)
+    plus the hub's rules: vet the peer (certificate, ACL), store what it sends, deliver the
+    streams it follows. The ingest side (``_hold``, ``_store``: how what it sends reaches the
+    log, with its backpressure) is the subclass's, in :mod:`tidewire.server.tolliver`."""
+
+    def __init__(self, server: TolliverServer, role: Role = Role.ACCEPTOR) -> None:
+        """``role``: ``CONNECTOR`` for a connection the hub dialed (:meth:`TolliverServer.
+        connect`): the remote is the operator's choice, so no certificate or ACL check."""
+        self.server = server
+        settings = server.settings
+        limits = Limits(max_body_bytes=settings.max_message_bytes,
+                        max_subscriptions=settings.max_subscriptions)  # fmt: skip
+        super().__init__(Connection(role, server.instance, VERSION,
+                                    frozenset({VERSION}), set(server.wanted), limits=limits,
+                                    auto_ack=False), server.clock)  # fmt: skip
+        self.channels: dict[str, ChannelDelivery] = {}
+        self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
+        self.peer = "?"  # the socket's address
+        self.log = connection_log(log, None, "tolliver")
+        self.principal = ANONYMOUS
+        self.cert_name: str | None = None  # the verified client certificate's subject CN
+        self._vetted_peer: uuid.UUID | None = None  # the instance UUID checked against cert_name
+        self._vetted: set[tuple[str, str]] = set()  # subscriptions the ACL allowed
+        self._subscriptions: set[tuple[str, str]] | None = None  # the set _vetted copies
+        self._write_rights: dict[str, bool] = {}  # channel -> may send on it (a small cache)
+        self.dialed = role is Role.CONNECTOR
+        # the remote's UUID once established (or why not); awaited by TolliverServer.connect
+        self.ready: asyncio.Future[uuid.UUID] = asyncio.get_running_loop().create_future()
+        # channel -> [stores started, stores finished] of this remote's messages on a channel
+        # it follows (see settled()); dropped when they are equal
+        self._storing: dict[str, list[int]] = {}
+        self._store_done = asyncio.Event()
+
+    def __str__(self) -> str:
+        """For log lines: the address, the instance and the principal."""
+        return f"{self.peer} ({self.conn.peer or 'no handshake yet'}, {self.principal})"
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    @property
+    def refused(self) -> bool:
+        """Refused (identity, ACL): nothing more is read or written."""
+        return self.muted
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.log = connection_log(log, transport, "tolliver")
+        self.peer = self.log.context.peer
+        cert = peer_certificate(transport)
+        self.cert_name = certificate_name(cert)
+        self.principal = certificate_principal(cert) or ANONYMOUS
+        self.log.context.principal = self.principal.name
+        self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
+        self.server.links.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(f"closed before the handshake: {exc}"))
+            self.ready.exception()  # (retrieved: only a dialed link's is awaited)
+        self.server.links.discard(self)
+        peer = self.conn.peer
+        if peer is not None:  # (the metrics' counter lives on across connections)
+            self.server.resends[peer] = self.server.resends.get(peer, 0) + self.conn.resends
+        if peer is not None and self.server.by_peer.get(peer) is self:
+            del self.server.by_peer[peer]
+        for channel in self.channels.values():
+            channel.stop()
+
+    # ------------------------------------------------------------------ access
+
+    def _refuse(self, reason: str) -> None:
+        """A refusal (identity, ACL): logged with the principal; the connection is closed
+        with nothing more sent (Tolliver has no error message outside the handshake)."""
+        self.log.warning("refused: %s; closing the connection", reason)
+        self.refuse()  # (a handshake response, acks: never sent)
+
+    def _vet(self, changed: bool = True) -> bool:
+        """Whether the peer may be the instance its handshake names and hold its
+        subscriptions (those not checked yet), else it is refused. ``changed=False``: only
+        if a handshake request came (cheap: once per chunk received). Runs before anything
+        is sent in reply."""
+        conn = self.conn
+        peer = conn.peer
+        if self.dialed:
+            return True  # the operator chose this remote (TolliverServer.connect)
+        if peer is not None and peer != self._vetted_peer:
+            if self.cert_name is not None:
+                if self.cert_name.lower() != str(peer):
+                    self._refuse(f"{self.principal} may not be instance {peer} (a certificate "
+                                 "must name the instance UUID it is for)")  # fmt: skip
+                    return False
+                self.principal = Principal(f"cert:{peer}")  # the UUID's canonical text
+            self._vetted_peer = peer
+        subscriptions = conn.peer_subscriptions
+        if self.server.access.open or not (changed or subscriptions is not self._subscriptions):
+            return True
+        for channel, _ in subscriptions - self._vetted:
+            if not self.server.access.may(self.principal, "read", channel):
+                self._refuse(self._forbidden("read", channel, "a subscription to it"))
+                return False
+        self._vetted = set(subscriptions)
+        self._subscriptions = subscriptions  # (a handshake request makes a new set)
+        return True
+
+    def _forbidden(self, action: Action, channel: str, what: str) -> str:
+        return f"{self.principal} may not {action} stream {channel!r} ({what})"
+
+    def _may_write(self, channel: str) -> bool:
+        allowed = self._write_rights.get(channel)
+        if allowed is None:
+            allowed = self.server.access.may(self.principal, "write", channel)
+            if len(self._write_rights) >= 256:
+                self._write_rights.clear()
+            self._write_rights[channel] = allowed
+        return allowed
+
+    # ------------------------------------------------------------------ events
+
+    def handle_events(self) -> None:
+        if self.refused:
+            return
+        arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
+        acks: list[int] = []  # handled together
+        everyone_writes = self.server.access.open or self.dialed
+        while (event := self.conn.next_event()) is not None:
+            if isinstance(event, Acked):  # (the hot path first)
+                acks.append(event.id)
+                continue
+            match event:
+                case Received(message):
+                    if not everyone_writes and not self._may_write(message.channel):
+                        self._refuse(self._forbidden("write", message.channel, "a message"))
+                        return  # what arrived with it is neither stored nor acked
+                    arrived.setdefault(message.channel, []).append(message)
+                case Established(peer):
+                    if not self._vet():
+                        return
+                    established(self.transport)  # the handshake deadline no longer applies
+                    old = self.server.by_peer.get(peer)
+                    self.server.by_peer[peer] = self
+                    if old is not None and old is not self and old.transport is not None:
+                        old.transport.close()  # a reconnect replaces the stale connection
+                    if not self.ready.done():
+                        self.ready.set_result(peer)
+                case PeerSubscriptions(subscriptions):
+                    if not self._vet():
+                        return
+                    if self.conn.established:
+                        self._follow({c for c, _ in subscriptions})
+                case Closed(reason, error):
+                    if error:
+                        self.log.warning("(%s) closing: %s", self.conn.peer or "no handshake yet",
+                                         reason)  # fmt: skip
+                    if self.conn.peer is not None and not self._vet():
+                        return  # (a peer it may not be gets no response, not even a refusal)
+                    if not self.ready.done():
+                        self.ready.set_exception(HandshakeFailed(reason))
+                        self.ready.exception()  # (retrieved: only a dialed link's is awaited)
+                    self.close(event)  # (a handshake refusal is written first)
+                    return
+        if not self._vet(changed=False):  # a request answered 3 (its final is to come)
+            return
+        if acks:
+            self._acked(acks)
+        for channel, messages in arrived.items():
+            self._hold(sum(len(m.body) for m in messages))
+            if channel in self.channels:  # (its own messages are not delivered back to it)
+                self._storing.setdefault(channel, [0, 0])[0] += 1
+                self.server.spawn(self._store_counted(channel, messages))
+            else:
+                self.server.spawn(self._store(messages))
+        self.flush()
+
+    def _follow(self, channels: set[str]) -> None:
+        """Follow the streams of the channels subscribed to; stop the others. The hub itself
+        subscribes to every channel a remote wants, so that instances send it their messages
+        (it stores and relays them)."""
+        self.server.want(channels)
+        for name in list(self.channels):
+            if name not in channels:
+                self.channels.pop(name).stop()
+        peer = self.conn.peer
+        assert peer is not None
+        for name in channels - set(self.channels):
+            try:
+                validate_stream_name(name)
+            except TidewireError:
+                continue  # no stream can have that name: nothing to deliver
+            key = (peer, name)
+            known = self.server.offsets.get(key)
+            start = known or self.starts.get(name, 1)
+            kept = None
+            if known is None:
+                # A remote's first subscription to a channel: its offset is kept at once, and
+                # nothing is delivered before, so that a hub restarted (even killed) later
+                # resumes it there; else it would start over where the stream then stands,
+                # and what was stored while it was away would never reach it.
+                self.server.offsets[key] = start
+                kept = asyncio.ensure_future(self.server._keep_offset(key, start))
+            self.channels[name] = ChannelDelivery(self, name, start, kept)
+
+    def deliver(self, channel: ChannelDelivery, batches: list[Batch]) -> None:
+        """The events of ``batches`` (stream ``channel.channel``) as reliable messages, those
+        with a key the remote subscribed to (or all, subscribed to the channel with the empty
+        key); the others are skipped."""
+        if not self.conn.established:
+            return
+        wanted = self.conn.peer_subscriptions
+        name = channel.channel
+        every = (name, "") in wanted
+        inflight = channel.inflight
+        items: list[tuple[bytes, bytes, int]] = []
+        skipped = 0
+        next_id = self.server.next_message_id
+        own = self.server.origins.of(self.conn.peer, name) if self.conn.peer else None
+        for batch in batches:
+            ids = batch.ids
+            for i in range(len(ids)):
+                if own and within(own, ids[i]):  # its own message: not echoed (no_echo)
+                    skipped += 1
+                    continue
+                key = utf8_key(batch.key(i))
+                if not every and (name, key.decode()) not in wanted:
+                    skipped += 1
+                    continue
+                message_id = next_id
+                next_id = (next_id + 1) & 0xFFFFFFFF
+                if message_id == UNRELIABLE:  # never a reliable message's id
+                    message_id, next_id = next_id, next_id + 1
+                inflight[message_id] = ids[i]
+                items.append((key, batch.value(i), message_id))
+        self.server.took_ids(next_id, len(items))
+        if skipped:
+            channel.sub.request(skipped)
+            channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
+        if items:
+            self.conn.send_many(name, items, self.clock())
+            if skipped:  # (what was skipped is not counted as sent)
+                nbytes = sum(20 + len(k) + len(v) for k, v, _ in items)
+            else:
+                nbytes = sum(b.nbytes for b in batches)
+            self.server.hub.metrics.sent("tolliver", name, len(items), nbytes)
+
+    def _acked(self, message_ids: list[int]) -> None:
+        peer = self.conn.peer
+        channels = list(self.channels.values())
+        if len(channels) == 1:
+            by_channel = {channels[0]: [m for m in message_ids if m in channels[0].inflight]}
+        else:
+            by_channel = {}
+            for message_id in message_ids:
+                for channel in channels:
+                    if message_id in channel.inflight:
+                        by_channel.setdefault(channel, []).append(message_id)
+                        break
+        for channel, acked in by_channel.items():
+            if acked:
+                moved = channel.acked(acked)
+                if moved is not None and peer is not None:
+                    self.server.remember(peer, channel.channel, moved)
+
+    async def settled(self, channel: str) -> None:
+        """Until every store of this remote's messages on ``channel`` begun so far is over, so
+        that the ids of its own messages are known to :meth:`deliver` (a delivery read from
+        the stream may hold events whose append has not returned yet). Bounded: stores begun
+        later do not extend the wait."""
+        counts = self._storing.get(channel)
+        if counts is None:
+            return
+        target = counts[0]
+        while counts[1] < target:
+            self._store_done.clear()
+            await self._store_done.wait()
+
+    def _came(self, channel: str, stored: Batch) -> None:
+        """Remember that ``stored`` came from this remote, if it follows ``channel``."""
+        peer = self.conn.peer
+        if peer is not None and channel in self.channels:
+            self.server.origins.came(peer, channel, stored.first_id, stored.last_id)
+
+    async def _store_counted(self, channel: str, messages: list[Message]) -> None:
+        """:meth:`_store`, counted as over (stored or refused) for :meth:`settled`."""
+        try:
+            await self._store(messages)
+        finally:
+            counts = self._storing[channel]
+            counts[1] += 1
+            if counts[1] >= counts[0]:
+                del self._storing[channel]
+            self._store_done.set()
+
+    # ------------------------------------------------------------------ ingest (the subclass's)
+
+    def _hold(self, nbytes: int) -> None:
+        """Bodies of ``nbytes`` are on their way to the log (backpressure)."""
+        raise NotImplementedError
+
+    async def _store(self, messages: list[Message]) -> None:
+        """Store messages of one channel and ack them once durable."""
+        raise NotImplementedError
+
+    def quiesce(self) -> None:
+        """Shutdown: read nothing more (what was read is still stored while :attr:`busy`)."""
+        raise NotImplementedError
+
+    @property
+    def busy(self) -> bool:
+        """Messages read and not yet stored and acked."""
+        raise NotImplementedError
+
+
+def within(ranges: list[tuple[int, int]], event_id: int) -> bool:
+    """Whether ``event_id`` is in one of ``ranges`` (sorted, disjoint, inclusive)."""
+    at = bisect.bisect_right(ranges, (event_id, MAX_EVENT_ID)) - 1
+    return at >= 0 and ranges[at][1] >= event_id
+
+
+def utf8_key(key: bytes | None) -> bytes:
+    """An event's key as a Tolliver key: UTF-8 ("" for none; invalid bytes replaced)."""
+    if not key:
+        return b""
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return key.decode("utf-8", "replace").encode()
+    return key

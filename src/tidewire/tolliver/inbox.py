@@ -1,0 +1,64 @@
+"""What a stand-alone instance received and the application has not taken yet: bounded in
+count and bytes; a message over either bound is not acked, so its sender resends it later."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .instance_link import InstanceLink
+
+__all__ = ["Delivery", "Inbox"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message received from ``sender`` (``id`` 2**31-1: unreliable)."""
+
+    sender: uuid.UUID
+    channel: str
+    key: str
+    body: bytes
+    id: int
+
+
+class Inbox:
+    """Deliveries with the connection each came on (its ack goes there), oldest first; at most
+    ``limit`` of them and ``limit_bytes`` of bodies (one always fits)."""
+
+    def __init__(self, limit: int, limit_bytes: int) -> None:
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self.nbytes = 0
+        self._items: deque[tuple[Delivery, InstanceLink]] = deque()
+        self._ready = asyncio.Event()
+
+    def full(self) -> bool:
+        return len(self._items) >= self.limit or self.nbytes >= self.limit_bytes
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: tuple[Delivery, InstanceLink]) -> None:
+        """Add one; :class:`asyncio.QueueFull` if it is over a bound."""
+        size = len(item[0].body)
+        over = self._items and self.nbytes + size > self.limit_bytes  # (one always fits)
+        if len(self._items) >= self.limit or over:
+            raise asyncio.QueueFull
+        self._items.append(item)
+        self.nbytes += size
+        self._ready.set()
+
+    async def take(self, most: int) -> list[tuple[Delivery, InstanceLink]]:
+        """At least one and at most ``most`` items, oldest first (waits for one)."""
+        items = self._items
+        while not items:
+            self._ready.clear()
+            await self._ready.wait()
+        taken = [items.popleft() for _ in range(min(most, len(items)))]
+        self.nbytes -= sum(len(delivery.body) for delivery, _ in taken)
+        return taken
