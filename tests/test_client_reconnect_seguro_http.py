@@ -43,9 +43,9 @@ from tidewire.client.seguro import (
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl
 from tidewire.log import LogConfig
-from tidewire.log.record import decode_body, parse_header
 from tidewire.model import MAX_ID, Batch, LocalProtocolError
 from tidewire.protocols.seguro import InvalidPatp, Sent
+from tidewire.record import decode_body, parse_header
 from tidewire.server.app import RSIO_HTTP_KEY, build_app
 from tidewire.server.rsio_http import HttpSettings, RsioHttp
 from tidewire.server.seguro import SeguroServer, start_seguro_server

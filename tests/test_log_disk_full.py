@@ -40,8 +40,8 @@ from crash_child import STREAM as CRASH_STREAM
 from crash_child import make_batch
 from smallfs import SmallFs, Unavailable
 from tidewire.log import Log, LogConfig, StreamSettings
-from tidewire.log.record import encode
 from tidewire.model import Batch, StorageFullError
+from tidewire.record import encode
 
 T = TypeVar("T")
 

@@ -31,8 +31,6 @@ from yarl import URL
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
-from tidewire.log.record import decode_body as record_body
-from tidewire.log.record import parse_header
 from tidewire.model import Batch
 from tidewire.protocols.rsio.publisher import envelopes_to_batch
 from tidewire.protocols.rsio_http import (
@@ -42,6 +40,8 @@ from tidewire.protocols.rsio_http import (
     SEQUENCE_HEADER,
     decode_body,
 )
+from tidewire.record import decode_body as record_body
+from tidewire.record import parse_header
 from tidewire.server.app import RSIO_HTTP_KEY, build_app
 from tidewire.server.rsio_http import HttpSettings, RsioHttp
 

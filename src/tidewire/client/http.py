@@ -43,7 +43,6 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ..log.record import parse_header
 from ..model import Batch, TidewireError, validate_stream_name
 from ..protocols.rsio.publisher import PublisherName, PublisherNameError, envelopes_to_batch
 from ..protocols.rsio.wire import NeedData, pull_varint
@@ -54,6 +53,7 @@ from ..protocols.rsio_http import (
     decode_body,
 )
 from ..protocols.rsio_http.codec import MAX_DEMAND
+from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
 from .rsio import _start
 

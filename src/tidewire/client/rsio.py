@@ -28,7 +28,6 @@ from ssl import SSLContext, create_default_context
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 from urllib.parse import quote, urlsplit
 
-from ..log.record import decode_body, parse_header
 from ..model import Batch, LogClosedError, TidewireError, validate_stream_name
 from ..protocols.rsio import (
     EXT_AUTH,
@@ -60,6 +59,7 @@ from ..protocols.rsio.publisher import (
     envelope_run_decoder,
     envelopes_to_batch,
 )
+from ..record import decode_body, parse_header
 
 if TYPE_CHECKING:
     from .backoff import Retry

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..model import Batch, CorruptLogError
-from .record import (
+from ..record import (
     HEADER_SIZE,
     EncodedRecord,
     HeaderError,

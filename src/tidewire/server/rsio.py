@@ -29,7 +29,6 @@ from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
-from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
 from ..observe.logs import connection_log
 from ..protocols.rsio import (
@@ -71,6 +70,7 @@ from ..protocols.rsio.publisher import (
     envelope_parts,
     fixed_size_values,
 )
+from ..record import encode as encode_record
 from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]

@@ -37,7 +37,6 @@ from aiohttp import web
 
 from ..hub import Hub, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
-from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
 from ..protocols.rsio.publisher import (
@@ -60,6 +59,7 @@ from ..protocols.rsio_http import (
     parse_count,
     split_query,
 )
+from ..record import encode as encode_record
 from .rsio import _Records
 
 __all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "principal"]
