@@ -46,6 +46,7 @@ from tidewire.observe.metrics import (
     CONNECTION_PROTOCOLS,
     SUBSCRIPTION_PROTOCOLS,
     Metrics,
+    registry,
     subscription_lag,
 )
 from tidewire.protocols.rsio import (
@@ -637,7 +638,7 @@ def test_refused_connections_are_counted_by_listener(tmp_path: Path, run: Run) -
             reader, writer = await asyncio.open_connection(HOST, server.port)
             await reader.read()  # (until the hub closes it, after its refusal)
             writer.close()
-            samples = Samples(generate_latest(hub.metrics.registry).decode())
+            samples = Samples(generate_latest(registry(hub)).decode())
             assert samples.one("tidewire_connections_refused_total", listener="rsio") == 1
             assert samples.one("tidewire_connections", protocol="rsio") == 1
             kept[1].close()
@@ -785,7 +786,7 @@ def test_tolliver_resends_never_go_backwards_while_a_remote_leaves(
             await remote.until_received(5)
 
             def resends() -> float:
-                samples = Samples(generate_latest(s.hub.metrics.registry).decode())
+                samples = Samples(generate_latest(registry(s.hub)).decode())
                 return samples.one("tidewire_tolliver_resends_total", peer=peer)
 
             before = resends()
@@ -896,14 +897,14 @@ def test_the_window_drops_old_samples() -> None:
         if second < 20:
             m.received("rsio", "a", 10, 100)
     assert m.rates("a") == (0.0, 0.0, 0.0, 0.0)  # the last 10 s saw nothing
-    assert len(m._samples) == 11  # t=20..30
+    assert len(m.samples) == 11  # t=20..30
     m.received("rsio", "a", 50, 500)
     m.sample(31.0)
     assert m.rates("a") == (5.0, 50.0, 0.0, 0.0)  # 50 over the 10 s from t=21 to t=31
     # a long gap: the two newest samples are kept
     m.received("rsio", "a", 90, 900)
     m.sample(1000.0)
-    assert len(m._samples) == 2
+    assert len(m.samples) == 2
     assert m.rates("a") == pytest.approx((90 / 969, 900 / 969, 0.0, 0.0))
 
 
