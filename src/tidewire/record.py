@@ -49,7 +49,7 @@ from itertools import accumulate
 
 from crc32c import crc32c
 
-from .model import MAX_ID, Batch, InvalidBatch
+from .model import MAX_ID, Batch, InvalidBatch, TidewireError
 
 __all__ = [
     "HEADER",
@@ -227,7 +227,7 @@ def merge(items: Sequence[tuple[Batch, int | None]]) -> Batch:
     )
 
 
-class HeaderError(ValueError):
+class HeaderError(TidewireError, ValueError):
     """The 48 bytes are not a valid record header (the caller decides: torn tail or corruption)."""
 
 

@@ -55,7 +55,7 @@ from ..protocols.rsio_http import (
 from ..protocols.rsio_http.codec import MAX_DEMAND
 from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
-from .rsio import _start
+from .rsio import start_position
 
 __all__ = ["HttpHub", "HttpRsioError"]
 
@@ -139,7 +139,7 @@ class HttpHub:
         """Batches of ``stream`` (the envelope format: ids, keys, timestamps), from
         ``from_id`` ("earliest", "latest" or an id), live or up to ``until_id``."""
         validate_stream_name(stream)
-        name = PublisherName(stream, _start(from_id), until_id, key)
+        name = PublisherName(stream, start_position(from_id), until_id, key)
         async for elements in self.elements(str(name), demand=demand):
             try:
                 yield envelopes_to_batch(stream, elements)
@@ -156,7 +156,7 @@ class HttpHub:
         values taken out here; a value that is not ``size`` bytes ends it with
         :class:`HttpRsioError` (status 0), as the hub's 500 would."""
         if not self.reconnecting:
-            name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
+            name = PublisherName(stream, start_position(from_id), until_id, key, "value", size)
             async for elements in self.elements(str(name), demand=demand):
                 yield elements
             return
