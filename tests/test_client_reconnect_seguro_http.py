@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from helpers import until
 from loops import Run
 from tidewire.client.backoff import Backoff, GaveUp, Retry
 from tidewire.client.http import HttpHub, HttpRsioError
@@ -147,15 +148,6 @@ async def site(path: Path, access: Access | None = None) -> AsyncIterator[Site]:
         yield s
     finally:
         await s.close()
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 10.0) -> None:
-    """Wait (at most ``limit`` seconds, in steps of 1 ms) until ``condition()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 def payload(event_id: int, size: int) -> bytes:

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import tidewire
+from helpers import until
 from loops import Run
 from tidewire.client import seguro, tube
 from tidewire.client.http import HttpHub
@@ -233,13 +234,6 @@ async def eventually(probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool],
         if ok(got):
             return got
         assert time.monotonic() < deadline, f"timed out waiting for {what}; last: {got!r}"
-        await asyncio.sleep(0.005)
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
 
 
