@@ -57,7 +57,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(params=["asyncio", "uvloop"])
 def run(request: pytest.FixtureRequest) -> Run:
     """Run a coroutine on asyncio's loop, then (second parametrization) on uvloop, bounded in
-    time (tests/loops.py). A module may define its own ``run`` with another bound."""
-    from loops import runner
+    time (tests/loops.py): by the module's ``RUN_SECONDS`` if it sets one, else 20 s."""
+    from loops import RUN_SECONDS, runner
 
-    return runner(str(request.param))
+    return runner(str(request.param), getattr(request.module, "RUN_SECONDS", RUN_SECONDS))

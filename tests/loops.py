@@ -25,10 +25,12 @@ Run = Callable[[Coroutine[Any, Any, None]], None]
 RUN_SECONDS = 20.0
 
 
-def runner(loop: str) -> Run:
+def runner(loop: str, seconds: float = RUN_SECONDS) -> Run:
+    """A ``run(coro)`` on ``loop`` bounded by ``seconds`` (the ``run`` fixture's)."""
+
     def run(coro: Coroutine[Any, Any, None]) -> None:
         async def bounded() -> None:
-            async with asyncio.timeout(RUN_SECONDS):
+            async with asyncio.timeout(seconds):
                 await coro
 
         with asyncio.Runner(loop_factory=LOOPS[loop]) as r:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 import tidewire
+from helpers import until
 from loops import Run
-from test_metrics import HOST, RawRemote, Samples, Stack, stack, until
+from test_metrics import HOST, RawRemote, Samples, Stack, stack
 from tidewire.client.admin import AdminClient, AdminError
 from tidewire.client.rsio import RsioClient, RsioError
 from tidewire.config import ConfigError, load_config

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +19,7 @@ from typing import Any, Literal
 import pytest
 from aiohttp import web
 
+from helpers import until
 from loops import Run
 from tidewire.client import rsio, tube
 from tidewire.client.backoff import Backoff, GaveUp, Retry
@@ -176,12 +177,6 @@ class Progress:
             if worker.done():
                 worker.result()
                 raise AssertionError(f"the worker ended at {self.value} of {n}")
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Poll a condition that has no event to await (bounded by the test's timeout)."""
-    while not condition():  # noqa: ASYNC110 - the hub's state has no event to await
-        await asyncio.sleep(0.001)
 
 
 def values_of(k: int, n: int) -> list[bytes]:

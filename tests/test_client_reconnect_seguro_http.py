@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from helpers import until
 from loops import Run
 from tidewire.client.backoff import Backoff, GaveUp, Retry
 from tidewire.client.http import HttpHub, HttpRsioError
@@ -43,9 +44,9 @@ from tidewire.client.seguro import (
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl
 from tidewire.log import LogConfig
-from tidewire.log.record import decode_body, parse_header
 from tidewire.model import MAX_ID, Batch, LocalProtocolError
 from tidewire.protocols.seguro import InvalidPatp, Sent
+from tidewire.record import decode_body, parse_header
 from tidewire.server.app import RSIO_HTTP_KEY, build_app
 from tidewire.server.rsio_http import HttpSettings, RsioHttp
 from tidewire.server.seguro import SeguroServer, start_seguro_server
@@ -147,15 +148,6 @@ async def site(path: Path, access: Access | None = None) -> AsyncIterator[Site]:
         yield s
     finally:
         await s.close()
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 10.0) -> None:
-    """Wait (at most ``limit`` seconds, in steps of 1 ms) until ``condition()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 def payload(event_id: int, size: int) -> bytes:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from helpers import until
 from loops import Run, line
 from tidewire.server.guard import (
     Admission,
@@ -29,7 +30,6 @@ from tidewire.server.guard import (
 
 if TYPE_CHECKING:
     from certs import Pki
-
 
 
 # --------------------------------------------------------------------------- protocols
@@ -107,12 +107,6 @@ async def listening(
         for conn in list(listener.connections):
             conn.abort()
         await listener.wait_closed()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait (bounded by the test's timeout) until ``condition()`` holds."""
-    while not condition():  # noqa: ASYNC110 - the state has no event to await
-        await asyncio.sleep(0.002)
 
 
 async def connect(

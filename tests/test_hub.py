@@ -8,19 +8,17 @@ time so that a hang fails fast instead of waiting for pytest-timeout.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
+from helpers import run
 from subscribing import assert_pending, collect, count, settle
 from tidewire.hub import MAX_DEMAND, Hub, Subscription
 from tidewire.log import Log, LogConfig, StreamSettings
 from tidewire.model import Batch, DataLossError, LogClosedError
-
-T = TypeVar("T")
 
 S = "orders"
 MiB = 1024 * 1024
@@ -31,16 +29,6 @@ EventTuple = tuple[int, bytes, bytes | None]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
-    """Run ``coro`` in a fresh event loop, failing with TimeoutError after ``timeout`` s."""
-
-    async def guarded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(guarded())
 
 
 @asynccontextmanager

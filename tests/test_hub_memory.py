@@ -11,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
+from helpers import run
 from tidewire.hub import MAX_DEMAND, Hub
 from tidewire.log import LogConfig, StreamSettings
 from tidewire.model import Batch
-
-T = TypeVar("T")
 
 S = "backlog"
 KiB = 1024
@@ -34,14 +32,6 @@ MAX_BATCH_BYTES = 256 * KiB
 CONFIG = LogConfig(
     defaults=StreamSettings(segment_bytes=1 * MiB), fsync=False, recent_bytes=1 * MiB
 )
-
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-    async def guarded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(guarded())
 
 
 @pytest.fixture

@@ -29,36 +29,25 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
 from crash_child import CONFIG as CRASH_CONFIG
 from crash_child import STREAM as CRASH_STREAM
 from crash_child import make_batch
+from helpers import run
 from smallfs import SmallFs, Unavailable
 from tidewire.log import Log, LogConfig, StreamSettings
-from tidewire.log.record import encode
 from tidewire.model import Batch, StorageFullError
-
-T = TypeVar("T")
+from tidewire.record import encode
 
 STREAM = "orders"
 SIZE = 2 * 1024 * 1024
 BIG = 64 * 1024  # more than the slack of any partly written page: needs new pages
 SMALL_SEGMENTS = LogConfig(defaults=StreamSettings(segment_bytes=16384, index_interval_bytes=512))
 SEED = int(os.environ.get("TIDEWIRE_CRASH_SEED", "20250611"))
-WAIT = 20.0
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(WAIT):
-            return await coro
-
-    return asyncio.run(bounded())
 
 
 def start(fs: SmallFs) -> SmallFs:

@@ -20,11 +20,12 @@ import threading
 from array import array
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 import tidewire.log.segment as segmod
+from helpers import run
 from tidewire.hub import Hub
 from tidewire.log import Log, LogConfig, StreamLog, StreamSettings
 from tidewire.model import (
@@ -35,12 +36,8 @@ from tidewire.model import (
     LogClosedError,
 )
 
-T = TypeVar("T")
-
 WAIT = 5.0
 """Bound, in seconds, of every wait for something that should happen at once."""
-SCENARIO = 60.0
-"""Bound, in seconds, of a whole scenario (each one takes well under a second)."""
 HOLD = 10.0
 """How long a held worker thread waits for its release before it gives up on its own."""
 NO_LIMIT = 2**63 - 1
@@ -52,16 +49,6 @@ WriteResult = tuple[list[Batch], list[Batch], float | None]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a scenario on a fresh event loop, bounded as a whole."""
-
-    async def bounded() -> T:
-        async with asyncio.timeout(SCENARIO):
-            return await coro
-
-    return asyncio.run(bounded())
 
 
 def events(log: Log, stream: str = STREAM) -> list[tuple[int, bytes]]:

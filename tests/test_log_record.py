@@ -1,4 +1,4 @@
-"""The on-disk record format (tidewire.log.record): layout, round trip, and CRC checks."""
+"""The on-disk record format (tidewire.record): layout, round trip, and CRC checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidewire.log.record import (
+from tidewire.model import MAX_ID, Batch, Event
+from tidewire.record import (
     HEADER_SIZE,
     EncodedRecord,
     HeaderError,
@@ -20,7 +21,6 @@ from tidewire.log.record import (
     merge,
     parse_header,
 )
-from tidewire.model import MAX_ID, Batch, Event
 
 
 def _bytes_of(record: EncodedRecord) -> bytes:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tidewire.log import Log, LogConfig, StreamSettings
-from tidewire.log.record import HEADER_SIZE, encode, parse_header
 from tidewire.model import Batch, CorruptLogError, Event, LogClosedError
+from tidewire.record import HEADER_SIZE, encode, parse_header
 
 STREAM = "events"
 CONFIG = LogConfig(defaults=StreamSettings(segment_bytes=4096, index_interval_bytes=64))

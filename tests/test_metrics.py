@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import tidewire
+from helpers import until
 from loops import Run
 from tidewire.client import seguro, tube
 from tidewire.client.http import HttpHub
@@ -46,6 +47,7 @@ from tidewire.observe.metrics import (
     CONNECTION_PROTOCOLS,
     SUBSCRIPTION_PROTOCOLS,
     Metrics,
+    registry,
     subscription_lag,
 )
 from tidewire.protocols.rsio import (
@@ -232,13 +234,6 @@ async def eventually(probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool],
         if ok(got):
             return got
         assert time.monotonic() < deadline, f"timed out waiting for {what}; last: {got!r}"
-        await asyncio.sleep(0.005)
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
 
 
@@ -637,7 +632,7 @@ def test_refused_connections_are_counted_by_listener(tmp_path: Path, run: Run) -
             reader, writer = await asyncio.open_connection(HOST, server.port)
             await reader.read()  # (until the hub closes it, after its refusal)
             writer.close()
-            samples = Samples(generate_latest(hub.metrics.registry).decode())
+            samples = Samples(generate_latest(registry(hub)).decode())
             assert samples.one("tidewire_connections_refused_total", listener="rsio") == 1
             assert samples.one("tidewire_connections", protocol="rsio") == 1
             kept[1].close()
@@ -785,7 +780,7 @@ def test_tolliver_resends_never_go_backwards_while_a_remote_leaves(
             await remote.until_received(5)
 
             def resends() -> float:
-                samples = Samples(generate_latest(s.hub.metrics.registry).decode())
+                samples = Samples(generate_latest(registry(s.hub)).decode())
                 return samples.one("tidewire_tolliver_resends_total", peer=peer)
 
             before = resends()
@@ -896,14 +891,14 @@ def test_the_window_drops_old_samples() -> None:
         if second < 20:
             m.received("rsio", "a", 10, 100)
     assert m.rates("a") == (0.0, 0.0, 0.0, 0.0)  # the last 10 s saw nothing
-    assert len(m._samples) == 11  # t=20..30
+    assert len(m.samples) == 11  # t=20..30
     m.received("rsio", "a", 50, 500)
     m.sample(31.0)
     assert m.rates("a") == (5.0, 50.0, 0.0, 0.0)  # 50 over the 10 s from t=21 to t=31
     # a long gap: the two newest samples are kept
     m.received("rsio", "a", 90, 900)
     m.sample(1000.0)
-    assert len(m._samples) == 2
+    assert len(m.samples) == 2
     assert m.rates("a") == pytest.approx((90 / 969, 900 / 969, 0.0, 0.0))
 
 

@@ -4,15 +4,14 @@ default loop and uvloop; bad input from raw sockets never disturbs other connect
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 
 import tidewire
+from helpers import hub_server
 from tidewire.client.rsio import RsioError
 from tidewire.config import load_config
 from tidewire.hub import Hub
@@ -31,34 +30,7 @@ from tidewire.protocols.rsio import (
 from tidewire.server.rsio import RsioServer, start_rsio_server
 from tidewire.server.serve import rsio_settings
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, None]], None]:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(60):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
-
-
-@asynccontextmanager
-async def hub_server(path: Path) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    hub = Hub.open(str(path))
-    server = await start_rsio_server(hub, "127.0.0.1", 0)
-    try:
-        yield hub, server, f"rsio://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await hub.close()
+RUN_SECONDS = 60.0  # (the run fixture's bound, tests/conftest.py)
 
 
 async def take(

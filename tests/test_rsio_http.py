@@ -23,16 +23,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 from aiohttp import web
 from multidict import CIMultiDictProxy
 from yarl import URL
 
+from helpers import until
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
-from tidewire.log.record import decode_body as record_body
-from tidewire.log.record import parse_header
 from tidewire.model import Batch
 from tidewire.protocols.rsio.publisher import envelopes_to_batch
 from tidewire.protocols.rsio_http import (
@@ -42,28 +40,12 @@ from tidewire.protocols.rsio_http import (
     SEQUENCE_HEADER,
     decode_body,
 )
+from tidewire.record import decode_body as record_body
+from tidewire.record import parse_header
 from tidewire.server.app import RSIO_HTTP_KEY, build_app
 from tidewire.server.rsio_http import HttpSettings, RsioHttp
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
 Runner = Callable[[Coroutine[Any, Any, None]], None]
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(20):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
 
 
 @dataclass
@@ -158,14 +140,6 @@ async def http_hub(path: Path, settings: HttpSettings | None = None) -> AsyncIte
 async def append(hub: Hub, stream: str, values: list[bytes],
                  keys: list[bytes | None] | None = None) -> Batch:  # fmt: skip
     return await hub.append(Batch.build(stream, values, keys=keys), assign_ids=True)
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 5.0) -> None:
-    """Wait (at most ``limit`` seconds, in steps of 1 ms) until ``condition()`` holds."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 async def collect(served: Served, sub_url: str, n: int, *, fetches: int = 50) -> list[Answer]:

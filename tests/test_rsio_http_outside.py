@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import resource
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 
+import helpers
 import tidewire
 from tidewire.client.http import HttpHub
 from tidewire.client.rsio import Receipt
@@ -145,15 +146,7 @@ def stop(served: Served, *, check_output: bool = True) -> None:
         assert TRACEBACK not in served.output(), served.output()
 
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-    """Run ``coro`` on uvloop, bounded by ``timeout`` seconds."""
-
-    async def bounded() -> Any:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(bounded())
+run = functools.partial(helpers.run, loop="uvloop")  # (these run on uvloop)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:

@@ -17,14 +17,12 @@ import asyncio
 import contextlib
 import gc
 import itertools
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-import uvloop
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -37,6 +35,7 @@ from hypothesis.stateful import (
 )
 
 import tidewire
+from helpers import hub_server
 from tidewire.client.rsio import Receipt, RsioClient, RsioError
 from tidewire.hub import Hub
 from tidewire.model import (
@@ -75,7 +74,7 @@ from tidewire.protocols.rsio import (
 from tidewire.protocols.rsio import Event as RsioEvent
 from tidewire.protocols.rsio.codec import OnNextRun
 from tidewire.protocols.rsio.publisher import encode_envelopes
-from tidewire.server.rsio import OFFER_WINDOW, RsioServer, RsioSettings, start_rsio_server
+from tidewire.server.rsio import OFFER_WINDOW, RsioSettings, start_rsio_server
 
 PUBLISHING = frozenset({EXT_PUBLISH})
 
@@ -870,42 +869,13 @@ def test_publish_state_machine() -> None:
 
 # =========================================================================== 2. over sockets
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
 TEST_TIMEOUT = 15.0  # seconds, per test: a hang fails instead of stalling the suite
+RUN_SECONDS = TEST_TIMEOUT  # (the run fixture's bound, tests/conftest.py)
 
 Runner = Callable[[Coroutine[Any, Any, None]], None]
 
 
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(TEST_TIMEOUT):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
-
-
 ONE_OFFER = RsioSettings(max_offers=1)
-
-
-@asynccontextmanager
-async def hub_server(
-    path: Path, settings: RsioSettings | None = None
-) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    hub = Hub.open(str(path))
-    server = await start_rsio_server(hub, "127.0.0.1", 0, settings)
-    try:
-        yield hub, server, f"rsio://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await hub.close()
 
 
 def fields(event: Stored) -> tuple[int, bytes | None, bytes, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -14,15 +15,14 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import uvloop
 
+import helpers
 import tidewire
 from tidewire.client.rsio import Receipt
 
@@ -83,15 +83,7 @@ def stop(served: Served) -> None:
     assert code == 0, _output(served)
 
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-    """Run ``coro`` on uvloop, bounded by ``timeout`` seconds."""
-
-    async def bounded() -> Any:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(bounded())
+run = functools.partial(helpers.run, loop="uvloop")  # (these run on uvloop)
 
 
 # ---------------------------------------------------------------------- checking helpers

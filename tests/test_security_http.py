@@ -25,8 +25,7 @@ import json
 import logging
 import os
 import ssl
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from certs import Pki
+from helpers import until
 from loops import Run, logged
 from tidewire.client import tube
 from tidewire.client.http import HttpHub, HttpRsioError
@@ -168,14 +168,6 @@ async def secure_hub(
 
 async def append(hub: Hub, stream: str, values: list[bytes]) -> Batch:
     return await hub.append(Batch.build(stream, values), assign_ids=True)
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 5.0) -> None:
-    """Wait (at most ``limit`` seconds, in steps of 1 ms) until ``condition()`` holds."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.001)
 
 
 def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:

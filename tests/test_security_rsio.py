@@ -10,7 +10,7 @@ import contextlib
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import tidewire
+from helpers import until
 from loops import Run
 from loops import line as log_line
 from tidewire.client.rsio import RsioClient, RsioError
@@ -39,7 +40,6 @@ from tidewire.server.rsio import RsioServer, start_rsio_server
 
 if TYPE_CHECKING:
     from certs import Pki
-
 
 
 @asynccontextmanager
@@ -64,12 +64,6 @@ async def rsio_hub(
 
 async def values(client: RsioClient, stream: str, until_id: int) -> list[bytes]:
     return [e.value async for b in client.subscribe(stream, until_id=until_id) for e in b]
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait (bounded by the test's timeout) until ``condition()`` holds."""
-    while not condition():  # noqa: ASYNC110 - the state has no event to await
-        await asyncio.sleep(0.002)
 
 
 async def raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -13,14 +13,15 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
+from helpers import run
 from loops import logged
 from tidewire.client.seguro import SeguroClient, SeguroError, connect
 from tidewire.hub import Hub
@@ -40,14 +41,6 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 REFUSED = (SeguroError, OSError)  # dropped: EOF, a reset, or a TLS alert (ssl.SSLError)
-
-
-def run(coro: Coroutine[Any, Any, None], timeout: float = 10.0) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(timeout):
-            await coro
-
-    asyncio.run(bounded())
 
 
 @dataclass
@@ -79,8 +72,6 @@ async def seguro_hub(
     finally:
         await server.close()
         await hub.close()
-
-
 
 
 async def closed(reader: asyncio.StreamReader) -> bytes:

@@ -17,14 +17,15 @@ import ssl
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
+from helpers import run
 from loops import logged
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl
@@ -51,14 +52,6 @@ if TYPE_CHECKING:
     from certs import Pki
 
 HOST = "127.0.0.1"
-
-
-def run(coro: Coroutine[Any, Any, None], timeout: float = 10.0) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(timeout):
-            await coro
-
-    asyncio.run(bounded())
 
 
 @dataclass
@@ -94,8 +87,6 @@ async def tolliver_hub(
     finally:
         await server.close()
         await hub.close()
-
-
 
 
 async def take(instance: Instance) -> Delivery:

@@ -25,6 +25,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from certs import Pki
+from helpers import until
 from loops import Run, logged
 from test_security_http import (
     ALICE,
@@ -34,7 +35,6 @@ from test_security_http import (
     bearer,
     policy,
     secure_hub,
-    until,
 )
 from tidewire.client import tube
 from tidewire.client.rsio import RsioClient, RsioError

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tidewire
+from helpers import run
 from tidewire.client.seguro import SeguroError, connect
 from tidewire.hub import Hub
 from tidewire.model import MAX_ID, LocalProtocolError
@@ -496,7 +497,6 @@ class Bad:
     marks: tuple[pytest.MarkDecorator, ...] = field(default=())
 
 
-
 MANY = b"SAVE MANY 2 6 9\nEVENT 6 1\na\n\n"
 
 BAD: list[Bad] = [
@@ -787,14 +787,6 @@ def test_client_latest_may_repeat_and_rise() -> None:
 
 
 # --------------------------------------------------------------------------- over sockets
-
-
-def run(coro: Coroutine[Any, Any, None], timeout: float = 30.0) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(timeout):
-            await coro
-
-    asyncio.run(bounded())
 
 
 @asynccontextmanager

@@ -14,13 +14,13 @@ import asyncio
 import logging
 import struct
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers import run, until
 from tidewire.hub import Hub
 from tidewire.protocols.tolliver import (
     UNRELIABLE,
@@ -42,20 +42,6 @@ from tidewire.tolliver import Delivery, Instance
 
 HOST = "127.0.0.1"
 LIMITS = Limits()
-POLL = 0.005
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(20):
-            await coro
-
-    asyncio.run(bounded())
-
-
-async def until(condition: Any) -> None:
-    while not condition():  # noqa: ASYNC110 - polling state, bounded by run()'s timeout
-        await asyncio.sleep(POLL)
 
 
 # ---------------------------------------------------------------------------- raw frames

@@ -13,14 +13,14 @@ import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Coroutine, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import run, until
 from tidewire.model import LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.tolliver import (
     CONTROL_CHANNEL,
@@ -702,19 +702,6 @@ def test_store_ids_skip_the_unreliable_marker_and_ids_in_use_in_bulk(tmp_path: P
 
 
 # --------------------------------------------------------------------------- the instance
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(30):
-            await coro
-
-    asyncio.run(bounded())
-
-
-async def until(condition: Any) -> None:
-    while not condition():  # noqa: ASYNC110 - polling state, bounded by run()'s timeout
-        await asyncio.sleep(0.005)
 
 
 def messages(instance: Instance) -> AsyncGenerator[Delivery, None]:

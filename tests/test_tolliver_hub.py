@@ -7,23 +7,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
+from helpers import run, until
 from tidewire.hub import Hub
 from tidewire.model import Batch
 from tidewire.protocols.tolliver import Connection, Established, Received, Role
 from tidewire.server.tolliver import TolliverServer, start_tolliver_server
 from tidewire.tolliver import Delivery, Instance
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(30):
-            await coro
-
-    asyncio.run(bounded())
 
 
 async def take(instance: Instance, n: int) -> list[Delivery]:
@@ -33,11 +24,6 @@ async def take(instance: Instance, n: int) -> list[Delivery]:
         if len(got) >= n:
             break
     return got
-
-
-async def until(condition: Any) -> None:
-    while not condition():  # noqa: ASYNC110 - polling state, bounded by run()'s timeout
-        await asyncio.sleep(0.005)
 
 
 def test_messages_are_stored_then_acked_and_relayed(tmp_path: Path) -> None:

@@ -4,19 +4,10 @@ resends until acked, a sender restarted with unacked messages, reconnects, de-du
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
+from helpers import run, until
 from tidewire.tolliver import Delivery, Instance
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(30):
-            await coro
-
-    asyncio.run(bounded())
 
 
 async def take(instance: Instance, n: int) -> list[Delivery]:
@@ -26,11 +17,6 @@ async def take(instance: Instance, n: int) -> list[Delivery]:
         if len(got) >= n:
             break
     return got
-
-
-async def until(condition: Any) -> None:
-    while not condition():  # noqa: ASYNC110 - polling a store, bounded by run()'s timeout
-        await asyncio.sleep(0.005)
 
 
 def test_reliable_messages_reach_subscribers_and_are_forgotten_once_acked(tmp_path: Path) -> None:

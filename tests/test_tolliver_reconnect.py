@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import until
 from loops import Run
 from tidewire.client.backoff import GaveUp, Retry
 from tidewire.hub import Hub
@@ -132,12 +133,6 @@ async def stored(path: Path, stream: str) -> list[bytes]:
         raise AssertionError("the stream never ended")
     finally:
         await hub.close()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Polls state no event announces (a store's count), bounded by ``run``'s time limit."""
-    while not condition():  # noqa: ASYNC110 - polling state, not waiting for a timer
-        await asyncio.sleep(0.005)
 
 
 def offset_is(server: TolliverServer, remote: uuid.UUID, next_id: int) -> bool:

@@ -15,7 +15,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 from aiohttp import web
 
 import tidewire
@@ -48,24 +47,8 @@ from tidewire.server.app import TUBE_CONNECTIONS_KEY, build_app
 from tidewire.server.rsio import start_rsio_server
 from tidewire.server.tube import TubeSettings
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
+RUN_SECONDS = 30.0  # (the run fixture's bound, tests/conftest.py)
 Runner = Callable[[Coroutine[Any, Any, None]], None]
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(30):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
 
 
 @dataclass(slots=True)

@@ -32,16 +32,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 
 import tidewire
+from helpers import hub_server
 from tidewire.client.rsio import Receipt, RsioError
 from tidewire.hub import Hub
 from tidewire.hub.txn import TXN_STREAM, TxnReceipt, fingerprint
@@ -66,7 +65,7 @@ from tidewire.protocols.rsio import (
     Subscribed,
 )
 from tidewire.protocols.rsio import Event as RsioEvent
-from tidewire.server.rsio import OFFER_WINDOW, RsioServer, RsioSettings, start_rsio_server
+from tidewire.server.rsio import OFFER_WINDOW, RsioServer, RsioSettings
 
 TEST_TIMEOUT = 15.0  # seconds, per test: a hang fails instead of stalling the suite
 
@@ -699,36 +698,7 @@ def test_a_killed_committer_leaves_every_transaction_exactly_once(tmp_path: Path
 
 # =========================================================================== 3. over RS.io
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(coro: Coroutine[Any, Any, None]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(TEST_TIMEOUT):
-                await coro
-
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as r:
-            r.run(bounded())
-
-    return runner
-
-
-@asynccontextmanager
-async def hub_server(
-    path: Path, settings: RsioSettings | None = None
-) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    hub = Hub.open(str(path))
-    server = await start_rsio_server(hub, "127.0.0.1", 0, settings)
-    try:
-        yield hub, server, f"rsio://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await hub.close()
+RUN_SECONDS = TEST_TIMEOUT  # (the run fixture's bound, tests/conftest.py)
 
 
 class RawClient:

@@ -23,7 +23,7 @@ def _isatty(file: Any) -> bool:
         return False
 
 
-def _console(stderr: bool = False) -> Console:
+def make_console(stderr: bool = False) -> Console:
     """A rich console on stdout (or stderr). Off a terminal it has no colours and is wide
     enough that no table is cut or wrapped to 80 columns (for grep, awk, logs)."""
     from rich.console import Console
@@ -32,7 +32,7 @@ def _console(stderr: bool = False) -> Console:
     return Console(file=file, highlight=False, width=None if _isatty(file) else 10_000)
 
 
-def _table(title: str | None, *columns: str) -> Table:
+def make_table(title: str | None, *columns: str) -> Table:
     """A table of plain columns: the first and every ``<NAME`` left-justified, the others (the
     numbers) right-justified."""
     from rich import box
@@ -46,7 +46,7 @@ def _table(title: str | None, *columns: str) -> Table:
     return table
 
 
-def _lines(*tables: Table) -> RenderableType:
+def stacked(*tables: Table) -> RenderableType:
     """Tables one after another, a blank line between, each with its title and caption on
     lines of their own (a table wraps them to its own width)."""
     from rich.console import Group
@@ -66,7 +66,7 @@ def _lines(*tables: Table) -> RenderableType:
     return Group(*parts)
 
 
-def _progress(show: bool | None, *, stdout_too: bool = False) -> Progress:
+def progress_bars(show: bool | None, *, stdout_too: bool = False) -> Progress:
     """Progress bars on stderr: with ``show`` (--progress/--no-progress), else when stderr is
     a terminal (and, with ``stdout_too``, stdout is not: lines scrolling through the same
     terminal would tear the bar). Off a terminal the bars are printed once, when they end."""
@@ -85,7 +85,7 @@ def _progress(show: bool | None, *, stdout_too: bool = False) -> Progress:
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("events"), TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=_console(stderr=True), disable=not show,
+        console=make_console(stderr=True), disable=not show,
         redirect_stdout=False, redirect_stderr=False,  # stdout is the data's, never the bar's
     )  # fmt: skip
 
@@ -123,10 +123,10 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m {s:02d}s"
 
 
-def _streams_table(rows: list[dict[str, Any]], *, rates: bool, title: str | None = None) -> Table:
+def streams_table(rows: list[dict[str, Any]], *, rates: bool, title: str | None = None) -> Table:
     """Streams: name, events, first/latest id, bytes; and the rates in and out (a hub's)."""
     columns = ["STREAM", "EVENTS", "FIRST", "LATEST", "BYTES"]
-    table = _table(title, *columns, *(["IN EV/S", "OUT EV/S"] if rates else []))
+    table = make_table(title, *columns, *(["IN EV/S", "OUT EV/S"] if rates else []))
     for s in rows:
         cells = [s["name"], str(s["events"]), _id(s["first_id"]), _id(s["latest_id"]),
                  _size(s["bytes"])]  # fmt: skip
@@ -136,13 +136,13 @@ def _streams_table(rows: list[dict[str, Any]], *, rates: bool, title: str | None
     return table
 
 
-def _stats_view(stats: Stats, url: str) -> RenderableType:
+def stats_view(stats: Stats, url: str) -> RenderableType:
     """``tidewire stats``: the hub, its streams, connections and subscriptions by protocol,
     every subscription, and the Tolliver peers."""
     from .hub.hub import RESERVED_PREFIX
 
     o = stats["overview"]
-    hub = _table(f"tidewire {o['version']} at {url}: up {_duration(o['uptime_seconds'])}, "
+    hub = make_table(f"tidewire {o['version']} at {url}: up {_duration(o['uptime_seconds'])}, "
                  f"{o['streams']} stream(s), data in {o['data_dir']}",
                  "TRAFFIC", "EVENTS", "BYTES", "EV/S", "BYTES/S")  # fmt: skip
     hub.add_row("in", str(o["events_in"]), _size(o["bytes_in"]), _rate(o["events_in_rate"]),
@@ -151,9 +151,9 @@ def _stats_view(stats: Stats, url: str) -> RenderableType:
                 _rate(o["events_out_rate"]), _size(o["bytes_out_rate"]) + "/s")  # fmt: skip
 
     public = [s for s in stats["streams"] if not s["name"].startswith(RESERVED_PREFIX)]
-    streams = _streams_table(cast(list[dict[str, Any]], public), rates=True, title="streams")
+    streams = streams_table(cast(list[dict[str, Any]], public), rates=True, title="streams")
 
-    protocols = _table("connections and subscriptions by protocol", "PROTOCOL", "CONNECTIONS",
+    protocols = make_table("connections and subscriptions by protocol", "PROTOCOL", "CONNECTIONS",
                        "SUBSCRIPTIONS", "BYTES IN", "BYTES OUT")  # fmt: skip
     traffic: dict[str, list[int]] = {}
     for c in stats["connections"]:
@@ -169,7 +169,7 @@ def _stats_view(stats: Stats, url: str) -> RenderableType:
     protocols.add_row("total", str(sum(o["connections"].values())),
                       str(sum(o["subscriptions"].values())), "", "", style="bold")  # fmt: skip
 
-    subs = _table("subscriptions", "STREAM", "<PROTOCOL", "CONNECTION", "NEXT ID", "DELIVERED",
+    subs = make_table("subscriptions", "STREAM", "<PROTOCOL", "CONNECTION", "NEXT ID", "DELIVERED",
                   "DEMAND", "LAG")  # fmt: skip
     for s in sorted(stats["subscriptions"], key=lambda s: (s["stream"], s["id"])):
         subs.add_row(s["stream"], s["protocol"], _id(s["connection"]), str(s["next_id"]),
@@ -179,7 +179,7 @@ def _stats_view(stats: Stats, url: str) -> RenderableType:
         subs.caption = "none"
 
     t = stats["tolliver"]
-    peers = _table(f"tolliver instance {t['instance'] or '(none)'}: peers", "PEER", "<ADDRESS",
+    peers = make_table(f"tolliver instance {t['instance'] or '(none)'}: peers", "PEER", "<ADDRESS",
                    "<CONNECTED", "<CHANNELS", "UNACKED", "RESENDS")  # fmt: skip
     for p in t["peers"]:
         peers.add_row(p["uuid"], p["address"] or "-", "yes" if p["connected"] else "no",
@@ -187,4 +187,4 @@ def _stats_view(stats: Stats, url: str) -> RenderableType:
                       str(p["resends"]))  # fmt: skip
     if not t["peers"]:
         peers.caption = "none"
-    return _lines(hub, streams, protocols, subs, peers)
+    return stacked(hub, streams, protocols, subs, peers)

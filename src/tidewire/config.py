@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .log import LogConfig, StreamSettings
-from .model import InvalidStreamName, validate_stream_name
+from .model import InvalidStreamName, TidewireError, validate_stream_name
 
 __all__ = ["SETTINGS", "ConfigError", "ServerConfig", "load_config"]
 
 
-class ConfigError(ValueError):
+class ConfigError(TidewireError, ValueError):
     """A setting that is unknown or has the wrong type or value."""
 
 

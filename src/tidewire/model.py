@@ -1,4 +1,5 @@
-"""Events, batches, stream names and the error tree shared by every part of tidewire.
+"""Events, batches and stream names shared by every part of tidewire; the error tree
+(:mod:`tidewire.errors`) is re-exported here.
 
 An *event* is (stream, id, key, value, timestamp). Ids are strictly increasing within a stream;
 on the wire they are u64, but tidewire keeps them in 1..2**63-1 so that every id fits Spark's
@@ -15,10 +16,8 @@ import on a big-endian machine rather than silently writing a log it could not r
 
 from __future__ import annotations
 
-import errno as _errno
 import itertools
 import operator
-import os
 import sys
 import time
 import unicodedata
@@ -27,6 +26,26 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+
+from .errors import (
+    AccessError,
+    CorruptLogError,
+    DataLossError,
+    Forbidden,
+    IdOrderError,
+    InvalidBatch,
+    InvalidStreamName,
+    LimitExceeded,
+    LocalProtocolError,
+    LogClosedError,
+    LogError,
+    ProtocolError,
+    RemoteProtocolError,
+    StorageFullError,
+    TidewireError,
+    Unauthenticated,
+    UnknownStream,
+)
 
 __all__ = [
     "MAX_ID",
@@ -60,128 +79,6 @@ MAX_ID = 2**63 - 1
 """The largest event id (ids are 1..MAX_ID)."""
 
 MAX_STREAM_NAME_BYTES = 255
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class TidewireError(Exception):
-    """Base of every error tidewire raises on purpose."""
-
-
-class InvalidStreamName(TidewireError, ValueError):
-    """A stream name that is empty, too long, not UTF-8, or holds whitespace or controls."""
-
-
-class InvalidBatch(TidewireError, ValueError):
-    """A batch whose buffers disagree, or whose ids are not strictly increasing."""
-
-
-class UnknownStream(TidewireError, KeyError):
-    """The stream does not exist (reads never create streams)."""
-
-    def __str__(self) -> str:
-        return f"unknown stream {self.args[0]!r}" if self.args else "unknown stream"
-
-
-class LimitExceeded(TidewireError):
-    """A bounded buffer, queue or size limit would be exceeded."""
-
-    def __init__(self, what: str, limit: int, got: int) -> None:
-        super().__init__(f"{what}: {got} exceeds the limit of {limit}")
-        self.what = what
-        self.limit = limit
-        self.got = got
-
-
-class LogError(TidewireError):
-    """Base of the durable log's errors."""
-
-
-class LogClosedError(LogError):
-    """The log (or the stream) was closed, or failed and must be reopened."""
-
-
-class IdOrderError(LogError, ValueError):
-    """Caller-chosen ids that are not greater than the stream's latest id."""
-
-    def __init__(self, stream: str, first_id: int, latest: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: id {first_id} is not greater than the latest id {latest}"
-        )
-        self.stream = stream
-        self.first_id = first_id
-        self.latest = latest
-
-
-class DataLossError(LogError):
-    """The requested id was removed by retention (it is below the stream's first id)."""
-
-    def __init__(self, stream: str, requested: int, first_id: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: id {requested} was removed by retention; "
-            f"the first retained id is {first_id}"
-        )
-        self.stream = stream
-        self.requested = requested
-        self.first_id = first_id
-
-
-class StorageFullError(LogError):
-    """A write refused because the file system is full (``ENOSPC``) or its quota is spent
-    (``EDQUOT``). Nothing of it was stored: the file was cut back to its last commit, freeing
-    what the write took. The stream stays open; a later append tries again, and succeeds once
-    there is space. ``during`` says which file operation ran out of space."""
-
-    def __init__(self, stream: str, errno: int, during: str) -> None:
-        code = _errno.errorcode.get(errno, str(errno))
-        super().__init__(
-            f"stream {stream!r}: disk full ({code}: {os.strerror(errno)}) {during}: the write "
-            "was refused and nothing of it stored; appends resume once there is space"
-        )
-        self.stream = stream
-        self.errno = errno
-        self.during = during
-
-
-class CorruptLogError(LogError):
-    """A log file is damaged before its tail: never skipped, always reported with its place."""
-
-    def __init__(self, path: str, offset: int, reason: str) -> None:
-        super().__init__(f"corrupt log file {path} at byte offset {offset}: {reason}")
-        self.path = path
-        self.offset = offset
-        self.reason = reason
-
-
-class AccessError(TidewireError):
-    """A peer that may not do what it asked. ``status`` is the HTTP status it maps to."""
-
-    status = 403
-
-
-class Unauthenticated(AccessError):
-    """Credentials that are wrong, expired, or do not name who the peer claims to be."""
-
-    status = 401
-
-
-class Forbidden(AccessError):
-    """A known principal asking for a stream the ACL does not grant it."""
-
-    status = 403
-
-
-class ProtocolError(TidewireError):
-    """A breach of a wire protocol. Subclasses say which side broke it."""
-
-
-class LocalProtocolError(ProtocolError):
-    """We were asked to do something the protocol forbids (a bug or misuse on this side)."""
-
-
-class RemoteProtocolError(ProtocolError):
-    """The peer sent something the protocol forbids."""
 
 
 # --------------------------------------------------------------------------- names and time
@@ -352,7 +249,7 @@ class Batch:
                 id_view = _u64(ids)
             except OverflowError as exc:
                 raise InvalidBatch("ids must be within 1..2**63-1") from exc
-            _check_ids(id_view)
+            check_ids(id_view)
         if timestamps is None or isinstance(timestamps, int):
             ts = now_ms() if timestamps is None else timestamps
             ts_array = array("q", [ts]) * n
@@ -590,7 +487,7 @@ class Batch:
 
     def validate(self) -> Batch:
         """Check every O(n) invariant: ids strictly increasing in 1..MAX_ID, offsets monotone."""
-        _check_ids(self.ids)
+        check_ids(self.ids)
         _check_monotone(self.value_offsets, "value offsets")
         if self.key_offsets is not None:
             _check_monotone(self.key_offsets, "key offsets")
@@ -617,7 +514,8 @@ class Batch:
         )
 
 
-def _check_ids(ids: memoryview) -> None:
+def check_ids(ids: memoryview) -> None:
+    """``InvalidBatch`` unless the ids (u64) are within 1..2**63-1 and strictly increasing."""
     if ids[0] < 1 or ids[-1] > MAX_ID:
         raise InvalidBatch("ids must be within 1..2**63-1")
     if len(ids) > 1 and not all(map(operator.lt, ids[:-1], ids[1:])):  # the loop runs in C

@@ -20,14 +20,13 @@ sent).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from hubproc import HubProcess
 
+from helpers import until
 from smallfs import SmallFs, Unavailable
 from tidewire.client import rsio, seguro
 from tidewire.model import Batch
@@ -43,14 +42,6 @@ Events = list[tuple[int, bytes]]
 
 def value(tag: str, n: int) -> bytes:
     return f"{tag}-{n:06d}-".encode() + bytes([n % 251]) * (n % 200)
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def read_rsio(client: rsio.RsioClient, stream: str) -> Events:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from urllib.parse import urlsplit
 import pytest
 from hubproc import HubProcess
 
+from helpers import until
 from tidewire.client import rsio, seguro, tube
 from tidewire.client.backoff import Retry
 from tidewire.client.http import HttpHub
@@ -43,15 +43,6 @@ KILLS = 3
 RETRY = Retry(initial=0.02, maximum=0.5, give_up_after=60.0)
 BOUND = 150.0  # the whole test
 STEP = 30.0  # the longest wait for any one condition
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = STEP,
-                details: Callable[[], object] = lambda: "") -> None:  # fmt: skip
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what} {details()}")
-        await asyncio.sleep(0.02)
 
 
 class Mixed:

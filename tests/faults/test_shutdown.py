@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from hubproc import HubProcess
 
+from helpers import until
 from tidewire.client import rsio, seguro, tube
 from tidewire.model import TidewireError
 from tidewire.tolliver import Instance
@@ -95,14 +95,6 @@ class Load:
             self.ends["tolliver"] = str(exc)
         finally:
             await instance.close()
-
-
-async def until(condition: object, what: str, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 Events = list[tuple[int, bytes]]

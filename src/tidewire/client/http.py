@@ -43,7 +43,6 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ..log.record import parse_header
 from ..model import Batch, TidewireError, validate_stream_name
 from ..protocols.rsio.publisher import PublisherName, PublisherNameError, envelopes_to_batch
 from ..protocols.rsio.wire import NeedData, pull_varint
@@ -54,9 +53,10 @@ from ..protocols.rsio_http import (
     decode_body,
 )
 from ..protocols.rsio_http.codec import MAX_DEMAND
+from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
 from .reconnect import Reconnector
-from .rsio import _start
+from .rsio import start_position
 
 __all__ = ["HttpHub", "HttpRsioError"]
 
@@ -140,7 +140,7 @@ class HttpHub:
         """Batches of ``stream`` (the envelope format: ids, keys, timestamps), from
         ``from_id`` ("earliest", "latest" or an id), live or up to ``until_id``."""
         validate_stream_name(stream)
-        name = PublisherName(stream, _start(from_id), until_id, key)
+        name = PublisherName(stream, start_position(from_id), until_id, key)
         async for elements in self.elements(str(name), demand=demand):
             try:
                 yield envelopes_to_batch(stream, elements)
@@ -157,7 +157,7 @@ class HttpHub:
         values taken out here; a value that is not ``size`` bytes ends it with
         :class:`HttpRsioError` (status 0), as the hub's 500 would."""
         if not self.reconnecting:
-            name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
+            name = PublisherName(stream, start_position(from_id), until_id, key, "value", size)
             async for elements in self.elements(str(name), demand=demand):
                 yield elements
             return

@@ -27,7 +27,6 @@ from ssl import SSLContext, create_default_context
 from typing import TYPE_CHECKING, Any, Literal, overload
 from urllib.parse import quote, urlsplit
 
-from ..log.record import decode_body, parse_header
 from ..model import Batch, LogClosedError, TidewireError, validate_stream_name
 from ..protocols.rsio import (
     EXT_AUTH,
@@ -57,6 +56,7 @@ from ..protocols.rsio.publisher import (
     envelope_run_decoder,
     envelopes_to_batch,
 )
+from ..record import decode_body, parse_header
 
 if TYPE_CHECKING:
     from .backoff import Retry
@@ -261,7 +261,7 @@ class RsioClient:
     ) -> AsyncGenerator[Batch, None]:
         """Batches of ``stream`` from ``from_id`` (an id, "earliest" or "latest"), then live
         (or up to ``until_id``), with ids, keys and timestamps (the envelope format)."""
-        name = PublisherName(stream, _start(from_id), until_id, key)
+        name = PublisherName(stream, start_position(from_id), until_id, key)
         decoder = envelope_run_decoder(stream)
         async for items, _ in self._elements(name, prefetch, decoder):
             # Runs come decoded (Batch); a frame the run decoder left alone comes raw.
@@ -289,7 +289,7 @@ class RsioClient:
         """Like :meth:`subscribe`, in ``format=records``: each element is a whole batch, one
         log record with its CRC-32C (checked here), so no work is done per event; ``prefetch``
         counts batches (of up to 1 MiB each)."""
-        name = PublisherName(stream, _start(from_id), until_id, key, "records")
+        name = PublisherName(stream, start_position(from_id), until_id, key, "records")
         async for elements, _ in self._elements(name, prefetch):
             for element in elements:
                 yield _record_to_batch(stream, element)
@@ -306,7 +306,7 @@ class RsioClient:
     ) -> AsyncGenerator[Values, None]:
         """Values only (``format=value``); with ``size=N`` in fixed-size mode, packed
         ``onNextPacked`` runs handed over as one buffer per delivery."""
-        name = PublisherName(stream, _start(from_id), until_id, key, "value", size)
+        name = PublisherName(stream, start_position(from_id), until_id, key, "value", size)
         async for elements, _ in self._elements(name, prefetch):
             if size:
                 yield Values(stream, size, elements[0] if len(elements) == 1 else
@@ -411,7 +411,7 @@ class RsioClient:
         await self.close()
 
 
-def _start(from_id: int | str) -> Any:
+def start_position(from_id: int | str) -> Any:
     if not isinstance(from_id, int) and from_id not in ("earliest", "latest"):
         raise ValueError(f"from_id must be an id, 'earliest' or 'latest', not {from_id!r}")
     return from_id

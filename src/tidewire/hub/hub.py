@@ -16,8 +16,8 @@ from typing import Literal
 
 from ..log import Log, LogConfig, StreamStats
 from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
-from ..observe.metrics import HubCollector, Metrics
 from .subscription import Subscription
+from .traffic import Metrics
 from .txn import Transactions, TxnReceipt
 
 __all__ = ["Hub", "Start"]
@@ -56,7 +56,6 @@ class Hub:
         self._retention_task: asyncio.Task[None] | None = None
         self._sampler_task: asyncio.Task[None] | None = None
         self.metrics = Metrics()
-        self.metrics.registry.register(HubCollector(self))
         log.on_append = self.metrics.append_seconds.observe
         log.on_fsync = self.metrics.fsync_seconds.observe
         self._retention_run: asyncio.Future[int] | None = None

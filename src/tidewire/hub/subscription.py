@@ -18,8 +18,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..model import MAX_ID, Batch, DataLossError
-from ..observe.metrics import next_subscription_id
 from .filters import filter_key
+from .traffic import next_subscription_id
 
 if TYPE_CHECKING:
     from .hub import Hub

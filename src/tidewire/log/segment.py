@@ -39,8 +39,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..model import Batch, CorruptLogError
-from .record import (
+from ..model import Batch, CorruptLogError, LogError
+from ..record import (
     HEADER_SIZE,
     EncodedRecord,
     HeaderError,
@@ -62,7 +62,7 @@ _SMALL_CHUNK = 16 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 
 
-class RollbackError(Exception):
+class RollbackError(LogError):
     """A failed write that could not be undone: the file may hold bytes past its committed
     size, or a file of an unfinished roll could not be removed. The stream must stop writing
     (it is failed until a restart, whose recovery settles what is on disk)."""

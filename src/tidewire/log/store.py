@@ -47,8 +47,8 @@ from ..model import (
     UnknownStream,
     validate_stream_name,
 )
+from ..record import HEADER_SIZE, EncodedRecord, encode, merge
 from .config import LogConfig
-from .record import HEADER_SIZE, EncodedRecord, encode, merge
 from .segment import ReadBudget
 from .stream import NAME_FILE, STAGING_PREFIX, StreamLog, StreamStats, read_name
 

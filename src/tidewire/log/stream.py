@@ -30,8 +30,8 @@ from ..model import (
     StorageFullError,
     validate_stream_name,
 )
+from ..record import EncodedRecord
 from .config import StreamSettings
-from .record import EncodedRecord
 from .segment import ReadBudget, RollbackError, Segment, segment_name
 
 __all__ = ["StreamLog", "StreamStats", "directory_name", "fsync_dir"]

@@ -22,6 +22,7 @@ from ..observe.metrics import (
     CONNECTION_PROTOCOLS,
     SUBSCRIPTION_PROTOCOLS,
     per_protocol,
+    registry,
     subscription_lag,
 )
 
@@ -133,7 +134,7 @@ def add_admin_routes(app: web.Application, hub: Hub, dashboard: bytes | None) ->
 
     async def metrics(request: web.Request) -> web.Response:
         monitor(request)
-        body = generate_latest(hub.metrics.registry)
+        body = generate_latest(registry(hub))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def api(build: Any) -> Any:

@@ -28,8 +28,9 @@ listener calls it from one task about every second (``loop.time()``), tests call
 clock. A wrapped protocol with an ``expire(reason)`` method (RS.io: ``goodbye``) is asked to
 end its connection in its own words; otherwise the transport is closed.
 
-The TLS contexts are built here (:func:`server_context`, :func:`client_context`); certificates
-are always verified, never skipped.
+The TLS contexts (:mod:`.tls`: :func:`server_context`, :func:`client_context`; certificates
+always verified, never skipped) and the connection counts (:mod:`.admission`) are their own
+modules, re-exported here.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
 from ..observe.logs import ConnectionContext, ConnectionLog
+from .admission import Admission, ConnectionLimits
+from .tls import TlsSettings, client_context, server_context
 
 __all__ = [
     "Admission",
@@ -62,64 +64,6 @@ __all__ = [
 
 log = logging.getLogger("tidewire.guard")
 
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """Bounds on connections (settings ``limits.*``); 0 seconds turns a timer off."""
-
-    max_connections: int = 10_000
-    max_connections_per_peer: int = 256
-    handshake_seconds: float = 10.0
-    idle_seconds: float = 3600.0
-    write_stall_seconds: float = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class TlsSettings:
-    """Settings ``tls.*``: the hub's certificate, and the CA that client certificates need."""
-
-    cert_file: str
-    key_file: str
-    ca_file: str | None = None
-    client_auth: str = "none"  # "none", "optional" or "required"
-    min_version: str = "1.2"
-
-
-def server_context(tls: TlsSettings, *, client_auth: str | None = None) -> ssl.SSLContext:
-    """A server context: TLS 1.2+ (or 1.3), the hub's chain, and client verification as asked.
-
-    ``client_auth`` overrides ``tls.client_auth`` (Tolliver always requires certificates).
-    With "optional" a client certificate that is sent must verify; one not sent leaves the
-    peer anonymous. Verification uses ``tls.ca_file`` only, not the system's store.
-    """
-    mode = client_auth or tls.client_auth
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}[
-        tls.min_version
-    ]
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
-    if mode != "none":
-        if tls.ca_file is None:
-            raise ValueError(f"client_auth = {mode!r} needs tls.ca_file (the clients' CA)")
-        ctx.load_verify_locations(cafile=tls.ca_file)
-        ctx.verify_mode = ssl.CERT_REQUIRED if mode == "required" else ssl.CERT_OPTIONAL
-    ctx.options |= ssl.OP_NO_COMPRESSION
-    return ctx
-
-
-def client_context(
-    ca_file: str | None = None,
-    cert_file: str | None = None,
-    key_file: str | None = None,
-) -> ssl.SSLContext:
-    """A client context that verifies the hub (against ``ca_file``, else the system's CAs) and
-    its host name, and presents ``cert_file`` for mutual TLS."""
-    ctx = ssl.create_default_context(cafile=ca_file)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if cert_file is not None:
-        ctx.load_cert_chain(cert_file, key_file)
-    return ctx
 
 
 @runtime_checkable
@@ -141,33 +85,6 @@ _serials = itertools.count(1)
 MAX_TLS_REFUSALS = 64
 """Refused connections a TLS listener handshakes with at once to tell them why; beyond it they
 are closed without a word."""
-
-
-class Admission:
-    """Connections in total and per peer address, shared by every listener of the hub."""
-
-    def __init__(self, limits: ConnectionLimits) -> None:
-        self.limits = limits
-        self.total = 0
-        self.per_peer: dict[str, int] = {}
-
-    def admit(self, host: str) -> str | None:
-        """Count a new connection from ``host``; or say why it is refused (and count nothing)."""
-        if self.total >= self.limits.max_connections:
-            return f"too many connections (the limit is {self.limits.max_connections})"
-        count = self.per_peer.get(host, 0)
-        if count >= self.limits.max_connections_per_peer:
-            limit = self.limits.max_connections_per_peer
-            return f"too many connections from {host} (the limit is {limit})"
-        self.total += 1
-        self.per_peer[host] = count + 1
-        return None
-
-    def release(self, host: str) -> None:
-        self.total -= 1
-        count = self.per_peer.pop(host) - 1
-        if count:
-            self.per_peer[host] = count
 
 
 class Listener:

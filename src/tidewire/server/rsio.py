@@ -29,7 +29,6 @@ from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
-from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
 from ..observe.logs import connection_log
 from ..protocols.rsio import (
@@ -71,6 +70,7 @@ from ..protocols.rsio.publisher import (
     envelope_parts,
     fixed_size_values,
 )
+from ..record import encode as encode_record
 from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
@@ -150,7 +150,7 @@ class RsioServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.log = connection_log(log, None, via)
-        self.pumps: dict[int, tuple[Subscription | _Listing | _Records, asyncio.Task[None]]] = {}
+        self.pumps: dict[int, tuple[Subscription | _Listing | Records, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
         self.inlet_bytes = 0
         self.txn_bytes = 0
@@ -313,7 +313,7 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send(OnError(subscriber, reason))
             return
         try:
-            sub: Subscription | _Listing | _Records
+            sub: Subscription | _Listing | Records
             if publisher.startswith("?"):  # the hub's own publishers (see docs)
                 sub = _Listing(self.hub, publisher, self.access, self.principal)
                 name = PublisherName("-", format="value")
@@ -325,7 +325,7 @@ class RsioServerProtocol(asyncio.Protocol):
                     max_batch_bytes=MAX_DELIVERY_BYTES, via=self.via, connection=self.connection,
                 )  # fmt: skip
                 if name.format == "records":
-                    sub = _Records(sub)
+                    sub = Records(sub)
         except Forbidden as exc:
             self.conn.send(OnError(subscriber, self._refused(exc)))
             return
@@ -585,7 +585,7 @@ class RsioServerProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ delivery
 
     async def _pump(
-        self, subscriber: int, sub: Subscription | _Listing | _Records, name: PublisherName
+        self, subscriber: int, sub: Subscription | _Listing | Records, name: PublisherName
     ) -> None:
         try:
             while True:
@@ -624,7 +624,7 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
 
 
-class _Records:
+class Records:
     """A subscription in ``format=records``: demand counts records (batches), so the hub
     subscription underneath asks for every event and this hands out as many batches as the
     subscriber requested, keeping the rest of a delivery for the next call."""

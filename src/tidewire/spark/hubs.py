@@ -26,7 +26,7 @@ from .planning import StreamInfo
 __all__ = ["HubError", "HubSession", "home_hub", "locate"]
 
 
-class HubError(RuntimeError):
+class HubError(TidewireError, RuntimeError):
     """A hub could not be reached, or answered with an error (message says which and why)."""
 
 

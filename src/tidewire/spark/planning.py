@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import MAX_ID, InvalidStreamName, validate_stream_name
+from ..model import MAX_ID, InvalidStreamName, TidewireError, validate_stream_name
 
 __all__ = [
     "EARLIEST",
@@ -46,7 +46,7 @@ EARLIEST = -2
 LATEST = -1
 
 
-class OptionError(ValueError):
+class OptionError(TidewireError, ValueError):
     """An option of the ``tidewire`` data source that is missing or wrong."""
 
 
@@ -280,7 +280,7 @@ def check_data_loss(
     return out, lost
 
 
-class DataLossSparkError(RuntimeError):
+class DataLossSparkError(TidewireError, RuntimeError):
     """Events a query had not read yet were removed by retention (``failOnDataLoss``)."""
 
 

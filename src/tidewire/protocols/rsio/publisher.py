@@ -40,7 +40,7 @@ from ...model import (
     InvalidStreamName,
     RemoteProtocolError,
     TidewireError,
-    _check_ids,
+    check_ids,
     now_ms,
     validate_stream_name,
 )
@@ -63,7 +63,7 @@ __all__ = [
 Format = Literal["envelope", "value", "records"]
 
 
-class PublisherNameError(ValueError):
+class PublisherNameError(TidewireError, ValueError):
     """A publisher name that does not follow the grammar (answered with ``onError``)."""
 
 
@@ -364,7 +364,7 @@ def _columns_to_batch(
         raise ValueError("bad envelope: an id or timestamp is out of range") from None
     id_view = memoryview(id_array).cast("B").cast("Q")
     if ids[0]:
-        _check_ids(id_view)
+        check_ids(id_view)
     elif any(ids):  # (id 0: "the hub assigns it", for every envelope or for none)
         raise InvalidBatch("envelopes either all carry ids or all leave them to the hub")
     offsets = array("I", accumulate(map(len, values), initial=0))

@@ -13,7 +13,7 @@ import re
 import struct
 from collections.abc import Sequence
 
-from ...model import RemoteProtocolError
+from ...model import RemoteProtocolError, TidewireError
 
 __all__ = [
     "ERROR_HEADER",
@@ -44,7 +44,7 @@ _U32 = struct.Struct(">I")
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
-class BadRequest(ValueError):
+class BadRequest(TidewireError, ValueError):
     """A request that does not parse (answered 400)."""
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from ...model import TidewireError
+
 __all__ = ["PREFIXES", "SUFFIXES", "InvalidPatp", "rank", "validate_patp"]
 
 _PREFIX_TEXT = (
@@ -54,7 +56,7 @@ _SHAPE = re.compile(
 )
 
 
-class InvalidPatp(ValueError):
+class InvalidPatp(TidewireError, ValueError):
     """Not a rendered ``@p``."""
 
 

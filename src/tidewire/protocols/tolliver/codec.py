@@ -51,7 +51,8 @@ MAX_U64 = 2**64 - 1
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _MSG = struct.Struct(">BIIII")  # code 3 and the message header
-_ACK = struct.Struct(">BI")
+ACK = struct.Struct(">BI")
+"""An ack frame: type 4, the message id (the connection packs many at once)."""
 _ENTRY = struct.Struct(">BII")
 
 
@@ -73,7 +74,9 @@ class Limits:
         return max(self.max_buffered_bytes, frame + 1024 * 1024)
 
 
-def _check_name(what: str, name: str) -> bytes:
+def check_name(what: str, name: str) -> bytes:
+    """``name`` (a channel or key) as UTF-8 bytes; ``LocalProtocolError`` if it cannot be
+    sent (not encodable, or longer than a u32 length allows)."""
     try:
         raw = name.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -95,8 +98,8 @@ class SubscriptionEntry:
     def __post_init__(self) -> None:
         if self.op not in (0, 1):
             raise LocalProtocolError("a subscription entry's op is 0 (sub) or 1 (unsub)")
-        _check_name("channel", self.channel)
-        _check_name("key", self.key)
+        check_name("channel", self.channel)
+        check_name("key", self.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +180,12 @@ def encode(frame: Frame, out: bytearray | None = None) -> bytearray:
     out = bytearray() if out is None else out
     match frame:
         case Message(channel, key, body, message_id):
-            out += encode_message(_check_name("channel", channel), _check_name("key", key),
+            out += encode_message(check_name("channel", channel), check_name("key", key),
                                   body, message_id)  # fmt: skip
         case Ack(message_id):
             if not 0 <= message_id <= MAX_U32:
                 raise LocalProtocolError("an ack's id is a u32")
-            out += _ACK.pack(4, message_id)
+            out += ACK.pack(4, message_id)
         case HandshakeRequest(version, instance, subscriptions):
             out.append(0)
             out += _U64.pack(version)

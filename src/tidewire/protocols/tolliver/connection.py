@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ...model import LocalProtocolError, RemoteProtocolError
 from .codec import (
-    _ACK,
+    ACK,
     CONTROL_CHANNEL,
     UNRELIABLE,
     Ack,
@@ -44,7 +44,7 @@ from .codec import (
     Limits,
     Message,
     SubscriptionEntry,
-    _check_name,
+    check_name,
     encode,
     encode_entry,
     encode_message,
@@ -203,7 +203,7 @@ class Connection:
             raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before the handshake completes")
-        raw = _check_name("channel", channel)
+        raw = check_name("channel", channel)
         # every frame first: one refused leaves nothing written and nothing awaiting an ack
         encoded = [(message_id, encode_message(raw, key, body, message_id))
                    for key, body, message_id in messages]  # fmt: skip
@@ -241,7 +241,7 @@ class Connection:
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no ack before the handshake completes")
         try:
-            self._out += b"".join([_ACK.pack(4, message_id) for message_id in message_ids])
+            self._out += b"".join([ACK.pack(4, message_id) for message_id in message_ids])
         except struct.error:
             raise LocalProtocolError("an ack's id is a u32") from None
 
@@ -303,7 +303,7 @@ class Connection:
                 if self.state is _State.OPEN:
                     if isinstance(frame, Message) and frame.channel != CONTROL_CHANNEL:
                         if self.auto_ack and frame.id != UNRELIABLE:
-                            self._out += _ACK.pack(4, frame.id)
+                            self._out += ACK.pack(4, frame.id)
                         return Received(frame)
                     if isinstance(frame, Ack):
                         if unacked.pop(frame.id, None) is not None:

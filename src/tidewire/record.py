@@ -1,4 +1,7 @@
-"""The on-disk record batch: one :class:`~tidewire.model.Batch`, column-wise, CRC-checked.
+"""The record batch: one :class:`~tidewire.model.Batch`, column-wise, CRC-checked.
+
+It sits beside the model because two layers share it: the log writes it to disk, and the wire
+carries it as is (RS.io ``format=records``, read by the clients). It imports only the model.
 
 A segment file is a sequence of records, each laid out as below (little-endian, the record's
 total length a multiple of 8 so that every record starts 8-aligned)::
@@ -46,7 +49,7 @@ from itertools import accumulate
 
 from crc32c import crc32c
 
-from ..model import MAX_ID, Batch, InvalidBatch
+from .model import MAX_ID, Batch, InvalidBatch, TidewireError
 
 __all__ = [
     "HEADER",
@@ -224,7 +227,7 @@ def merge(items: Sequence[tuple[Batch, int | None]]) -> Batch:
     )
 
 
-class HeaderError(ValueError):
+class HeaderError(TidewireError, ValueError):
     """The 48 bytes are not a valid record header (the caller decides: torn tail or corruption)."""
 
 

@@ -1,0 +1,81 @@
+"""The helpers every test module shares (one copy each, instead of one per module):
+
+* :func:`until`: poll a condition that no event announces, bounded in time;
+* :func:`run`: run one coroutine on a fresh event loop, bounded in time, and return its result
+  (for tests that are not parametrized over the loops; those take the ``run`` fixture of
+  tests/conftest.py, see tests/loops.py);
+* :func:`hub_server`: a hub on a temporary directory with an RS.io server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from loops import LOOPS
+from tidewire.hub import Hub
+from tidewire.server.rsio import RsioServer, RsioSettings, start_rsio_server
+
+__all__ = ["HOST", "hub_server", "run", "until"]
+
+T = TypeVar("T")
+
+HOST = "127.0.0.1"
+
+UNTIL_SECONDS = 30.0
+"""How long :func:`until` waits by default: longer than a test's own bound (the ``run``
+fixture's), which then fails first and says where the test hung."""
+
+
+async def until(
+    condition: Callable[[], object],
+    what: str = "a condition",
+    seconds: float = UNTIL_SECONDS,
+    *,
+    details: Callable[[], object] | None = None,
+    poll: float = 0.002,
+) -> None:
+    """Wait until ``condition()`` is true, checking every ``poll`` seconds; ``AssertionError``
+    naming ``what`` (and ``details()``, when given) after ``seconds``.
+
+    For state that no event announces (a counter, a store's size, another process's files):
+    anything that can be awaited is awaited instead. The bound is on the monotonic clock, not
+    the loop's, so that it holds whatever the loop does.
+    """
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            extra = "" if details is None else f" {details()}"
+            raise AssertionError(f"timed out waiting for {what}{extra}")
+        await asyncio.sleep(poll)
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0, *, loop: str = "asyncio") -> T:
+    """Run ``coro`` on a fresh event loop (``asyncio`` or ``uvloop``) and return its result;
+    ``TimeoutError`` after ``timeout`` seconds, so that a hang fails instead of stalling."""
+
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        return runner.run(bounded())
+
+
+@asynccontextmanager
+async def hub_server(
+    path: Path, settings: RsioSettings | None = None
+) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
+    """A hub on ``path`` and its RS.io server on 127.0.0.1 (any free port), with the server's
+    URL; both closed on exit."""
+    hub = Hub.open(str(path))
+    server = await start_rsio_server(hub, HOST, 0, settings)
+    try:
+        yield hub, server, f"rsio://{HOST}:{server.port}"
+    finally:
+        await server.close()
+        await hub.close()
