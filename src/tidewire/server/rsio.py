@@ -28,6 +28,7 @@ from typing import cast
 from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
+from ..hub import RecordSubscription as _Records  # (the name this module has always used)
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
@@ -497,7 +498,7 @@ class RsioServerProtocol(asyncio.Protocol):
                             parts, inlet.count + count, inlet.nbytes + nbytes)  # fmt: skip
                     else:
                         if not inflight:  # all before are durable: after a refused append
-                            fence = self.hub.log.fence()  # the rest is refused
+                            fence = self.hub.fence()  # the rest is refused
                         append = asyncio.ensure_future(self.hub.append(
                             batch, assign_ids=not explicit, via=self.via, fence=fence))  # fmt: skip
                         append.add_done_callback(lambda _: inlet.wake.set())
@@ -622,46 +623,6 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send_elements(subscriber, values, heads)
         else:
             self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
-
-
-class _Records:
-    """A subscription in ``format=records``: demand counts records (batches), so the hub
-    subscription underneath asks for every event and this hands out as many batches as the
-    subscriber requested, keeping the rest of a delivery for the next call."""
-
-    def __init__(self, sub: Subscription) -> None:
-        self.sub = sub
-        sub.request(2**63 - 1)
-        self.demand = 0
-        self._carry: list[Batch] = []
-        self._wake = asyncio.Event()
-
-    @property
-    def complete(self) -> bool:
-        return self.sub.complete and not self._carry
-
-    def request(self, n: int) -> None:
-        self.demand = min(2**63 - 1, self.demand + n)
-        self._wake.set()
-
-    def cancel(self) -> None:
-        self.sub.cancel()
-        self._wake.set()
-
-    async def next(self) -> list[Batch] | None:
-        while not self.demand and not self.sub.cancelled:
-            self._wake.clear()
-            await self._wake.wait()
-        if self.sub.cancelled:
-            return None
-        if not self._carry:
-            batches = await self.sub.next()
-            if batches is None:
-                return None
-            self._carry = batches
-        out, self._carry = self._carry[: self.demand], self._carry[self.demand :]
-        self.demand -= len(out)
-        return out
 
 
 class _Listing:

@@ -218,7 +218,7 @@ class _Protocol(asyncio.Protocol):
         # Appends of an earlier session of this point (its connection dropped mid-SAVE MANY)
         # may still be on their way to disk: WELCOME says how far they got, not less (and not
         # more: they may yet be refused, on a full disk).
-        latest = await self.hub.log.settled(point)
+        latest = await self.hub.settled(point)
         if self._waited("WELCOME"):
             self.session.welcome(latest or None, may_read=may_read, may_write=may_write)
             established(self.transport)  # the handshake deadline no longer applies
@@ -250,7 +250,7 @@ class _Protocol(asyncio.Protocol):
         def ship() -> None:
             nonlocal ids, values, size, fence
             if not inflight:  # all before are durable: after a refused append the rest is refused
-                fence = self.hub.log.fence()
+                fence = self.hub.fence()
             batch = Batch.build(self.point or "", values, ids=ids)
             append = asyncio.ensure_future(self.hub.append(batch, via="seguro", fence=fence))
             append.add_done_callback(lambda _: self._wake.set())
@@ -312,8 +312,8 @@ class _Protocol(asyncio.Protocol):
     async def _read(self, start: int, limit: int) -> None:
         assert self.point is not None
         next_id, left = start, limit
-        while left > 0 and self.point in self.hub.log:
-            first = max(next_id, self.hub.log.start_id(self.point))  # "or the first above it"
+        while left > 0 and self.hub.has_stream(self.point):
+            first = max(next_id, self.hub.start_id(self.point))  # "or the first above it"
             batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left, via="seguro")
             if not batches:
                 break

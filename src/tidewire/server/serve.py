@@ -116,9 +116,9 @@ async def serve(
                      "RS.io over Tube (WebSocket)"),
         ]
         warn_exposure(config, tls, access)
-        streams = hub.log.streams()
+        streams = hub.stream_names()
         print(
-            f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.log.directory}",
+            f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.describe()}",
             file=out,
         )
         for e in endpoints:

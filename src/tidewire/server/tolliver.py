@@ -34,7 +34,6 @@ log (more than ``MAX_PENDING_BYTES``) is not read meanwhile.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import time
@@ -534,6 +533,7 @@ class TolliverServer:
         self.ids_ready = asyncio.Event()  # at least MAX_UNACKED ids are reserved
         self._reserving = False
         self.instance = uuid7()
+        self.state = hub.ledger(STATE_STREAM)  # the UUID, the remotes' offsets, the ids kept
         self._load()
 
     def peers(self) -> tuple[str, list[TolliverPeer]]:
@@ -559,23 +559,16 @@ class TolliverServer:
 
     def _load(self) -> None:
         """The hub's UUID and the remotes' offsets, from ``_tidewire.tolliver``."""
-        log_ = self.hub.log
         found = False
-        if STATE_STREAM in log_:
-            next_id = log_.start_id(STATE_STREAM)
-            while batches := log_.read(STATE_STREAM, next_id, 4 * 1024 * 1024):
-                for batch in batches:
-                    for i in range(len(batch)):
-                        record = json.loads(batch.value(i))
-                        if "instance" in record:
-                            self.instance = uuid.UUID(record["instance"])
-                            found = True
-                        elif "ids" in record:  # the last reservation: start after it
-                            self.next_message_id = int(record["ids"])
-                        else:
-                            key = (uuid.UUID(record["remote"]), record["channel"])
-                            self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
-                    next_id = batch.last_id + 1
+        for record in self.state.load():
+            if "instance" in record:
+                self.instance = uuid.UUID(record["instance"])
+                found = True
+            elif "ids" in record:  # the last reservation: start after it
+                self.next_message_id = int(record["ids"])
+            else:
+                key = (uuid.UUID(record["remote"]), record["channel"])
+                self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
         self._needs_instance = not found
         # The channels remotes followed: the hub keeps taking messages on them for remotes that
         # are away (their offsets say where they resume).
@@ -678,8 +671,7 @@ class TolliverServer:
         task.add_done_callback(self.tasks.discard)
 
     async def _record(self, record: dict[str, object]) -> None:
-        data = json.dumps(record, separators=(",", ":")).encode()
-        await self.hub.log.append(Batch.build(STATE_STREAM, [data]), assign_ids=True)
+        await self.state.record(record)
 
     @property
     def port(self) -> int:
