@@ -1097,7 +1097,7 @@ def test_large_save_many_is_streamed_into_the_log(tmp_path: Path) -> None:
                 for offset in range(0, tail, 200_000):
                     writer.write(view[offset : min(offset + 200_000, tail)])
                     await writer.drain()
-                    pending = protocol.session._reader.buffered + protocol._pending_bytes
+                    pending = protocol.session._reader.buffered + protocol.ingest.pending_bytes
                     peak = max(peak, pending)
                 await wait_for(lambda: bool(latest), "a LATEST before STREAMED MANY is sent")
                 assert hub.latest("~sampel-palnet") >= latest[0][0] >= start

@@ -19,6 +19,7 @@ from typing import Literal
 from ..log import Log, LogConfig
 from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
 from ..observe.metrics import HubCollector, Metrics
+from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
 from .storage import EmbeddedStorage, Storage, StreamStats
 from .subscription import Subscription
@@ -70,6 +71,9 @@ class Hub:
         self.storage.observe(append=self.metrics.append_seconds.observe,
                              fsync=self.metrics.fsync_seconds.observe)  # fmt: skip
         self._retention_run: asyncio.Future[int] | None = None
+        self.ingest_limits: dict[str, IngestLimits] = dict(INGEST_DEFAULTS)
+        """Per protocol (``via``), the limits :meth:`ingest` gives (``serve`` sets them from
+        the ``ingest.*`` settings); a protocol not named gets :class:`IngestLimits()`."""
         self.txns = Transactions(self, expiration_ms=txn_expiration_ms)
         self.txns.load()
 
@@ -193,6 +197,20 @@ class Hub:
         stored = await self.storage.append(batch, assign_ids=assign_ids, fence=fence)
         self.metrics.received(via, stored.stream, len(stored), stored.nbytes)
         return stored
+
+    def ingest(
+        self,
+        *,
+        via: str,
+        limits: IngestLimits | None = None,
+        on_pause: Callable[[bool], None] | None = None,
+    ) -> Ingest:
+        """A connection's way in (:mod:`.ingest`): ordered, fenced, byte-bounded appends and
+        transactions; ``on_pause(True)`` when the adapter must stop reading, ``(False)`` when
+        it may read again. ``limits``: default :attr:`ingest_limits` of ``via``."""
+        if limits is None:
+            limits = self.ingest_limits.get(via) or IngestLimits()
+        return Ingest(self, via=via, limits=limits, on_pause=on_pause)
 
     async def commit(self, txn: str, batch: Batch, *, via: str = "api") -> TxnReceipt:
         """Append ``batch`` exactly once for the transaction id ``txn`` (its ids are ignored):

@@ -9,11 +9,12 @@ bounded buffer and a position in the log, never a backlog in memory.
 
 Publishing (extension 1): for each ``offer`` the hub subscribes to the client's publisher with
 subscriber id = the offer id and a window of ``OFFER_WINDOW`` elements. What arrives is
-gathered per offer; one committer task per offer appends everything gathered so far as one
-batch (so the log's group commit sees big batches), then sends ``committed`` and requests as
-many elements as it has just stored: the disk drives the backpressure. Bytes received and not
-yet committed are bounded per connection (``MAX_INLET_BYTES``): above it the adapter stops
-reading the socket, and TCP pushes back on the client.
+gathered per offer; one committer task per offer hands everything gathered so far to the hub's
+ingest path (:mod:`tidewire.hub.ingest`, one pipeline per offer) as one batch (so the log's
+group commit sees big batches), then sends ``committed`` and requests as many elements as it
+has just stored: the disk drives the backpressure. Bytes received and not yet committed are
+bounded per connection (the ingest's ``max_pending_bytes``, ``MAX_INLET_BYTES`` by default):
+above it the adapter stops reading the socket, and TCP pushes back on the client.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import unquote
 
-from ..hub import Hub, Subscription
+from ..hub import Hub, IngestLimits, Pipeline, Subscription
 from ..hub import RecordSubscription as _Records  # (the name this module has always used)
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..log.record import encode as encode_record
@@ -85,8 +86,6 @@ MAX_OFFERS = 256  # per connection: each costs a task
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
 MAX_INLET_BYTES = 8 * 1024 * 1024  # per connection: received for offers, not yet committed
 MAX_TXN_BYTES = 64 * 1024 * 1024  # per connection: transaction offers are held until complete
-COMMIT_BYTES = 1024 * 1024  # an offer's elements are appended in chunks of about this size
-APPENDS_IN_FLIGHT = 4  # per offer, when the hub assigns the ids
 
 
 def _retrieve(future: asyncio.Future[Batch]) -> None:
@@ -103,6 +102,12 @@ class RsioSettings:
     max_offers: int = MAX_OFFERS
     max_inlet_bytes: int = MAX_INLET_BYTES
     max_txn_bytes: int = MAX_TXN_BYTES
+    appends_in_flight: int = 4  # per offer, when the hub assigns the ids (ingest.*)
+    commit_bytes: int = 1024 * 1024  # an offer's elements are appended in chunks of about this
+
+    def ingest_limits(self) -> IngestLimits:
+        """What the connection's :class:`~tidewire.hub.Ingest` is bounded by."""
+        return IngestLimits(self.max_inlet_bytes, self.appends_in_flight, self.commit_bytes)
 
 
 @dataclass(slots=True, eq=False)
@@ -153,7 +158,8 @@ class RsioServerProtocol(asyncio.Protocol):
         self.log = connection_log(log, None, via)
         self.pumps: dict[int, tuple[Subscription | _Listing | _Records, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
-        self.inlet_bytes = 0
+        self.ingest = hub.ingest(via=via, limits=settings.ingest_limits(),
+                                 on_pause=self._inlet_paused)  # fmt: skip
         self.txn_bytes = 0
         self._pauses: set[str] = set()  # why reading is paused: "output", "inlet"
         self._writable = asyncio.Event()
@@ -207,7 +213,14 @@ class RsioServerProtocol(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """Events read and not yet acknowledged (appends in flight or waiting)."""
-        return self.inlet_bytes > 0 and not self.conn.closed
+        return self.ingest.pending_bytes > 0 and not self.conn.closed
+
+    def _inlet_paused(self, paused: bool) -> None:
+        """The ingest path's signal: too much received and not yet durable, or room again."""
+        if paused:
+            self._pause("inlet")
+        else:
+            self._resume("inlet")
 
     def expire(self, reason: str) -> None:
         """A deadline of the guard's (handshake, idle): goodbye with the reason, and close."""
@@ -352,7 +365,6 @@ class RsioServerProtocol(asyncio.Protocol):
             if inlet.task is not None:
                 inlet.task.cancel()  # an append in flight still completes (the log shields it)
         self.inlets.clear()
-        self.inlet_bytes = 0
 
     # ------------------------------------------------------------------ publishing (ext. 1)
 
@@ -405,10 +417,8 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.parts.append(data)
         inlet.count += count
         inlet.nbytes += len(data)
-        self.inlet_bytes += len(data)
         inlet.wake.set()
-        if self.inlet_bytes > self.settings.max_inlet_bytes:
-            self._pause("inlet")
+        self.ingest.hold(len(data))
 
     def _gather_run(self, inlet: _Inlet, elements: list[bytes]) -> None:
         nbytes = sum(map(len, elements))
@@ -418,15 +428,8 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.parts += elements
         inlet.count += len(elements)
         inlet.nbytes += nbytes
-        self.inlet_bytes += nbytes
         inlet.wake.set()
-        if self.inlet_bytes > self.settings.max_inlet_bytes:
-            self._pause("inlet")
-
-    def _release(self, nbytes: int) -> None:
-        self.inlet_bytes -= nbytes
-        if self.inlet_bytes <= self.settings.max_inlet_bytes // 2:
-            self._resume("inlet")
+        self.ingest.hold(nbytes)
 
     def _batch(self, inlet: _Inlet, parts: list[bytes]) -> tuple[Batch, bool]:
         name, size = inlet.name, inlet.element_size
@@ -440,14 +443,15 @@ class RsioServerProtocol(asyncio.Protocol):
         return decode_envelopes(name.stream, parts)
 
     def _take(self, inlet: _Inlet) -> tuple[list[bytes], int, int]:
-        """The oldest gathered parts, about ``COMMIT_BYTES`` of them (at least one)."""
+        """The oldest gathered parts, about ``commit_bytes`` of them (at least one)."""
         size = inlet.element_size
-        if inlet.nbytes <= COMMIT_BYTES:
+        chunk = self.ingest.limits.commit_bytes
+        if inlet.nbytes <= chunk:
             taken = (inlet.parts, inlet.count, inlet.nbytes)
             inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
             return taken
         nbytes = count = stop = 0
-        while nbytes < COMMIT_BYTES:
+        while nbytes < chunk:
             part = inlet.parts[stop]
             stop += 1
             nbytes += len(part)
@@ -458,53 +462,32 @@ class RsioServerProtocol(asyncio.Protocol):
         return parts, count, nbytes
 
     async def _commit_loop(self, inlet: _Inlet) -> None:
-        """Append what arrives, in chunks of about ``COMMIT_BYTES`` (records stay small enough
-        for subscribers to read without waste), several appends in flight when the hub assigns
-        the ids (so they share group commits), one at a time when the envelopes carry ids (so
-        that a refused append is never followed by a stored one). Acknowledge in order."""
+        """Append what arrives, in chunks of about ``commit_bytes`` (records stay small enough
+        for subscribers to read without waste), through the offer's ingest pipeline: several
+        appends in flight when the hub assigns the ids (so they share group commits), one at a
+        time when the envelopes carry ids, fenced, receipts in order. Acknowledge in order."""
         offer = inlet.offer
         if inlet.name.txn is not None:
             await self._commit_txn(inlet, inlet.name.txn)
             return
-        inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
-        fence = 0
+        pipeline = self.ingest.pipeline(serial_own_ids=True)
+        receipts: deque[tuple[asyncio.Future[Batch], int]] = deque()
         try:
             while True:
-                while inflight and inflight[0][0].done():
-                    append, count, nbytes = inflight.popleft()
-                    self._release(nbytes)
-                    stored = append.result()
+                while receipts and receipts[0][0].done():
+                    receipt, count = receipts.popleft()
+                    stored = receipt.result()
                     if self.conn.closed:
                         return
                     self.conn.send(Committed(offer, count, stored.first_id, stored.last_id))
                     if inlet.ended is None and self.conn.is_subscribed(offer):
                         self.conn.send(Request(offer, count))
                     self._flush()
-                depth = 1 if inlet.explicit_ids else APPENDS_IN_FLIGHT
-                if inlet.parts and len(inflight) < depth:
-                    parts, count, nbytes = self._take(inlet)
-                    try:
-                        batch, explicit = self._batch(inlet, parts)
-                    except (TidewireError, ValueError):
-                        self._release(nbytes)
-                        raise
-                    if inlet.explicit_ids is None:
-                        inlet.explicit_ids = explicit
-                    elif explicit != inlet.explicit_ids:
-                        self._release(nbytes)
-                        raise ValueError("an offer's envelopes either all carry ids or none does")
-                    if explicit and inflight:  # its predecessor first (see the docstring)
-                        inlet.parts[:0], inlet.count, inlet.nbytes = (
-                            parts, inlet.count + count, inlet.nbytes + nbytes)  # fmt: skip
-                    else:
-                        if not inflight:  # all before are durable: after a refused append
-                            fence = self.hub.fence()  # the rest is refused
-                        append = asyncio.ensure_future(self.hub.append(
-                            batch, assign_ids=not explicit, via=self.via, fence=fence))  # fmt: skip
-                        append.add_done_callback(lambda _: inlet.wake.set())
-                        inflight.append((append, count, nbytes))
-                        continue
-                if not inlet.parts and not inflight and inlet.ended is not None:
+                # (while the pipeline is full, elements gather into the next, bigger, batch)
+                if inlet.parts and pipeline.has_room(not inlet.explicit_ids):
+                    self._submit(inlet, pipeline, receipts)
+                    continue
+                if not inlet.parts and not receipts and inlet.ended is not None:
                     break
                 inlet.wake.clear()
                 await inlet.wake.wait()
@@ -525,12 +508,34 @@ class RsioServerProtocol(asyncio.Protocol):
                 self.conn.send(OfferEnded(offer, str(exc)))
                 self._flush()
         finally:
-            for append, _, nbytes in inflight:  # the log finishes them; nothing is acked
-                append.add_done_callback(_retrieve)
-                self._release(nbytes)
+            pipeline.close()  # the storage finishes what it has; nothing more is acked
+            for receipt, _ in receipts:
+                receipt.add_done_callback(_retrieve)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
-                self._release(inlet.nbytes)
+            self.ingest.release(inlet.nbytes)  # gathered, never submitted
+            inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+
+    def _submit(
+        self,
+        inlet: _Inlet,
+        pipeline: Pipeline,
+        receipts: deque[tuple[asyncio.Future[Batch], int]],
+    ) -> None:
+        """The oldest gathered chunk, as one batch, into the pipeline."""
+        parts, count, nbytes = self._take(inlet)
+        try:
+            batch, explicit = self._batch(inlet, parts)
+            if inlet.explicit_ids is None:
+                inlet.explicit_ids = explicit
+            elif explicit != inlet.explicit_ids:
+                raise ValueError("an offer's envelopes either all carry ids or none does")
+        except (TidewireError, ValueError):
+            self.ingest.release(nbytes)
+            raise
+        receipt = pipeline.submit(batch, assign_ids=not explicit, held=nbytes)
+        receipt.add_done_callback(lambda _: inlet.wake.set())
+        receipts.append((receipt, count))
 
     async def _commit_txn(self, inlet: _Inlet, txn: str) -> None:
         """A transaction offer: everything, once, at onComplete (``Hub.commit``)."""
@@ -544,7 +549,7 @@ class RsioServerProtocol(asyncio.Protocol):
                 reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
             if reason is None and inlet.count:
                 batch, _ = self._batch(inlet, inlet.parts)  # (its own ids do not matter)
-                receipt = await self.hub.commit(txn, batch, via=self.via)
+                receipt = await self.ingest.submit_txn(txn, batch)
                 if receipt.already:
                     self.log.info("transaction %r was committed before: not appended again",
                              txn)  # fmt: skip

@@ -28,7 +28,9 @@ handshake: every refusal is a log line naming the principal, then the connection
 before the handshake response when it concerns the handshake request. Nothing more is
 delivered to a remote that does not read (its socket's buffer above the high-water mark), and
 the guard drops it after ``limits.write_stall_seconds``; a remote whose messages wait for the
-log (more than ``MAX_PENDING_BYTES``) is not read meanwhile.
+log (more than the ingest path's ``max_pending_bytes``, ``MAX_PENDING_BYTES`` by default) is not
+read meanwhile. Messages are stored through the hub's ingest path (:mod:`tidewire.hub.ingest`,
+one pipeline per link): acks go out in the order the messages came.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..hub import Hub, Subscription
+from ..hub import INGEST_DEFAULTS, Hub, Subscription
 from ..hub.access import (
     ANONYMOUS,
     Access,
@@ -80,7 +82,7 @@ DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
-MAX_PENDING_BYTES = 32 * 1024 * 1024  # per remote: bodies received, not yet stored
+MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 
 
@@ -176,7 +178,8 @@ class _Link(asyncio.Protocol):
         self._write_rights: dict[str, bool] = {}  # channel -> may send on it (a small cache)
         self.writable = asyncio.Event()  # the transport's buffer is below its high-water mark
         self.writable.set()
-        self._pending = 0  # bytes of bodies handed to the log and not yet stored
+        self.ingest = server.hub.ingest(via="tolliver", on_pause=self._ingest_paused)
+        self.pipeline = self.ingest.pipeline()
         self._paused = False
         self._quiet = False  # shutting down: never read again
         self._timer: asyncio.TimerHandle | None = None
@@ -346,17 +349,21 @@ class _Link(asyncio.Protocol):
         if acks:
             self._acked(acks)
         for messages in arrived.values():
-            self._hold(sum(len(m.body) for m in messages))
+            self.ingest.hold(sum(len(m.body) for m in messages))
             self.server.spawn(self._store(messages))
         self.flush()
 
-    def _hold(self, nbytes: int) -> None:
-        """Bodies on their way to the log: past ``MAX_PENDING_BYTES`` the socket is not read
-        (the sender's resends wait in its own store, not in the hub's memory)."""
-        self._pending += nbytes
-        if self._pending > MAX_PENDING_BYTES and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+    def _ingest_paused(self, paused: bool) -> None:
+        """The ingest path's signal. Bodies on their way to the log past its bound: the socket
+        is not read (the sender's resends wait in its own store, not in the hub's memory)."""
+        if paused:
+            if not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+        elif self._paused and not self._quiet:
+            self._paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def quiesce(self) -> None:
         """Shutdown: read nothing more, ever; the messages read are still stored and acked
@@ -369,15 +376,8 @@ class _Link(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """Messages read and not yet stored and acked."""
-        return self._pending > 0 and self.transport is not None \
+        return self.ingest.pending_bytes > 0 and self.transport is not None \
             and not self.transport.is_closing()
-
-    def _release(self, nbytes: int) -> None:
-        self._pending -= nbytes
-        if self._paused and not self._quiet and self._pending <= MAX_PENDING_BYTES // 2:
-            self._paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
 
     def _follow(self, channels: set[str]) -> None:
         """Follow the streams of the channels subscribed to; stop the others. The hub itself
@@ -470,15 +470,17 @@ class _Link(asyncio.Protocol):
         nbytes = sum(len(m.body) for m in messages)
         try:
             keys = [m.key.encode() if m.key else None for m in messages]
-            batch = Batch.build(channel, [m.body for m in messages], keys=keys)
-            await self.server.hub.append(batch, assign_ids=True, via="tolliver")
+            try:
+                batch = Batch.build(channel, [m.body for m in messages], keys=keys)
+            except BaseException:
+                self.ingest.release(nbytes)
+                raise
+            await self.pipeline.submit(batch, assign_ids=True, held=nbytes)
         except TidewireError as exc:
             self.log.warning("(%s) %d message(s) on %r refused: %s",
                              self.conn.peer or "no handshake yet",
                              len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
-        finally:
-            self._release(nbytes)
         if self.conn.established and not self.conn.closed and not self.refused:
             for message in messages:
                 if message.reliable:
