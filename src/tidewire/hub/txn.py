@@ -1,4 +1,5 @@
-"""Exactly-once appends: a batch appended under a transaction id is stored once, ever.
+"""Exactly-once appends: a batch appended under a transaction id is stored once (for as long
+as its events are retained: see below).
 
 Spark's sinks replay a micro-batch after a failure; so may any client that lost the answer to an
 append. :meth:`Transactions.commit` makes such an append idempotent. The hub keeps its own
