@@ -9,7 +9,7 @@ object is made per row.
 Writing, exactly once: ``write()`` (on executors) checks its rows and stages them in its commit
 message, as Arrow IPC; the driver's ``commit(messages, batch_id)`` publishes each target stream's
 rows as one RS.io transaction with the id ``spark:<query id>:<batch id>:<stream>``. The hub stores
-a transaction once while its events are retained (``tidewire.hub.txn``): a micro-batch that Spark replays after a
+a transaction once, ever (``tidewire.hub.txn``): a micro-batch that Spark replays after a
 failure, with the same query and batch ids, finds its transactions already committed and adds
 nothing. ``abort()`` has nothing to discard: staged rows live only in the commit messages. A
 micro-batch's rows for one stream travel through the driver and are bounded by the hub's
