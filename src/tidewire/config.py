@@ -58,7 +58,9 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "ingest.max_pending_bytes": (int, 0,
                                  "per connection, received and not yet durable: reading pauses "
                                  "above it (0: RS.io 8 MiB, Seguro 16 MiB, Tolliver 32 MiB)"),
-    "ingest.appends_in_flight": (int, 4, "per offer, Seguro session or Tolliver link"),
+    "ingest.appends_in_flight": (int, 0,
+                                 "per RS.io offer, Seguro session or Tolliver link (0: RS.io "
+                                 "and Seguro 4, Tolliver 1024)"),
     "ingest.commit_bytes": (int, 0,
                             "about how much one append gathers (0: RS.io 1 MiB, Seguro 256 KiB)"),
     "txn.expiration_ms": (int, -1,
@@ -233,7 +235,7 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "rsio.max_offers": (1, 2**20),
     "rsio.max_inlet_bytes": (0, 2**40),
     "ingest.max_pending_bytes": (0, 2**40),
-    "ingest.appends_in_flight": (1, 65536),
+    "ingest.appends_in_flight": (0, 65536),
     "ingest.commit_bytes": (0, 2**30),
     "txn.expiration_ms": (-1, 2**62),
     "rsio.max_txn_bytes": (4096, 2**40),

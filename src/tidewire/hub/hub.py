@@ -124,14 +124,19 @@ class Hub:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.retention_interval_s)
-            self._retention_run = loop.run_in_executor(None, self.enforce_retention)
+            self._retention_run = loop.run_in_executor(None, self.storage.enforce_retention,
+                                                       self.clock())  # fmt: skip
             try:
                 await asyncio.shield(self._retention_run)
             except Exception:
                 log.exception("retention failed")
+            # (on the loop, not in the pass's thread: the registry is the loop's)
+            self.txns.forget_removed()
 
     def enforce_retention(self, now: int | None = None) -> int:
-        """Apply retention at time ``now`` (ms; default: the hub's clock)."""
+        """Apply retention at time ``now`` (ms; default: the hub's clock), then forget the
+        transaction ids whose events it removed; return how many units of storage (segments)
+        were removed. Call it on the event loop's thread (or with no loop running)."""
         removed = self.storage.enforce_retention(self.clock() if now is None else now)
         self.txns.forget_removed()
         return removed

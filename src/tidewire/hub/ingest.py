@@ -69,10 +69,13 @@ INGEST_DEFAULTS: dict[str, IngestLimits] = {
     "rsio": IngestLimits(8 * MiB, 4, MiB),
     "tube": IngestLimits(8 * MiB, 4, MiB),  # (RS.io over Tube: the same adapter)
     "seguro": IngestLimits(16 * MiB, 4, 256 * 1024),
-    "tolliver": IngestLimits(32 * MiB, 4, MiB),
+    # Tolliver appended each received chunk's messages at once, bounded by bytes only: they
+    # are small, and one group commit takes them all together, so many may be in flight.
+    "tolliver": IngestLimits(32 * MiB, 1024, MiB),
 }
 """Each protocol's limits when the settings do not say (the values each adapter had before
-they shared this path: changing them would change what a peer sees when it floods the hub)."""
+they shared this path: changing them would change what a peer sees when it floods the hub,
+or how many appends share a group commit)."""
 
 
 class Ingest:

@@ -331,7 +331,8 @@ def ingest_limits(config: ServerConfig) -> dict[str, IngestLimits]:
         pending = int(v["ingest.max_pending_bytes"]) or default.max_pending_bytes
         if via in ("rsio", "tube") and int(v["rsio.max_inlet_bytes"]):
             pending = int(v["rsio.max_inlet_bytes"])
-        out[via] = IngestLimits(pending, int(v["ingest.appends_in_flight"]),
+        out[via] = IngestLimits(pending,
+                                int(v["ingest.appends_in_flight"]) or default.appends_in_flight,
                                 int(v["ingest.commit_bytes"]) or default.commit_bytes)  # fmt: skip
     return out
 
