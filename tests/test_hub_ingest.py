@@ -11,8 +11,10 @@ import asyncio
 import pytest
 
 from memory_storage import MemoryStorage
-from tidewire.hub import Hub, Ingest, IngestLimits
+from tidewire.config import ConfigError, load_config
+from tidewire.hub import INGEST_DEFAULTS, Hub, Ingest, IngestLimits
 from tidewire.model import Batch, IdOrderError, StorageFullError
+from tidewire.server.serve import ingest_limits, rsio_settings
 
 
 def run(coro: object) -> None:
@@ -225,3 +227,20 @@ def test_the_hub_gives_each_protocol_its_limits() -> None:
     assert hub.ingest(via="other").limits == IngestLimits()
     with pytest.raises(ValueError, match="positive"):
         IngestLimits(0)
+
+
+def test_the_settings_make_one_family_of_limits() -> None:
+    defaults = ingest_limits(load_config(None, environ={}))
+    assert defaults == INGEST_DEFAULTS
+    assert rsio_settings(load_config(None, environ={})).ingest_limits() == INGEST_DEFAULTS["rsio"]
+    config = load_config(None, {"ingest.max_pending_bytes": "65536",
+                                "ingest.appends_in_flight": "2"}, environ={})  # fmt: skip
+    limits = ingest_limits(config)
+    assert {v.max_pending_bytes for v in limits.values()} == {65536}
+    assert {v.appends_in_flight for v in limits.values()} == {2}
+    assert limits["seguro"].commit_bytes == 256 * 1024  # (0: each protocol's own)
+    only_rsio = load_config(None, {"rsio.max_inlet_bytes": "8192"}, environ={})
+    assert rsio_settings(only_rsio).max_inlet_bytes == 8192
+    assert ingest_limits(only_rsio)["seguro"] == INGEST_DEFAULTS["seguro"]
+    with pytest.raises(ConfigError, match="below 4096"):
+        load_config(None, {"ingest.max_pending_bytes": "100"}, environ={})
