@@ -170,9 +170,9 @@ class Pipeline:
             return len(self._items) < self.ingest.limits.appends_in_flight
         return not self._items
 
-    def submit(self, batch: Batch, *, assign_ids: bool = False, held: int = 0) -> asyncio.Future[
-        Batch
-    ]:
+    def submit(
+        self, batch: Batch, *, assign_ids: bool = False, held: int = 0
+    ) -> asyncio.Future[Batch]:
         """Queue ``batch`` for appending; the future resolves to it as stored (or fails),
         after every batch submitted before it. ``held``: bytes of it the adapter counted with
         :meth:`Ingest.hold`, released when its append succeeds or fails. Cancelling the
