@@ -150,7 +150,7 @@ def test_every_path_has_the_documented_keys_and_types(tmp_path: Path, run: Run) 
 
             overview = await s.api("/api/overview")
             check_overview(overview)
-            assert overview["data_dir"] == s.hub.log.directory
+            assert overview["data_dir"] == s.hub.describe()
             assert overview["started_at"] <= started
             assert overview["uptime_seconds"] >= 0
             assert overview["streams"] == 1  # orders; not _tidewire.tolliver

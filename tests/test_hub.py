@@ -16,7 +16,7 @@ import pytest
 
 from helpers import run
 from subscribing import assert_pending, collect, count, settle
-from tidewire.hub import MAX_DEMAND, Hub, Subscription
+from tidewire.hub import MAX_DEMAND, EmbeddedStorage, Hub, Subscription
 from tidewire.log import Log, LogConfig, StreamSettings
 from tidewire.model import Batch, DataLossError, LogClosedError
 
@@ -229,7 +229,7 @@ def test_subscribe_before_the_stream_exists(tmp_path: Path) -> None:
             late.request(MAX_DEMAND)
             pending = asyncio.ensure_future(sub.next())
             await assert_pending(pending)
-            assert S not in hub.log
+            assert not hub.has_stream(S)
             stored = await append_values(hub, payloads(3), per_batch=3)
             got = await pending
             assert got is not None
@@ -756,7 +756,8 @@ def test_max_batch_bytes_across_a_segment_boundary(tmp_path: Path, reopen: bool)
             await hub.close()
             hub = Hub.open(str(tmp_path), SMALL)
         try:
-            end = hub.log.stream(S).segments[0].last_id
+            assert isinstance(hub.storage, EmbeddedStorage)  # (segments are the log's)
+            end = hub.storage.log.stream(S).segments[0].last_id
             assert 16 < end < 100
             sub = hub.subscribe(S, end - 15, max_batch_bytes=limit)
             sub.request(MAX_DEMAND)
@@ -805,9 +806,9 @@ def test_retention_fails_a_subscriber_whose_position_was_removed(
             waiting = asyncio.ensure_future(ahead.next())  # waiting for data
             await settle()
 
-            assert hub.log.start_id(S) == 1
+            assert hub.start_id(S) == 1
             assert hub.enforce_retention(NOW) > 0
-            first = hub.log.start_id(S)
+            first = hub.start_id(S)
             assert 50 < first <= 201, "retention must remove the old segments only"
             assert hub.streams()[0].first_id == first
 
@@ -844,7 +845,7 @@ def test_retention_skip_lost_continues_from_the_new_start(tmp_path: Path, reopen
             sub.request(3)
             assert ids_of(await collect(sub, 3)) == [1, 2, 3]
             assert hub.enforce_retention(NOW) > 0
-            first = hub.log.start_id(S)
+            first = hub.start_id(S)
             assert first > 4
             sub.request(MAX_DEMAND)
             got = await collect(sub, 211 - first)
@@ -861,7 +862,7 @@ def test_resolve_start_below_the_first_retained_id(tmp_path: Path) -> None:
         hub, stored = await aged_history(tmp_path, reopen=False)
         try:
             hub.enforce_retention(NOW)
-            first = hub.log.start_id(S)
+            first = hub.start_id(S)
             assert first > 1
             for start in (1, first - 1):
                 with pytest.raises(DataLossError) as caught:
@@ -895,7 +896,7 @@ def test_retention_by_size_never_touches_the_active_segment(tmp_path: Path) -> N
             assert hub.enforce_retention(NOW) > 0
             (stats,) = hub.streams()
             assert stats.segments == 1
-            first = hub.log.start_id(S)
+            first = hub.start_id(S)
             kept = hub.subscribe(S, "earliest")
             kept.request(MAX_DEMAND)
             assert events(await collect(kept, 101 - first)) == events(stored)[first - 1 :]

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from subscribing import assert_pending, collect, count, settle
-from tidewire.hub import MAX_DEMAND, Hub
+from tidewire.hub import MAX_DEMAND, EmbeddedStorage, Hub
 from tidewire.log import LogConfig, StreamLog, StreamSettings
 from tidewire.model import Batch
 
@@ -138,7 +138,9 @@ class HeldCommit:
         self.written = threading.Event()
         self.release = threading.Event()
         self._armed = True
-        original = hub.log._write
+        assert isinstance(hub.storage, EmbeddedStorage)  # (the embedded log's writer thread)
+        log = hub.storage.log
+        original = log._write
 
         def write(
             stream: StreamLog, items: list[tuple[Batch, int | None]]
@@ -150,7 +152,7 @@ class HeldCommit:
                 self.release.wait(10)
             return result
 
-        monkeypatch.setattr(hub.log, "_write", write)
+        monkeypatch.setattr(log, "_write", write)
 
     async def wait_written(self) -> None:
         loop = asyncio.get_running_loop()

@@ -26,7 +26,7 @@ import pytest
 
 import tidewire.log.segment as segmod
 from helpers import run
-from tidewire.hub import Hub
+from tidewire.hub import EmbeddedStorage, Hub
 from tidewire.log import Log, LogConfig, StreamLog, StreamSettings
 from tidewire.model import (
     MAX_ID,
@@ -796,7 +796,8 @@ def test_cancelled_subscriptions_leave_no_tail_entry(tmp_path: Path) -> None:
             sub.cancel()
             async with asyncio.timeout(WAIT):
                 assert await task is None
-        assert len(hub.log._tails) == 0
+        assert isinstance(hub.storage, EmbeddedStorage)
+        assert len(hub.storage.log._tails) == 0
         await hub.close()
 
     run(scenario())

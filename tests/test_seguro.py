@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import tidewire
 from helpers import run
 from tidewire.client.seguro import SeguroError, connect
-from tidewire.hub import Hub
+from tidewire.hub import EmbeddedStorage, Hub
 from tidewire.model import MAX_ID, LocalProtocolError
 from tidewire.protocols.seguro import (
     Breach,
@@ -954,7 +954,7 @@ def test_round_trip_and_rsio_reads_what_seguro_wrote(tmp_path: Path) -> None:
                 async with connect(url, "~sampel-palnet") as ship:
                     assert ship.welcome == Welcome("~sampel-palnet", None)
                     await ship.save(5, b"hello")
-                    assert hub.log.latest("~sampel-palnet") >= 5
+                    assert hub.latest("~sampel-palnet") >= 5
                     many = [(6, b"a"), (9, b"bb"), (10, b""), (100, RAW)]
                     await ship.save_many(many)
                     assert ship.latest == 100
@@ -1023,7 +1023,7 @@ def test_acknowledged_only_once_durable(tmp_path: Path) -> None:
             def durable(event: Event) -> None:
                 match event:
                     case Committed(event_id, _) | Latest(event_id) | CommittedMany(_, _, event_id):
-                        assert hub.log.latest("~marzod") >= event_id, event
+                        assert hub.latest("~marzod") >= event_id, event
                         checked.append(event_id)
                     case _:
                         pass
@@ -1078,7 +1078,7 @@ def test_large_save_many_is_streamed_into_the_log(tmp_path: Path) -> None:
                             continue
                         assert not isinstance(event, Breach), event
                         if isinstance(event, Latest):
-                            assert hub.log.latest("~sampel-palnet") >= event.id
+                            assert hub.latest("~sampel-palnet") >= event.id
                             latest.append((event.id, streamed))
                         if isinstance(event, CommittedMany):
                             assert event == CommittedMany(count, start, start + count - 1)
@@ -1089,7 +1089,7 @@ def test_large_save_many_is_streamed_into_the_log(tmp_path: Path) -> None:
                 for offset in range(0, tail, 200_000):
                     writer.write(view[offset : min(offset + 200_000, tail)])
                     await writer.drain()
-                    pending = protocol.session.buffered + protocol._pending_bytes
+                    pending = protocol.session.buffered + protocol.ingest.pending_bytes
                     peak = max(peak, pending)
                 await wait_for(lambda: bool(latest), "a LATEST before STREAMED MANY is sent")
                 assert hub.latest("~sampel-palnet") >= latest[0][0] >= start
@@ -1198,14 +1198,16 @@ def test_reconnect_while_the_dropped_session_is_still_being_written(
             # Hold the log's background writes (worker threads) until the ship is back.
             gate = threading.Event()
             gate.set()
-            write = hub.log._write
+            assert isinstance(hub.storage, EmbeddedStorage)  # (its writer thread)
+            log = hub.storage.log
+            write = log._write
 
             def held_write(*args: Any) -> Any:
                 if threading.current_thread() is not threading.main_thread():
                     gate.wait(20)
                 return write(*args)
 
-            monkeypatch.setattr(hub.log, "_write", held_write)
+            monkeypatch.setattr(log, "_write", held_write)
             point = "~sampel-palnet"
             raw = await Raw.open(server.port)
             try:
@@ -1214,7 +1216,7 @@ def test_reconnect_while_the_dropped_session_is_still_being_written(
                 n = 4000
                 body = b"".join(b"EVENT %d 1000\n%s\n\n" % (10 + i, b"e" * 1000) for i in range(n))
                 await raw.send(b"SAVE MANY %d 10 %d\n" % (n, 9 + n) + body)
-                await wait_for(lambda: hub.log.accepted_latest(point) > hub.latest(point) + 1000,
+                await wait_for(lambda: log.accepted_latest(point) > hub.latest(point) + 1000,
                                "appends queued in the log")  # fmt: skip
                 raw.writer.transport.abort()  # the ship's connection dies
                 await wait_for(lambda: point not in server.points, "the point to be free")

@@ -92,7 +92,7 @@ def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path)
                     await asyncio.sleep(0.01)
                 assert await page.evaluate("window.tidewireTail.state()") == {
                     "paused": True, "outstanding": 0, "count": expected}  # fmt: skip
-                assert hub.log.latest("orders") == 13 > expected + 1  # more waits on the hub
+                assert hub.latest("orders") == 13 > expected + 1  # more waits on the hub
 
                 await page.evaluate("window.tidewireTail.resume()")
                 await until(page, "window.tidewireTail.state().count === 12")

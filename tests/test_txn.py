@@ -98,7 +98,7 @@ async def write_intent(hub: Hub, txn: str, batch: Batch, first: int) -> None:
     record = {"txn": txn, "stream": batch.stream, "first": first, "count": len(batch),
               "fp": fingerprint(batch)}  # fmt: skip
     data = json.dumps(record, separators=(",", ":")).encode()
-    await hub.log.append(Batch.build(TXN_STREAM, [data]), assign_ids=True)  # (the hub's own)
+    await hub.storage.append(Batch.build(TXN_STREAM, [data]), assign_ids=True)  # (the hub's own)
 
 
 def receipt_of(stream: str, first: int, n: int, already: bool) -> TxnReceipt:
@@ -152,7 +152,7 @@ def test_a_repeat_with_another_stream_or_count_is_refused(tmp_path: Path) -> Non
                 await hub.commit("t", Batch.build("other", [b"1", b"2"]))
             with pytest.raises(TidewireError, match="not to 's' with 3"):
                 await hub.commit("t", Batch.build("s", [b"1", b"2", b"3"]))
-            assert "other" not in hub.log
+            assert not hub.has_stream("other")
             assert hub.latest("s") == 2
             # transaction ids are 1..1024 bytes
             for bad in ("", "é" * 513):
@@ -335,18 +335,18 @@ def test_a_retry_while_a_cancelled_commits_write_is_in_flight_stores_once(
         try:
             await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
             batch = Batch.build("s", [b"a", b"b"])
-            txns_before, s_before = hub.log.latest(TXN_STREAM), hub.log.accepted_latest("s")
+            txns_before, s_before = hub.latest(TXN_STREAM), hub.storage.accepted_latest("s")
             first = asyncio.create_task(hub.commit("T", batch))
-            while hub.log.latest(TXN_STREAM) == txns_before:  # noqa: ASYNC110 - no event
+            while hub.latest(TXN_STREAM) == txns_before:  # noqa: ASYNC110 - no event
                 await asyncio.sleep(0)  # the intent is written (by the worker thread)
             blocker = loop.run_in_executor(None, gate.wait)  # ahead of the data's write
-            while hub.log.accepted_latest("s") == s_before:  # noqa: ASYNC110 - no event
+            while hub.storage.accepted_latest("s") == s_before:  # noqa: ASYNC110 - no event
                 await asyncio.sleep(0)  # the data append is queued
             first.cancel()
-            txns_queued = hub.log.accepted_latest(TXN_STREAM)
+            txns_queued = hub.storage.accepted_latest(TXN_STREAM)
             retry = asyncio.create_task(hub.commit("T", batch))
             for _ in range(100):  # let the retry go as far as it can without the executor
-                if retry.done() or hub.log.accepted_latest(TXN_STREAM) != txns_queued:
+                if retry.done() or hub.storage.accepted_latest(TXN_STREAM) != txns_queued:
                     break
                 await asyncio.sleep(0)
             gate.set()
@@ -376,7 +376,7 @@ def test_reopening_after_retention_trimmed_the_registry(tmp_path: Path) -> None:
             for i in range(100):
                 await hub.commit(f"old/{i}", Batch.build("s", [b"%d" % i]))
             assert hub.enforce_retention() > 0
-            assert hub.log.start_id(TXN_STREAM) > 1
+            assert hub.start_id(TXN_STREAM) > 1
         finally:
             await hub.close()
         hub = Hub.open(str(tmp_path), config)
@@ -781,7 +781,7 @@ def test_publish_with_a_txn_twice_stores_once(tmp_path: Path, run: Runner) -> No
                 (1, None, b"one"), (2, None, b""), (3, None, b"three" * 100),
                 (4, b"key", b"k1"), (5, None, b"k2"), (6, None, b"plain"), (7, None, b"z"),
             ]  # fmt: skip
-            assert "elsewhere" not in hub.log
+            assert not hub.has_stream("elsewhere")
 
     run(main())
 

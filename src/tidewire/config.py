@@ -51,10 +51,21 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "rsio.max_element_bytes": (int, 16 * 1024 * 1024, "longest element (and onNextPacked body)"),
     "rsio.max_subscriptions": (int, 1024, "subscriptions at once on one connection"),
     "rsio.max_offers": (int, 256, "publishing offers at once on one connection"),
-    "rsio.max_inlet_bytes": (int, 8 * 1024 * 1024,
-                             "per connection, received for offers and not yet committed"),
+    "rsio.max_inlet_bytes": (int, 0,
+                             "RS.io's own ingest.max_pending_bytes (0: that setting's)"),
     "rsio.max_txn_bytes": (int, 64 * 1024 * 1024,
                            "per connection, held for transaction offers until complete"),
+    "ingest.max_pending_bytes": (int, 0,
+                                 "per connection, received and not yet durable: reading pauses "
+                                 "above it (0: RS.io 8 MiB, Seguro 16 MiB, Tolliver 32 MiB)"),
+    "ingest.appends_in_flight": (int, 0,
+                                 "per RS.io offer, Seguro session or Tolliver link (0: RS.io "
+                                 "and Seguro 4, Tolliver 1024)"),
+    "ingest.commit_bytes": (int, 0,
+                            "about how much one append gathers (0: RS.io 1 MiB, Seguro 256 KiB)"),
+    "txn.expiration_ms": (int, -1,
+                          "forget a transaction id this long after its commit (-1: only once "
+                          "retention removed its events)"),
     "tls.cert_file": (str, "", "the hub's certificate chain (PEM); set: every listener is TLS"),
     "tls.key_file": (str, "", "the private key of tls.cert_file (PEM)"),
     "tls.ca_file": (str, "", "CA certificates (PEM) that client certificates must chain to"),
@@ -222,7 +233,11 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "rsio.max_element_bytes": (16, 2**31),
     "rsio.max_subscriptions": (1, 2**20),
     "rsio.max_offers": (1, 2**20),
-    "rsio.max_inlet_bytes": (4096, 2**40),
+    "rsio.max_inlet_bytes": (0, 2**40),
+    "ingest.max_pending_bytes": (0, 2**40),
+    "ingest.appends_in_flight": (0, 65536),
+    "ingest.commit_bytes": (0, 2**30),
+    "txn.expiration_ms": (-1, 2**62),
     "rsio.max_txn_bytes": (4096, 2**40),
     "log.max_record_bytes": (4096, 2**32 - 4096),
     "limits.max_connections": (1, 2**24),
@@ -252,6 +267,9 @@ def _check(values: Mapping[str, Any]) -> None:
     for key, (low, high) in _LIMITS.items():
         if not low <= values[key] <= high:
             raise ConfigError(f"{key}: {values[key]} is outside {low:g}..{high:g}")
+    for key in ("rsio.max_inlet_bytes", "ingest.max_pending_bytes", "ingest.commit_bytes"):
+        if 0 < values[key] < 4096:
+            raise ConfigError(f"{key}: {values[key]} is below 4096 (0: the default)")
     for key in ("log.retention_bytes", "log.retention_ms"):
         _check_retention(key, values[key])
     if values["tls.client_auth"] not in ("none", "optional", "required"):

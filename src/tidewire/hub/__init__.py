@@ -1,7 +1,27 @@
 """The hub core: streams, appends, reads, and subscriptions with demand over the durable log."""
 
-from .hub import Hub, Start
-from .subscription import MAX_DEMAND, Subscription
+from .hub import RESERVED_PREFIX, Hub, Start
+from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline
+from .ledger import Ledger
+from .storage import EmbeddedStorage, Storage, StreamStats
+from .subscription import MAX_DEMAND, RecordSubscription, Subscription
 from .txn import TXN_STREAM, TxnReceipt
 
-__all__ = ["MAX_DEMAND", "TXN_STREAM", "Hub", "Start", "Subscription", "TxnReceipt"]
+__all__ = [
+    "INGEST_DEFAULTS",
+    "MAX_DEMAND",
+    "RESERVED_PREFIX",
+    "TXN_STREAM",
+    "EmbeddedStorage",
+    "Hub",
+    "Ingest",
+    "IngestLimits",
+    "Ledger",
+    "Pipeline",
+    "RecordSubscription",
+    "Start",
+    "Storage",
+    "StreamStats",
+    "Subscription",
+    "TxnReceipt",
+]

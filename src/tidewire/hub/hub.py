@@ -1,8 +1,10 @@
 """The hub core: the registry of streams over the durable log, appends, reads, subscriptions.
 
-Every protocol adapter talks to one :class:`Hub`; none touches the log directly, so what is
-written through one protocol is read through any other. Retention runs here as a periodic task
-(:meth:`Hub.start`); :meth:`Hub.enforce_retention` takes the time as an argument for tests.
+Every protocol adapter talks to one :class:`Hub`; none touches the storage directly (the hub
+holds it as :attr:`Hub.storage`, a :class:`~.storage.Storage`), so what is written through one
+protocol is read through any other, and another backend can take the embedded log's place.
+Retention runs here as a periodic task (:meth:`Hub.start`); :meth:`Hub.enforce_retention` takes
+the time as an argument for tests.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import weakref
 from collections.abc import Callable
 from typing import Literal
 
-from ..log import Log, LogConfig, StreamStats
+from ..log import Log, LogConfig
 from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
+from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
+from .ledger import Ledger
+from .storage import EmbeddedStorage, Storage, StreamStats
 from .subscription import Subscription
 from .traffic import Metrics
 from .txn import Transactions, TxnReceipt
@@ -40,26 +45,35 @@ def _writable(stream: str) -> None:
 
 
 class Hub:
-    """Streams, appends, reads and subscriptions over one :class:`~tidewire.log.Log`."""
+    """Streams, appends, reads and subscriptions over one :class:`~.storage.Storage` (a
+    :class:`~tidewire.log.Log` given here is wrapped in :class:`~.storage.EmbeddedStorage`)."""
 
     def __init__(
         self,
-        log: Log,
+        storage: Storage | Log,
         *,
         retention_interval_s: float = 60.0,
         clock: Callable[[], int] = now_ms,
+        txn_expiration_ms: int | None = None,
     ) -> None:
-        self.log = log
+        """``txn_expiration_ms``: forget a transaction id that long after its commit even if
+        its events are retained (:mod:`.txn`; ``None``: only once retention removed them)."""
+        self.storage: Storage = (
+            EmbeddedStorage(storage) if isinstance(storage, Log) else storage
+        )
         self.retention_interval_s = retention_interval_s
         self.clock = clock
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self._retention_task: asyncio.Task[None] | None = None
         self._sampler_task: asyncio.Task[None] | None = None
         self.metrics = Metrics()
-        log.on_append = self.metrics.append_seconds.observe
-        log.on_fsync = self.metrics.fsync_seconds.observe
+        self.storage.observe(append=self.metrics.append_seconds.observe,
+                             fsync=self.metrics.fsync_seconds.observe)  # fmt: skip
         self._retention_run: asyncio.Future[int] | None = None
-        self.txns = Transactions(self)
+        self.ingest_limits: dict[str, IngestLimits] = dict(INGEST_DEFAULTS)
+        """Per protocol (``via``), the limits :meth:`ingest` gives (``serve`` sets them from
+        the ``ingest.*`` settings); a protocol not named gets :class:`IngestLimits()`."""
+        self.txns = Transactions(self, expiration_ms=txn_expiration_ms)
         self.txns.load()
 
     @classmethod
@@ -70,11 +84,12 @@ class Hub:
         *,
         retention_interval_s: float = 60.0,
         clock: Callable[[], int] = now_ms,
+        txn_expiration_ms: int | None = None,
     ) -> Hub:
-        """Open (and recover) the log in ``data_dir`` and build a hub on it."""
-        return cls(
-            Log.open(data_dir, config), retention_interval_s=retention_interval_s, clock=clock
-        )
+        """Open (and recover) the embedded log in ``data_dir`` and build a hub on it."""
+        return cls(EmbeddedStorage.open(data_dir, config),
+                   retention_interval_s=retention_interval_s, clock=clock,
+                   txn_expiration_ms=txn_expiration_ms)  # fmt: skip
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -102,29 +117,71 @@ class Hub:
                 await self._retention_run
         for sub in list(self._subscriptions):
             sub.cancel()
-        await self.log.close()
+        await self.storage.close()
 
     async def _retention_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.retention_interval_s)
-            self._retention_run = loop.run_in_executor(None, self.enforce_retention)
+            self._retention_run = loop.run_in_executor(None, self.storage.enforce_retention,
+                                                       self.clock())  # fmt: skip
             try:
                 await asyncio.shield(self._retention_run)
             except Exception:
                 log.exception("retention failed")
+            # (on the loop, not in the pass's thread: the registry is the loop's)
+            self.txns.forget_removed()
 
     def enforce_retention(self, now: int | None = None) -> int:
-        """Apply retention at time ``now`` (ms; default: the hub's clock)."""
-        return self.log.enforce_retention(self.clock() if now is None else now)
+        """Apply retention at time ``now`` (ms; default: the hub's clock), then forget the
+        transaction ids whose events it removed; return how many units of storage (segments)
+        were removed. Call it on the event loop's thread (or with no loop running)."""
+        removed = self.storage.enforce_retention(self.clock() if now is None else now)
+        self.txns.forget_removed()
+        return removed
 
     # ------------------------------------------------------------------ streams
 
+    def describe(self) -> str:
+        """Where the storage keeps the data, for people (``serve``, the admin API)."""
+        return self.storage.describe()
+
     def streams(self) -> list[StreamStats]:
-        return self.log.stats()
+        """Every stream's statistics, sorted by name (the hub's own included)."""
+        return self.storage.stats()
+
+    def stream_names(self) -> list[str]:
+        """Every stream's name, sorted (the hub's own, ``_tidewire.*``, included)."""
+        return self.storage.streams()
+
+    def has_stream(self, stream: str) -> bool:
+        """Whether ``stream`` exists (has had an append)."""
+        return stream in self.storage
 
     def latest(self, stream: str) -> int:
-        return self.log.latest(stream)
+        """The stream's last committed id; 0 when it has none (or does not exist)."""
+        return self.storage.latest(stream)
+
+    def start_id(self, stream: str) -> int:
+        """The lowest id of ``stream`` still readable (1 unless retention removed the start)."""
+        return self.storage.start_id(stream)
+
+    def fence(self) -> int:
+        """The storage's fence token (see :meth:`append`'s ``fence``); take it while none of
+        your appends is in flight. :class:`~.ingest.Ingest` does this for the adapters."""
+        return self.storage.fence()
+
+    async def settled(self, stream: str) -> int:
+        """Wait until every append of ``stream`` handed over so far is committed or failed;
+        the latest committed id (e.g. an earlier, dropped session's appends)."""
+        return await self.storage.settled(stream)
+
+    def ledger(self, stream: str) -> Ledger:
+        """The ledger (JSON records) kept in the hub's own stream ``stream``
+        (``_tidewire.*``): how the hub and its instances keep their state."""
+        if not stream.startswith(RESERVED_PREFIX):
+            raise InvalidStreamName(f"a ledger lives in a stream named {RESERVED_PREFIX}*")
+        return Ledger(self.storage, stream)
 
     @property
     def subscriptions(self) -> int:
@@ -138,12 +195,26 @@ class Hub:
 
     async def append(self, batch: Batch, *, assign_ids: bool = False, via: str = "api",
                      fence: int | None = None) -> Batch:  # fmt: skip
-        """Append durably; returns the batch as stored (see :meth:`Log.append`, which also says
-        what ``fence`` is for). ``via``: the protocol it came by, for the metrics."""
+        """Append durably; returns the batch as stored (see :meth:`.Storage.append`, which
+        also says what ``fence`` is for). ``via``: the protocol it came by, for the metrics."""
         _writable(batch.stream)
-        stored = await self.log.append(batch, assign_ids=assign_ids, fence=fence)
+        stored = await self.storage.append(batch, assign_ids=assign_ids, fence=fence)
         self.metrics.received(via, stored.stream, len(stored), stored.nbytes)
         return stored
+
+    def ingest(
+        self,
+        *,
+        via: str,
+        limits: IngestLimits | None = None,
+        on_pause: Callable[[bool], None] | None = None,
+    ) -> Ingest:
+        """A connection's way in (:mod:`.ingest`): ordered, fenced, byte-bounded appends and
+        transactions; ``on_pause(True)`` when the adapter must stop reading, ``(False)`` when
+        it may read again. ``limits``: default :attr:`ingest_limits` of ``via``."""
+        if limits is None:
+            limits = self.ingest_limits.get(via) or IngestLimits()
+        return Ingest(self, via=via, limits=limits, on_pause=on_pause)
 
     async def commit(self, txn: str, batch: Batch, *, via: str = "api") -> TxnReceipt:
         """Append ``batch`` exactly once for the transaction id ``txn`` (its ids are ignored):
@@ -161,7 +232,7 @@ class Hub:
         """Committed events from ``from_id``; ``via``: a protocol sending them to a peer,
         counted in the metrics as delivered."""
         validate_stream_name(stream)
-        batches = await self.log.read_async(stream, from_id, max_bytes, max_events)
+        batches = await self.storage.read(stream, from_id, max_bytes, max_events)
         if via is not None and batches:
             self.metrics.sent(via, stream, sum(len(b) for b in batches),
                               sum(b.nbytes for b in batches))  # fmt: skip
@@ -170,12 +241,12 @@ class Hub:
     def resolve_start(self, stream: str, start: Start, *, skip_lost: bool = False) -> int:
         """The first id a subscription starting at ``start`` will deliver (0 = earliest)."""
         if start == "earliest" or start == 0:
-            return self.log.start_id(stream)
+            return self.storage.start_id(stream)
         if start == "latest":
-            return self.log.latest(stream) + 1
+            return self.storage.latest(stream) + 1
         if not isinstance(start, int) or start < 0:
             raise ValueError(f"bad start position {start!r}")
-        first = self.log.start_id(stream)
+        first = self.storage.start_id(stream)
         if start < first:
             if first > 1 and not skip_lost:  # retention removed what was asked for
                 raise DataLossError(stream, start, first)

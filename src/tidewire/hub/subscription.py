@@ -24,7 +24,7 @@ from .traffic import next_subscription_id
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["MAX_DEMAND", "Subscription"]
+__all__ = ["MAX_DEMAND", "RecordSubscription", "Subscription"]
 
 MAX_DEMAND = 2**63 - 1
 """Demand at or above this is unbounded (Reactive Streams: Long.MAX_VALUE)."""
@@ -102,7 +102,7 @@ class Subscription:
 
     def poll_ready(self) -> bool:
         """Whether :meth:`next` would find events without waiting for new commits."""
-        return self.demand > 0 and self.hub.log.latest(self.stream) >= self.next_id
+        return self.demand > 0 and self.hub.storage.latest(self.stream) >= self.next_id
 
     async def next(self) -> list[Batch] | None:
         """Wait for demand and for events, then deliver up to the demand (and about
@@ -119,7 +119,7 @@ class Subscription:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            latest = self.hub.log.latest(self.stream)
+            latest = self.hub.storage.latest(self.stream)
             if latest < self.next_id and not self._carry:
                 await self._wait_for_commit(self.next_id - 1)
                 continue
@@ -134,7 +134,7 @@ class Subscription:
     async def _wait_for_commit(self, after_id: int) -> None:
         """Wait for a commit past ``after_id``, or for a cancel."""
         self._wake.clear()
-        commit = asyncio.ensure_future(self.hub.log.wait_for(self.stream, after_id))
+        commit = asyncio.ensure_future(self.hub.storage.wait_for(self.stream, after_id))
         woken = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait((commit, woken), return_when=asyncio.FIRST_COMPLETED)
@@ -152,15 +152,17 @@ class Subscription:
         asks for one event at a time does not make the log read a megabyte each time)."""
         if self._carry:
             carry, self._carry = self._carry, []
-            first = self.hub.log.start_id(self.stream)
+            first = self.hub.storage.start_id(self.stream)
             if first > self.next_id:  # retention removed it meanwhile: as if read now
                 raise DataLossError(self.stream, self.next_id, first)
             return carry
         if want < SMALL_DEMAND and self.key is None:
-            return await self.hub.log.read_async(
+            return await self.hub.storage.read(
                 self.stream, self.next_id, self.max_batch_bytes, want
             )
-        return await self.hub.log.read_async(self.stream, self.next_id, self.readahead_bytes)
+        return await self.hub.storage.read(
+            self.stream, self.next_id, self.readahead_bytes, MAX_DEMAND
+        )
 
     async def _read(self) -> list[Batch]:
         """One delivery at the position; may return nothing when a key filter dropped
@@ -241,3 +243,47 @@ class Subscription:
             f"Subscription({self.stream!r}, next_id={self.next_id}, demand={self.demand}, "
             f"cancelled={self.cancelled})"
         )
+
+
+class RecordSubscription:
+    """Record-unit reads: a subscription whose demand counts records (the batches the storage
+    kept together, RS.io's ``format=records``), not events. The hub subscription underneath
+    asks for every event; this hands out as many batches as were requested, keeping the rest
+    of a delivery for the next call (at most one delivery, ``max_batch_bytes``)."""
+
+    def __init__(self, sub: Subscription) -> None:
+        self.sub = sub
+        sub.request(MAX_DEMAND)
+        self.demand = 0
+        self._carry: list[Batch] = []
+        self._wake = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        return self.sub.complete and not self._carry
+
+    def request(self, n: int) -> None:
+        """``n`` more records."""
+        self.demand = min(MAX_DEMAND, self.demand + n)
+        self._wake.set()
+
+    def cancel(self) -> None:
+        self.sub.cancel()
+        self._wake.set()
+
+    async def next(self) -> list[Batch] | None:
+        """Up to the demand in batches (one record each); ``None`` once cancelled or
+        complete."""
+        while not self.demand and not self.sub.cancelled:
+            self._wake.clear()
+            await self._wake.wait()
+        if self.sub.cancelled:
+            return None
+        if not self._carry:
+            batches = await self.sub.next()
+            if batches is None:
+                return None
+            self._carry = batches
+        out, self._carry = self._carry[: self.demand], self._carry[self.demand :]
+        self.demand -= len(out)
+        return out

@@ -1,4 +1,5 @@
-"""Exactly-once appends: a batch appended under a transaction id is stored once, ever.
+"""Exactly-once appends: a batch appended under a transaction id is stored once (for as long
+as its events are retained: see below).
 
 Spark's sinks replay a micro-batch after a failure; so may any client that lost the answer to an
 append. :meth:`Transactions.commit` makes such an append idempotent. The hub keeps its own
@@ -19,19 +20,28 @@ settled by reading ids ``F..F+N-1`` of ``S``: the transaction happened if and on
 there with the same fingerprint (nobody else can have written exactly those). A commit of a known
 transaction returns the ids it got the first time and appends nothing.
 
-The registry is in memory, rebuilt from the stream when the hub opens; the stream is subject to
-retention like any other (its default is to keep everything). Spark replays only a query's last
-micro-batch, so a retention of days is plenty.
+The registry is in memory, rebuilt from the stream (a :class:`~.ledger.Ledger`) when the hub
+opens; the stream is subject to retention like any other (its default is to keep everything).
+Spark replays only a query's last micro-batch, so a retention of days is plenty.
+
+**How long a transaction id is remembered** (what keeps the registry bounded; Kafka's
+``transactional.id.expiration.ms`` is the model): as long as its events are retained. Once
+retention has removed *all* of a transaction's events, its entry is forgotten (at the next
+retention pass, or when the hub reopens): a replay of it then appends anew, which nobody could
+tell apart from a first commit anyway, since the events it would be compared with are gone.
+With ``txn_expiration_ms`` (setting ``txn.expiration_ms``, default -1: never) an entry is also
+forgotten that long after its commit (or after the hub reopened, for entries loaded then),
+whatever the data's retention. An entry costs about 150 bytes of memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import sys
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from crc32c import crc32c
 
@@ -68,6 +78,11 @@ class _Entry:
     count: int
     fp: int
     done: bool
+    at: int  # ms, the hub's clock: when committed (or loaded): for the age bound
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
 
 
 def fingerprint(batch: Batch) -> int:
@@ -90,43 +105,62 @@ def fingerprint(batch: Batch) -> int:
 
 
 class Transactions:
-    def __init__(self, hub: Hub) -> None:
+    """The registry of one hub (``hub.txns``); ``expiration_ms``: the optional age bound
+    (module docstring), ``None`` for none."""
+
+    def __init__(self, hub: Hub, *, expiration_ms: int | None = None) -> None:
         self.hub = hub
+        self.ledger = hub.ledger(TXN_STREAM)
+        self.expiration_ms = expiration_ms
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # per txn: lock, users
         self._stream_locks: dict[str, asyncio.Lock] = {}
 
     def load(self) -> None:
-        """Rebuild the registry from ``_tidewire.txns`` (at hub open)."""
-        log_ = self.hub.log
-        if TXN_STREAM not in log_:
-            return
-        next_id = log_.start_id(TXN_STREAM)  # (retention may have trimmed it)
-        while True:
-            batches = log_.read(TXN_STREAM, next_id, 4 * 1024 * 1024)
-            if not batches:
-                break
-            for batch in batches:
-                for i in range(len(batch)):
-                    self._apply(batch.value(i))
-                next_id = batch.last_id + 1
+        """Rebuild the registry from ``_tidewire.txns`` (at hub open), then forget what
+        retention removed meanwhile."""
+        now = self.hub.clock()
+        for record in self.ledger.load():
+            self._apply(record, now)
+        self.forget_removed(now)
 
-    def _apply(self, raw: bytes) -> None:
+    def _apply(self, record: dict[str, Any], now: int) -> None:
         try:
-            record = json.loads(raw)
             txn = record["txn"]
             if record.get("done"):
                 entry = self._entries.get(txn)
                 if entry is not None:
                     entry.done = True
                 return
-            self._entries[txn] = _Entry(record["stream"], int(record["first"]),
-                                        int(record["count"]), int(record["fp"]), False)  # fmt: skip
+            self._entries[txn] = _Entry(sys.intern(record["stream"]), int(record["first"]),
+                                        int(record["count"]), int(record["fp"]), False,
+                                        now)  # fmt: skip
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring a malformed record in %s: %s", TXN_STREAM, exc)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def forget_removed(self, now: int | None = None) -> int:
+        """Forget the transactions whose events retention removed (all of them), and those
+        older than :attr:`expiration_ms`; return how many. Entries with a commit running (or
+        an intent not settled) are kept. Called after each retention pass."""
+        storage = self.hub.storage
+        now = self.hub.clock() if now is None else now
+        cutoff = None if self.expiration_ms is None else now - self.expiration_ms
+        starts: dict[str, int] = {}
+        gone = []
+        for txn, entry in self._entries.items():
+            if not entry.done or txn in self._locks:
+                continue
+            start = starts.get(entry.stream)
+            if start is None:
+                start = starts[entry.stream] = storage.start_id(entry.stream)
+            if entry.last < start or (cutoff is not None and entry.at < cutoff):
+                gone.append(txn)
+        for txn in gone:
+            del self._entries[txn]
+        return len(gone)
 
     async def commit(self, txn: str, batch: Batch) -> TxnReceipt:
         """Append ``batch`` (its ids are ignored) unless ``txn`` was committed before; return
@@ -159,21 +193,22 @@ class Transactions:
             last = entry.first + entry.count - 1
             return TxnReceipt(entry.stream, entry.count, entry.first, last, already=True)
         fp = fingerprint(batch)
-        log_ = self.hub.log
+        storage = self.hub.storage
         for attempt in range(RETRIES):
             # Other writers may take ids while the intent is written: after a collision, leave
             # them room (ids may have gaps), more each time.
             slack = 0 if attempt == 0 else 2 ** (attempt + 5)
-            first = log_.accepted_latest(batch.stream) + 1 + slack
+            first = storage.accepted_latest(batch.stream) + 1 + slack
             intent = {"txn": txn, "stream": batch.stream, "first": first, "count": len(batch),
                       "fp": fp}  # fmt: skip
-            await self._record(intent)
-            self._entries[txn] = entry = _Entry(batch.stream, first, len(batch), fp, False)
+            await self.ledger.record(intent)
+            self._entries[txn] = entry = _Entry(batch.stream, first, len(batch), fp, False,
+                                                self.hub.clock())  # fmt: skip
             try:
-                stored = await log_.append(batch.with_ids(first))
+                stored = await storage.append(batch.with_ids(first))
             except IdOrderError:
                 continue  # another writer took those ids: a new intent
-            await self._record({"txn": txn, "done": True})
+            await self.ledger.record({"txn": txn, "done": True})
             entry.done = True
             return TxnReceipt(batch.stream, len(batch), stored.first_id, stored.last_id, False)
         raise TidewireError(f"transaction {txn!r}: {batch.stream!r} is too busy (gave up)")
@@ -183,7 +218,7 @@ class Transactions:
         events: list[Batch] = []
         next_id, left = entry.first, entry.count
         while left > 0:
-            got = await self.hub.log.read_async(entry.stream, next_id, 8 * 1024 * 1024, left)
+            got = await self.hub.storage.read(entry.stream, next_id, 8 * 1024 * 1024, left)
             if not got or got[0].first_id != next_id:
                 return False
             events += got
@@ -193,13 +228,9 @@ class Transactions:
             return False
         happened = all(len(b) for b in events) and _fingerprint_all(events) == entry.fp
         if happened:
-            await self._record({"txn": txn, "done": True})
+            await self.ledger.record({"txn": txn, "done": True})
             entry.done = True
         return happened
-
-    async def _record(self, record: dict[str, object]) -> None:
-        data = json.dumps(record, separators=(",", ":")).encode()
-        await self.hub.log.append(Batch.build(TXN_STREAM, [data]), assign_ids=True)
 
 
 def _fingerprint_all(batches: list[Batch]) -> int:

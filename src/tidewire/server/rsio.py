@@ -9,11 +9,12 @@ bounded buffer and a position in the log, never a backlog in memory.
 
 Publishing (extension 1): for each ``offer`` the hub subscribes to the client's publisher with
 subscriber id = the offer id and a window of ``OFFER_WINDOW`` elements. What arrives is
-gathered per offer; one committer task per offer appends everything gathered so far as one
-batch (so the log's group commit sees big batches), then sends ``committed`` and requests as
-many elements as it has just stored: the disk drives the backpressure. Bytes received and not
-yet committed are bounded per connection (``MAX_INLET_BYTES``): above it the adapter stops
-reading the socket, and TCP pushes back on the client.
+gathered per offer; one committer task per offer hands everything gathered so far to the hub's
+ingest path (:mod:`tidewire.hub.ingest`, one pipeline per offer) as one batch (so the log's
+group commit sees big batches), then sends ``committed`` and requests as many elements as it
+has just stored: the disk drives the backpressure. Bytes received and not yet committed are
+bounded per connection (the ingest's ``max_pending_bytes``, ``MAX_INLET_BYTES`` by default):
+above it the adapter stops reading the socket, and TCP pushes back on the client.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import unquote
 
-from ..hub import Hub, Subscription
+from ..hub import Hub, IngestLimits, Pipeline, RecordSubscription, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
 from ..observe.logs import connection_log
@@ -84,8 +85,6 @@ MAX_OFFERS = 256  # per connection: each costs a task
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
 MAX_INLET_BYTES = 8 * 1024 * 1024  # per connection: received for offers, not yet committed
 MAX_TXN_BYTES = 64 * 1024 * 1024  # per connection: transaction offers are held until complete
-COMMIT_BYTES = 1024 * 1024  # an offer's elements are appended in chunks of about this size
-APPENDS_IN_FLIGHT = 4  # per offer, when the hub assigns the ids
 
 
 def _retrieve(future: asyncio.Future[Batch]) -> None:
@@ -102,6 +101,12 @@ class RsioSettings:
     max_offers: int = MAX_OFFERS
     max_inlet_bytes: int = MAX_INLET_BYTES
     max_txn_bytes: int = MAX_TXN_BYTES
+    appends_in_flight: int = 4  # per offer, when the hub assigns the ids (ingest.*)
+    commit_bytes: int = 1024 * 1024  # an offer's elements are appended in chunks of about this
+
+    def ingest_limits(self) -> IngestLimits:
+        """What the connection's :class:`~tidewire.hub.Ingest` is bounded by."""
+        return IngestLimits(self.max_inlet_bytes, self.appends_in_flight, self.commit_bytes)
 
 
 @dataclass(slots=True, eq=False)
@@ -150,9 +155,10 @@ class RsioServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.log = connection_log(log, None, via)
-        self.pumps: dict[int, tuple[Subscription | _Listing | Records, asyncio.Task[None]]] = {}
+        self.pumps: dict[int, tuple[_Source, asyncio.Task[None]]] = {}
         self.inlets: dict[int, _Inlet] = {}
-        self.inlet_bytes = 0
+        self.ingest = hub.ingest(via=via, limits=settings.ingest_limits(),
+                                 on_pause=self._inlet_paused)  # fmt: skip
         self.txn_bytes = 0
         self._pauses: set[str] = set()  # why reading is paused: "output", "inlet"
         self._writable = asyncio.Event()
@@ -206,7 +212,14 @@ class RsioServerProtocol(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """Events read and not yet acknowledged (appends in flight or waiting)."""
-        return self.inlet_bytes > 0 and not self.conn.closed
+        return self.ingest.pending_bytes > 0 and not self.conn.closed
+
+    def _inlet_paused(self, paused: bool) -> None:
+        """The ingest path's signal: too much received and not yet durable, or room again."""
+        if paused:
+            self._pause("inlet")
+        else:
+            self._resume("inlet")
 
     def expire(self, reason: str) -> None:
         """A deadline of the guard's (handshake, idle): goodbye with the reason, and close."""
@@ -313,7 +326,7 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send(OnError(subscriber, reason))
             return
         try:
-            sub: Subscription | _Listing | Records
+            sub: _Source
             if publisher.startswith("?"):  # the hub's own publishers (see docs)
                 sub = _Listing(self.hub, publisher, self.access, self.principal)
                 name = PublisherName("-", format="value")
@@ -325,7 +338,7 @@ class RsioServerProtocol(asyncio.Protocol):
                     max_batch_bytes=MAX_DELIVERY_BYTES, via=self.via, connection=self.connection,
                 )  # fmt: skip
                 if name.format == "records":
-                    sub = Records(sub)
+                    sub = RecordSubscription(sub)
         except Forbidden as exc:
             self.conn.send(OnError(subscriber, self._refused(exc)))
             return
@@ -351,7 +364,6 @@ class RsioServerProtocol(asyncio.Protocol):
             if inlet.task is not None:
                 inlet.task.cancel()  # an append in flight still completes (the log shields it)
         self.inlets.clear()
-        self.inlet_bytes = 0
 
     # ------------------------------------------------------------------ publishing (ext. 1)
 
@@ -404,10 +416,8 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.parts.append(data)
         inlet.count += count
         inlet.nbytes += len(data)
-        self.inlet_bytes += len(data)
         inlet.wake.set()
-        if self.inlet_bytes > self.settings.max_inlet_bytes:
-            self._pause("inlet")
+        self.ingest.hold(len(data))
 
     def _gather_run(self, inlet: _Inlet, elements: list[bytes]) -> None:
         nbytes = sum(map(len, elements))
@@ -417,15 +427,8 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.parts += elements
         inlet.count += len(elements)
         inlet.nbytes += nbytes
-        self.inlet_bytes += nbytes
         inlet.wake.set()
-        if self.inlet_bytes > self.settings.max_inlet_bytes:
-            self._pause("inlet")
-
-    def _release(self, nbytes: int) -> None:
-        self.inlet_bytes -= nbytes
-        if self.inlet_bytes <= self.settings.max_inlet_bytes // 2:
-            self._resume("inlet")
+        self.ingest.hold(nbytes)
 
     def _batch(self, inlet: _Inlet, parts: list[bytes]) -> tuple[Batch, bool]:
         name, size = inlet.name, inlet.element_size
@@ -439,14 +442,15 @@ class RsioServerProtocol(asyncio.Protocol):
         return decode_envelopes(name.stream, parts)
 
     def _take(self, inlet: _Inlet) -> tuple[list[bytes], int, int]:
-        """The oldest gathered parts, about ``COMMIT_BYTES`` of them (at least one)."""
+        """The oldest gathered parts, about ``commit_bytes`` of them (at least one)."""
         size = inlet.element_size
-        if inlet.nbytes <= COMMIT_BYTES:
+        chunk = self.ingest.limits.commit_bytes
+        if inlet.nbytes <= chunk:
             taken = (inlet.parts, inlet.count, inlet.nbytes)
             inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
             return taken
         nbytes = count = stop = 0
-        while nbytes < COMMIT_BYTES:
+        while nbytes < chunk:
             part = inlet.parts[stop]
             stop += 1
             nbytes += len(part)
@@ -457,53 +461,32 @@ class RsioServerProtocol(asyncio.Protocol):
         return parts, count, nbytes
 
     async def _commit_loop(self, inlet: _Inlet) -> None:
-        """Append what arrives, in chunks of about ``COMMIT_BYTES`` (records stay small enough
-        for subscribers to read without waste), several appends in flight when the hub assigns
-        the ids (so they share group commits), one at a time when the envelopes carry ids (so
-        that a refused append is never followed by a stored one). Acknowledge in order."""
+        """Append what arrives, in chunks of about ``commit_bytes`` (records stay small enough
+        for subscribers to read without waste), through the offer's ingest pipeline: several
+        appends in flight when the hub assigns the ids (so they share group commits), one at a
+        time when the envelopes carry ids, fenced, receipts in order. Acknowledge in order."""
         offer = inlet.offer
         if inlet.name.txn is not None:
             await self._commit_txn(inlet, inlet.name.txn)
             return
-        inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
-        fence = 0
+        pipeline = self.ingest.pipeline(serial_own_ids=True)
+        receipts: deque[tuple[asyncio.Future[Batch], int]] = deque()
         try:
             while True:
-                while inflight and inflight[0][0].done():
-                    append, count, nbytes = inflight.popleft()
-                    self._release(nbytes)
-                    stored = append.result()
+                while receipts and receipts[0][0].done():
+                    receipt, count = receipts.popleft()
+                    stored = receipt.result()
                     if self.conn.closed:
                         return
                     self.conn.send(Committed(offer, count, stored.first_id, stored.last_id))
                     if inlet.ended is None and self.conn.is_subscribed(offer):
                         self.conn.send(Request(offer, count))
                     self._flush()
-                depth = 1 if inlet.explicit_ids else APPENDS_IN_FLIGHT
-                if inlet.parts and len(inflight) < depth:
-                    parts, count, nbytes = self._take(inlet)
-                    try:
-                        batch, explicit = self._batch(inlet, parts)
-                    except (TidewireError, ValueError):
-                        self._release(nbytes)
-                        raise
-                    if inlet.explicit_ids is None:
-                        inlet.explicit_ids = explicit
-                    elif explicit != inlet.explicit_ids:
-                        self._release(nbytes)
-                        raise ValueError("an offer's envelopes either all carry ids or none does")
-                    if explicit and inflight:  # its predecessor first (see the docstring)
-                        inlet.parts[:0], inlet.count, inlet.nbytes = (
-                            parts, inlet.count + count, inlet.nbytes + nbytes)  # fmt: skip
-                    else:
-                        if not inflight:  # all before are durable: after a refused append
-                            fence = self.hub.log.fence()  # the rest is refused
-                        append = asyncio.ensure_future(self.hub.append(
-                            batch, assign_ids=not explicit, via=self.via, fence=fence))  # fmt: skip
-                        append.add_done_callback(lambda _: inlet.wake.set())
-                        inflight.append((append, count, nbytes))
-                        continue
-                if not inlet.parts and not inflight and inlet.ended is not None:
+                # (while the pipeline is full, elements gather into the next, bigger, batch)
+                if inlet.parts and pipeline.has_room(not inlet.explicit_ids):
+                    self._submit(inlet, pipeline, receipts)
+                    continue
+                if not inlet.parts and not receipts and inlet.ended is not None:
                     break
                 inlet.wake.clear()
                 await inlet.wake.wait()
@@ -524,12 +507,34 @@ class RsioServerProtocol(asyncio.Protocol):
                 self.conn.send(OfferEnded(offer, str(exc)))
                 self._flush()
         finally:
-            for append, _, nbytes in inflight:  # the log finishes them; nothing is acked
-                append.add_done_callback(_retrieve)
-                self._release(nbytes)
+            pipeline.close()  # the storage finishes what it has; nothing more is acked
+            for receipt, _ in receipts:
+                receipt.add_done_callback(_retrieve)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
-                self._release(inlet.nbytes)
+            self.ingest.release(inlet.nbytes)  # gathered, never submitted
+            inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+
+    def _submit(
+        self,
+        inlet: _Inlet,
+        pipeline: Pipeline,
+        receipts: deque[tuple[asyncio.Future[Batch], int]],
+    ) -> None:
+        """The oldest gathered chunk, as one batch, into the pipeline."""
+        parts, count, nbytes = self._take(inlet)
+        try:
+            batch, explicit = self._batch(inlet, parts)
+            if inlet.explicit_ids is None:
+                inlet.explicit_ids = explicit
+            elif explicit != inlet.explicit_ids:
+                raise ValueError("an offer's envelopes either all carry ids or none does")
+        except (TidewireError, ValueError):
+            self.ingest.release(nbytes)
+            raise
+        receipt = pipeline.submit(batch, assign_ids=not explicit, held=nbytes)
+        receipt.add_done_callback(lambda _: inlet.wake.set())
+        receipts.append((receipt, count))
 
     async def _commit_txn(self, inlet: _Inlet, txn: str) -> None:
         """A transaction offer: everything, once, at onComplete (``Hub.commit``)."""
@@ -543,7 +548,7 @@ class RsioServerProtocol(asyncio.Protocol):
                 reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
             if reason is None and inlet.count:
                 batch, _ = self._batch(inlet, inlet.parts)  # (its own ids do not matter)
-                receipt = await self.hub.commit(txn, batch, via=self.via)
+                receipt = await self.ingest.submit_txn(txn, batch)
                 if receipt.already:
                     self.log.info("transaction %r was committed before: not appended again",
                              txn)  # fmt: skip
@@ -585,7 +590,7 @@ class RsioServerProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ delivery
 
     async def _pump(
-        self, subscriber: int, sub: Subscription | _Listing | Records, name: PublisherName
+        self, subscriber: int, sub: _Source, name: PublisherName
     ) -> None:
         try:
             while True:
@@ -622,46 +627,6 @@ class RsioServerProtocol(asyncio.Protocol):
             self.conn.send_elements(subscriber, values, heads)
         else:
             self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
-
-
-class Records:
-    """A subscription in ``format=records``: demand counts records (batches), so the hub
-    subscription underneath asks for every event and this hands out as many batches as the
-    subscriber requested, keeping the rest of a delivery for the next call."""
-
-    def __init__(self, sub: Subscription) -> None:
-        self.sub = sub
-        sub.request(2**63 - 1)
-        self.demand = 0
-        self._carry: list[Batch] = []
-        self._wake = asyncio.Event()
-
-    @property
-    def complete(self) -> bool:
-        return self.sub.complete and not self._carry
-
-    def request(self, n: int) -> None:
-        self.demand = min(2**63 - 1, self.demand + n)
-        self._wake.set()
-
-    def cancel(self) -> None:
-        self.sub.cancel()
-        self._wake.set()
-
-    async def next(self) -> list[Batch] | None:
-        while not self.demand and not self.sub.cancelled:
-            self._wake.clear()
-            await self._wake.wait()
-        if self.sub.cancelled:
-            return None
-        if not self._carry:
-            batches = await self.sub.next()
-            if batches is None:
-                return None
-            self._carry = batches
-        out, self._carry = self._carry[: self.demand], self._carry[self.demand :]
-        self.demand -= len(out)
-        return out
 
 
 class _Listing:
@@ -715,6 +680,10 @@ class _Listing:
             self._wake.clear()
             await self._wake.wait()
         return None
+
+
+_Source = Subscription | _Listing | RecordSubscription
+"""What a pump delivers from."""
 
 
 class RsioServer:

@@ -35,7 +35,7 @@ from typing import cast
 
 from aiohttp import web
 
-from ..hub import Hub, Subscription
+from ..hub import Hub, RecordSubscription, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
@@ -60,7 +60,6 @@ from ..protocols.rsio_http import (
     split_query,
 )
 from ..record import encode as encode_record
-from .rsio import Records
 
 __all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "principal"]
 
@@ -102,7 +101,7 @@ def _error(status: int, message: str, *, rsio: bool = True,
 
 
 class _Sub:
-    def __init__(self, sid: str, name: PublisherName, source: Subscription | Records,
+    def __init__(self, sid: str, name: PublisherName, source: Subscription | RecordSubscription,
                  now: float, owner: Principal) -> None:  # fmt: skip
         self.id = sid
         self.name = name
@@ -174,14 +173,14 @@ class RsioHttp:
             return self._refuse(request, 503, "too many subscriptions on this hub (the limit "
                                 f"is {limit})", headers={"Retry-After": "1"})  # fmt: skip
         try:
-            source: Subscription | Records = self.hub.subscribe(
+            source: Subscription | RecordSubscription = self.hub.subscribe(
                 name.stream, name.start, until_id=name.until, key=name.key,
                 max_batch_bytes=self.settings.max_response_bytes, via="rsio-http",
             )  # fmt: skip
         except (TidewireError, ValueError) as exc:
             return self._refuse(request, 400, str(exc))
         if name.format == "records":
-            source = Records(cast(Subscription, source))
+            source = RecordSubscription(cast(Subscription, source))
         sid = f"{next(self._serial):x}-{secrets.token_urlsafe(12)}"  # never reused
         sub = _Sub(sid, name, source, self.clock(), owner)
         self.subs[sid] = sub

@@ -4,11 +4,12 @@ sans-IO :class:`~tidewire.protocols.seguro.ServerSession` and the :class:`~tidew
 A point's events are the stream named by its ``@p`` (``~sampel-palnet``), so what a ship saves
 can be tailed over RS.io and read by Spark. Per connection, one task takes the session's events
 in order: ``SAVE`` appends the event and answers ``COMMITTED`` once it is durable; ``SAVE MANY``
-streams its events into the log as they arrive, in chunks of about 1 MiB with several appends
-in flight (they share group commits), says ``LATEST`` as chunks become durable and
-``COMMITTED MANY`` once all are; ``READ`` reads the log in batches. Reading the socket pauses
-while more than ``MAX_PENDING_BYTES`` wait for the log, so a 10 GiB ``SAVE MANY`` never sits in
-memory.
+streams its events into the log as they arrive, in chunks of about ``commit_bytes`` with
+several appends in flight (they share group commits), says ``LATEST`` as chunks become durable
+and ``COMMITTED MANY`` once all are; ``READ`` reads the log in batches. Both writes go through
+the hub's ingest path (:mod:`tidewire.hub.ingest`, one pipeline per connection): reading the
+socket pauses while more than its ``max_pending_bytes`` (``MAX_PENDING_BYTES`` by default) wait
+for the log, so a 10 GiB ``SAVE MANY`` never sits in memory.
 
 A breach is answered the seed's way: the connection is dropped at once (and logged). Events of
 a breached ``SAVE MANY`` already handed to the log are stored (the next ``WELCOME`` says how far);
@@ -32,7 +33,7 @@ import ssl
 from collections import deque
 from typing import cast
 
-from ..hub import Hub
+from ..hub import INGEST_DEFAULTS, Hub
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
 from ..model import Batch, TidewireError
 from ..observe.logs import connection_log
@@ -55,11 +56,16 @@ __all__ = ["SeguroServer", "start_seguro_server"]
 
 log = logging.getLogger("tidewire.seguro")
 
-CHUNK_BYTES = 256 * 1024  # small enough that writes overlap the parsing of what follows
-APPENDS_IN_FLIGHT = 4
-MAX_PENDING_BYTES = 16 * 1024 * 1024
+# Defaults of the ingest limits (settings ingest.*, tidewire.hub.INGEST_DEFAULTS["seguro"]):
+CHUNK_BYTES = INGEST_DEFAULTS["seguro"].commit_bytes  # small: writes overlap the parsing
+MAX_PENDING_BYTES = INGEST_DEFAULTS["seguro"].max_pending_bytes
 READ_BATCH_BYTES = 1024 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+def _retrieve(receipt: asyncio.Future[Batch]) -> None:
+    if not receipt.cancelled():
+        receipt.exception()  # an abandoned append's failure is logged by the log, not here
 
 
 class _Protocol(asyncio.Protocol):
@@ -77,7 +83,8 @@ class _Protocol(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._task: asyncio.Task[None] | None = None
-        self._pending_bytes = 0
+        self.ingest = self.hub.ingest(via="seguro", on_pause=self._ingest_paused)
+        self.pipeline = self.ingest.pipeline()  # SAVE and SAVE MANY, in order
         self._reading = True
         self._quiet = False  # shutting down: never read again
 
@@ -135,8 +142,16 @@ class _Protocol(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """Events read and not yet committed."""
-        return self._pending_bytes > 0 and self.transport is not None \
+        return self.ingest.pending_bytes > 0 and self.transport is not None \
             and not self.transport.is_closing()
+
+    def _ingest_paused(self, paused: bool) -> None:
+        """The ingest path's signal: stop reading now; or room again, and the flows resume
+        reading once they have taken what the session holds (:meth:`_next`)."""
+        if paused:
+            self._pause()
+        else:
+            self._wake.set()
 
     def _resume(self) -> None:
         if self._quiet:
@@ -165,7 +180,7 @@ class _Protocol(asyncio.Protocol):
                 return event
             if self.session.closed:
                 return None
-            if not self._reading and self._pending_bytes <= MAX_PENDING_BYTES // 2:
+            if not self._reading and not self.ingest.paused:
                 self._resume()
             self._wake.clear()
             await self._wake.wait()
@@ -218,7 +233,7 @@ class _Protocol(asyncio.Protocol):
         # Appends of an earlier session of this point (its connection dropped mid-SAVE MANY)
         # may still be on their way to disk: WELCOME says how far they got, not less (and not
         # more: they may yet be refused, on a full disk).
-        latest = await self.hub.log.settled(point)
+        latest = await self.hub.settled(point)
         if self._waited("WELCOME"):
             self.session.welcome(latest or None, may_read=may_read, may_write=may_write)
             established(self.transport)  # the handshake deadline no longer applies
@@ -233,7 +248,9 @@ class _Protocol(asyncio.Protocol):
 
     async def _save(self, event_id: int, data: bytes) -> None:
         assert self.point is not None
-        await self.hub.append(Batch.build(self.point, [data], ids=[event_id]), via="seguro")
+        batch = Batch.build(self.point, [data], ids=[event_id])
+        self.ingest.hold(len(data))
+        await self.pipeline.submit(batch, held=len(data))
         if self._waited("COMMITTED"):
             self.session.committed()
 
@@ -241,79 +258,81 @@ class _Protocol(asyncio.Protocol):
         """Stream the events into the log as they arrive (chunks, appends in flight, in
         order); LATEST as chunks become durable; COMMITTED MANY when all are."""
         assert self.point is not None
-        inflight: deque[tuple[asyncio.Future[Batch], int, int]] = deque()
+        receipts: deque[tuple[asyncio.Future[Batch], int]] = deque()
         ids: list[int] = []
         values: list[bytes] = []
-        size = 0
-        fence = 0
+        size = 0  # held, not yet shipped
+        limits = self.ingest.limits
 
         def ship() -> None:
-            nonlocal ids, values, size, fence
-            if not inflight:  # all before are durable: after a refused append the rest is refused
-                fence = self.hub.log.fence()
+            nonlocal ids, values, size
             batch = Batch.build(self.point or "", values, ids=ids)
-            append = asyncio.ensure_future(self.hub.append(batch, via="seguro", fence=fence))
-            append.add_done_callback(lambda _: self._wake.set())
-            inflight.append((append, ids[-1], size))
-            self._pending_bytes += size
+            receipt = self.pipeline.submit(batch, held=size)
+            receipt.add_done_callback(lambda _: self._wake.set())
+            receipts.append((receipt, ids[-1]))
             ids, values, size = [], [], 0
 
         async def settle(block: bool) -> None:
-            while inflight and (block or inflight[0][0].done()):
-                append, last, nbytes = inflight[0]
-                await append
-                inflight.popleft()
-                self._pending_bytes -= nbytes
+            while receipts and (block or receipts[0][0].done()):
+                receipt, last = receipts[0]
+                await receipt
+                receipts.popleft()
                 self.session.latest_committed(last)
                 self._flush()
 
-        done = False
-        while not done:
-            await settle(block=len(inflight) >= APPENDS_IN_FLIGHT)
-            event = self.session.next_event()
-            if event is None:
-                if self.session.closed:
-                    return
-                if values and not inflight:
-                    ship()  # nothing in flight: do not hold what has arrived
+        try:
+            done = False
+            while not done:
+                await settle(block=len(receipts) >= limits.appends_in_flight)
+                event = self.session.next_event()
+                if event is None:
+                    if self.session.closed:
+                        return
+                    if values and not receipts:
+                        ship()  # nothing in flight: do not hold what has arrived
+                        continue
+                    if not self._reading and not self.ingest.paused:
+                        self._resume()
+                    self._wake.clear()
+                    await self._wake.wait()
                     continue
-                if not self._reading and self._pending_bytes <= MAX_PENDING_BYTES // 2:
-                    self._resume()
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            match event:
-                case ManyEvents(run_ids, datas):
-                    ids += run_ids
-                    values += datas
-                    size += sum(map(len, datas))
-                    if size >= CHUNK_BYTES:
-                        ship()
-                case ManyEvent(event_id, data):
-                    ids.append(event_id)
-                    values.append(data)
-                    size += len(data)
-                    if size >= CHUNK_BYTES:
-                        ship()
-                    if self._pending_bytes > MAX_PENDING_BYTES:
-                        self._pause()
-                case StreamedMany():
-                    done = True
-                case Breach(reason):
-                    self.drop(f"protocol breach during SAVE MANY {many.count} {many.start} "
-                              f"{many.end}: {reason}")  # fmt: skip
-                    return
-        if values:
-            ship()
-        await settle(block=True)
+                match event:
+                    case ManyEvents(run_ids, datas):
+                        nbytes = sum(map(len, datas))
+                        self.ingest.hold(nbytes)
+                        ids += run_ids
+                        values += datas
+                        size += nbytes
+                        if size >= limits.commit_bytes:
+                            ship()
+                    case ManyEvent(event_id, data):
+                        self.ingest.hold(len(data))
+                        ids.append(event_id)
+                        values.append(data)
+                        size += len(data)
+                        if size >= limits.commit_bytes:
+                            ship()
+                    case StreamedMany():
+                        done = True
+                    case Breach(reason):
+                        self.drop(f"protocol breach during SAVE MANY {many.count} {many.start} "
+                                  f"{many.end}: {reason}")  # fmt: skip
+                        return
+            if values:
+                ship()
+            await settle(block=True)
+        finally:
+            self.ingest.release(size)  # (a breach: what was not handed over is discarded)
+            for receipt, _ in receipts:  # (stored all the same; the next WELCOME says so)
+                receipt.add_done_callback(_retrieve)
         if self._waited("COMMITTED MANY"):
             self.session.committed_many()
 
     async def _read(self, start: int, limit: int) -> None:
         assert self.point is not None
         next_id, left = start, limit
-        while left > 0 and self.point in self.hub.log:
-            first = max(next_id, self.hub.log.start_id(self.point))  # "or the first above it"
+        while left > 0 and self.hub.has_stream(self.point):
+            first = max(next_id, self.hub.start_id(self.point))  # "or the first above it"
             batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left, via="seguro")
             if not batches:
                 break

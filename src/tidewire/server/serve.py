@@ -21,7 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..config import ConfigError, ServerConfig
-from ..hub import Hub
+from ..hub import INGEST_DEFAULTS, Hub, IngestLimits
 from ..hub.access import Access, Acl, Tokens
 from ..protocols.rsio import Limits
 from ..protocols.seguro import Limits as SeguroLimits
@@ -66,9 +66,12 @@ async def serve(
     loop = asyncio.get_running_loop()
     quiet_bad_requests()
     access, admission, tls = security(config)
+    expiration = int(config.values["txn.expiration_ms"])
     hub = Hub.open(
-        config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s
-    )
+        config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s,
+        txn_expiration_ms=None if expiration < 0 else expiration,
+    )  # fmt: skip
+    hub.ingest_limits.update(ingest_limits(config))
     runner: web.AppRunner | None = None
     rsio: RsioServer | None = None
     seguro: SeguroServer | None = None
@@ -116,9 +119,9 @@ async def serve(
                      "RS.io over Tube (WebSocket)"),
         ]
         warn_exposure(config, tls, access)
-        streams = hub.log.streams()
+        streams = hub.stream_names()
         print(
-            f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.log.directory}",
+            f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.describe()}",
             file=out,
         )
         for e in endpoints:
@@ -319,9 +322,25 @@ def http_settings(config: ServerConfig) -> HttpSettings:
     )
 
 
-def rsio_settings(config: ServerConfig) -> RsioSettings:
-    """The listener's bounds from the ``rsio.*`` settings."""
+def ingest_limits(config: ServerConfig) -> dict[str, IngestLimits]:
+    """Per protocol, the inbound limits from the ``ingest.*`` settings (0: the protocol's
+    default, :data:`~tidewire.hub.INGEST_DEFAULTS`)."""
     v = config.values
+    out = {}
+    for via, default in INGEST_DEFAULTS.items():
+        pending = int(v["ingest.max_pending_bytes"]) or default.max_pending_bytes
+        if via in ("rsio", "tube") and int(v["rsio.max_inlet_bytes"]):
+            pending = int(v["rsio.max_inlet_bytes"])
+        out[via] = IngestLimits(pending,
+                                int(v["ingest.appends_in_flight"]) or default.appends_in_flight,
+                                int(v["ingest.commit_bytes"]) or default.commit_bytes)  # fmt: skip
+    return out
+
+
+def rsio_settings(config: ServerConfig) -> RsioSettings:
+    """The listener's bounds from the ``rsio.*`` settings (and ``ingest.*``)."""
+    v = config.values
+    ingest = ingest_limits(config)["rsio"]
     element = int(v["rsio.max_element_bytes"])
     return RsioSettings(
         Limits(
@@ -331,6 +350,8 @@ def rsio_settings(config: ServerConfig) -> RsioSettings:
         ),
         max_subscriptions=int(v["rsio.max_subscriptions"]),
         max_offers=int(v["rsio.max_offers"]),
-        max_inlet_bytes=int(v["rsio.max_inlet_bytes"]),
+        max_inlet_bytes=ingest.max_pending_bytes,
         max_txn_bytes=int(v["rsio.max_txn_bytes"]),
+        appends_in_flight=ingest.appends_in_flight,
+        commit_bytes=ingest.commit_bytes,
     )

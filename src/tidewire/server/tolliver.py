@@ -31,13 +31,14 @@ handshake: every refusal is a log line naming the principal, then the connection
 before the handshake response when it concerns the handshake request. Nothing more is
 delivered to a remote that does not read (its socket's buffer above the high-water mark), and
 the guard drops it after ``limits.write_stall_seconds``; a remote whose messages wait for the
-log (more than ``MAX_PENDING_BYTES``) is not read meanwhile.
+log (more than the ingest path's ``max_pending_bytes``, ``MAX_PENDING_BYTES`` by default) is not
+read meanwhile. Messages are stored through the hub's ingest path (:mod:`tidewire.hub.ingest`,
+one pipeline per link): acks go out in the order the messages came.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import time
@@ -46,7 +47,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..hub import Hub
+from ..hub import INGEST_DEFAULTS, Hub
 from ..hub.access import Access
 from ..model import Batch, TidewireError
 from ..observe.metrics import TolliverPeer
@@ -62,7 +63,7 @@ log = logging.getLogger("tidewire.tolliver")
 STATE_STREAM = "_tidewire.tolliver"
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
-MAX_PENDING_BYTES = 32 * 1024 * 1024  # per remote: bodies received, not yet stored
+MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 
 
@@ -87,17 +88,26 @@ class _Link(HubLink):
 
     def __init__(self, server: TolliverServer, role: Role = Role.ACCEPTOR) -> None:
         super().__init__(server, role)
-        self._pending = 0  # bytes of bodies handed to the log and not yet stored
+        self.ingest = server.hub.ingest(via="tolliver", on_pause=self._ingest_paused)
+        self.pipeline = self.ingest.pipeline()
         self._paused = False
         self._quiet = False  # shutting down: never read again
 
     def _hold(self, nbytes: int) -> None:
-        """Bodies on their way to the log: past ``MAX_PENDING_BYTES`` the socket is not read
-        (the sender's resends wait in its own store, not in the hub's memory)."""
-        self._pending += nbytes
-        if self._pending > MAX_PENDING_BYTES and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        """Bodies on their way to the log (the ingest path counts them)."""
+        self.ingest.hold(nbytes)
+
+    def _ingest_paused(self, paused: bool) -> None:
+        """The ingest path's signal. Bodies on their way to the log past its bound: the socket
+        is not read (the sender's resends wait in its own store, not in the hub's memory)."""
+        if paused:
+            if not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+        elif self._paused and not self._quiet:
+            self._paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def quiesce(self) -> None:
         """Shutdown: read nothing more, ever; the messages read are still stored and acked
@@ -110,33 +120,28 @@ class _Link(HubLink):
     @property
     def busy(self) -> bool:
         """Messages read and not yet stored and acked."""
-        return self._pending > 0 and self.transport is not None \
+        return self.ingest.pending_bytes > 0 and self.transport is not None \
             and not self.transport.is_closing()
 
-    def _release(self, nbytes: int) -> None:
-        self._pending -= nbytes
-        if self._paused and not self._quiet and self._pending <= MAX_PENDING_BYTES // 2:
-            self._paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
-
     async def _store(self, messages: list[Message]) -> None:
-        """Append to stream C (keys K) in one batch, then ack each (an ack says: durable in the
-        hub)."""
+        """Append to stream C (keys K) in one batch through the ingest path (acks in the order
+        the messages came), then ack each (an ack says: durable in the hub)."""
         channel = messages[0].channel
         nbytes = sum(len(m.body) for m in messages)
         try:
             keys = [m.key.encode() if m.key else None for m in messages]
-            batch = Batch.build(channel, [m.body for m in messages], keys=keys)
-            stored = await self.server.hub.append(batch, assign_ids=True, via="tolliver")
+            try:
+                batch = Batch.build(channel, [m.body for m in messages], keys=keys)
+            except BaseException:
+                self.ingest.release(nbytes)
+                raise
+            stored = await self.pipeline.submit(batch, assign_ids=True, held=nbytes)
             self._came(channel, stored)
         except TidewireError as exc:
             self.log.warning("(%s) %d message(s) on %r refused: %s",
                              self.conn.peer or "no handshake yet",
                              len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
-        finally:
-            self._release(nbytes)
         if self.conn.established and not self.conn.closed and not self.refused:
             for message in messages:
                 if message.reliable:
@@ -185,6 +190,7 @@ class TolliverServer:
         self.ids_ready = asyncio.Event()  # at least MAX_UNACKED ids are reserved
         self._reserving = False
         self.instance = uuid7()
+        self.state = hub.ledger(STATE_STREAM)  # the UUID, the remotes' offsets, the ids kept
         self._load()
 
     def peers(self) -> tuple[str, list[TolliverPeer]]:
@@ -210,23 +216,16 @@ class TolliverServer:
 
     def _load(self) -> None:
         """The hub's UUID and the remotes' offsets, from ``_tidewire.tolliver``."""
-        log_ = self.hub.log
         found = False
-        if STATE_STREAM in log_:
-            next_id = log_.start_id(STATE_STREAM)
-            while batches := log_.read(STATE_STREAM, next_id, 4 * 1024 * 1024):
-                for batch in batches:
-                    for i in range(len(batch)):
-                        record = json.loads(batch.value(i))
-                        if "instance" in record:
-                            self.instance = uuid.UUID(record["instance"])
-                            found = True
-                        elif "ids" in record:  # the last reservation: start after it
-                            self.next_message_id = int(record["ids"])
-                        else:
-                            key = (uuid.UUID(record["remote"]), record["channel"])
-                            self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
-                    next_id = batch.last_id + 1
+        for record in self.state.load():
+            if "instance" in record:
+                self.instance = uuid.UUID(record["instance"])
+                found = True
+            elif "ids" in record:  # the last reservation: start after it
+                self.next_message_id = int(record["ids"])
+            else:
+                key = (uuid.UUID(record["remote"]), record["channel"])
+                self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
         self._needs_instance = not found
         # The channels remotes followed: the hub keeps taking messages on them for remotes that
         # are away (their offsets say where they resume).
@@ -364,8 +363,7 @@ class TolliverServer:
         task.add_done_callback(self.tasks.discard)
 
     async def _record(self, record: dict[str, object]) -> None:
-        data = json.dumps(record, separators=(",", ":")).encode()
-        await self.hub.log.append(Batch.build(STATE_STREAM, [data]), assign_ids=True)
+        await self.state.record(record)
 
     @property
     def port(self) -> int:

@@ -1,0 +1,246 @@
+"""The one ingest path: how every protocol hands what it receives to the hub.
+
+A connection gets an :class:`Ingest` from :meth:`Hub.ingest <tidewire.hub.Hub.ingest>` and, for
+each ordered flow of appends (an RS.io offer, a Seguro session, a Tolliver link), a
+:class:`Pipeline` from it. The rules the adapters used to keep each in their own way:
+
+* **Ordered receipts.** :meth:`Pipeline.submit` returns a future per batch; the futures resolve
+  in submission order, whatever order the appends complete in, so an adapter acknowledges in
+  order by awaiting them in order.
+* **Appends in flight.** Up to ``appends_in_flight`` appends of a pipeline run at once (they
+  share the storage's group commits). In a pipeline made with ``serial_own_ids`` (RS.io offers)
+  a batch with its own ids waits until nothing is in flight, so that an append refused for its
+  ids (``IdOrderError``) is never followed by a stored one. Batches beyond that wait in the
+  pipeline (their bytes are counted, see below).
+* **Fenced.** Each append carries the storage's fence taken when the pipeline had nothing in
+  flight: after an append refused for want of space, the ones already in flight are refused
+  too (by the storage), and so are those still waiting in the pipeline (here). A pipeline that
+  has drained starts afresh with a new fence.
+* **Bytes bounded, one pause signal.** :attr:`Ingest.pending_bytes` counts what the connection
+  received and is not durable yet: bytes the adapter holds before it has a whole batch
+  (:meth:`Ingest.hold`), and batches submitted (their ``held`` bytes, released when their append
+  succeeds or fails). Above ``max_pending_bytes`` the adapter is told to pause reading
+  (``on_pause(True)``); at or below half of it, to resume (``on_pause(False)``).
+* **Transactions.** :meth:`Ingest.submit_txn` commits exactly once through the hub's registry
+  (:mod:`.txn`).
+
+Everything runs on the event loop; there is no task of its own (completions drive it through
+future callbacks), so an abandoned pipeline costs nothing once its appends are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..model import Batch
+from .txn import TxnReceipt
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+__all__ = ["INGEST_DEFAULTS", "Ingest", "IngestLimits", "Pipeline"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class IngestLimits:
+    """One connection's inbound bounds (settings ``ingest.*``, docs/configuration.md).
+
+    ``max_pending_bytes``: received and not yet durable, before reading pauses;
+    ``appends_in_flight``: per pipeline, when the hub assigns the ids; ``commit_bytes``: about
+    how much an adapter gathers into one append (records stay small enough for subscribers to
+    read without waste, big enough for the group commit)."""
+
+    max_pending_bytes: int = 16 * MiB
+    appends_in_flight: int = 4
+    commit_bytes: int = MiB
+
+    def __post_init__(self) -> None:
+        if self.max_pending_bytes < 1 or self.appends_in_flight < 1 or self.commit_bytes < 1:
+            raise ValueError("ingest limits are positive")
+
+
+INGEST_DEFAULTS: dict[str, IngestLimits] = {
+    "rsio": IngestLimits(8 * MiB, 4, MiB),
+    "tube": IngestLimits(8 * MiB, 4, MiB),  # (RS.io over Tube: the same adapter)
+    "seguro": IngestLimits(16 * MiB, 4, 256 * 1024),
+    # Tolliver appended each received chunk's messages at once, bounded by bytes only: they
+    # are small, and one group commit takes them all together, so many may be in flight.
+    "tolliver": IngestLimits(32 * MiB, 1024, MiB),
+}
+"""Each protocol's limits when the settings do not say (the values each adapter had before
+they shared this path: changing them would change what a peer sees when it floods the hub,
+or how many appends share a group commit)."""
+
+
+class Ingest:
+    """One connection's way into the hub: byte accounting, the pause signal, pipelines."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        via: str,
+        limits: IngestLimits,
+        on_pause: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.hub = hub
+        self.via = via
+        self.limits = limits
+        self.on_pause = on_pause
+        self._pending = 0
+        self._paused = False
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes received and not yet durable (held, or in a pipeline)."""
+        return self._pending
+
+    @property
+    def paused(self) -> bool:
+        """Whether the adapter was told to stop reading (and not told to resume since)."""
+        return self._paused
+
+    def hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` just received (not yet submitted); may signal a pause."""
+        self._pending += nbytes
+        if not self._paused and self._pending > self.limits.max_pending_bytes:
+            self._paused = True
+            if self.on_pause is not None:
+                self.on_pause(True)
+
+    def release(self, nbytes: int) -> None:
+        """Forget ``nbytes`` held (durable, failed or discarded); may signal a resume."""
+        self._pending -= nbytes
+        if self._paused and self._pending <= self.limits.max_pending_bytes // 2:
+            self._paused = False
+            if self.on_pause is not None:
+                self.on_pause(False)
+
+    def pipeline(self, *, serial_own_ids: bool = False) -> Pipeline:
+        """A new ordered, fenced flow of appends (one per offer, session or link);
+        ``serial_own_ids``: a batch with its own ids is appended alone (module docstring)."""
+        return Pipeline(self, serial_own_ids=serial_own_ids)
+
+    async def submit_txn(self, txn: str, batch: Batch) -> TxnReceipt:
+        """Append ``batch`` exactly once for the transaction id ``txn`` (:meth:`Hub.commit
+        <tidewire.hub.Hub.commit>`): a replay returns where the first commit put it."""
+        return await self.hub.commit(txn, batch, via=self.via)
+
+
+@dataclass(slots=True, eq=False)
+class _Item:
+    batch: Batch
+    assign_ids: bool
+    held: int
+    receipt: asyncio.Future[Batch]
+    append: asyncio.Future[Batch] | None = field(default=None)
+
+
+class Pipeline:
+    """An ordered flow of appends of one :class:`Ingest` (see the module docstring)."""
+
+    def __init__(self, ingest: Ingest, *, serial_own_ids: bool = False) -> None:
+        self.ingest = ingest
+        self.serial_own_ids = serial_own_ids
+        self._items: deque[_Item] = deque()  # submission order: started ones first
+        self._started = 0
+        self._explicit = False  # an append with its own ids is in flight
+        self._fence = 0
+        self._closed = False
+
+    @property
+    def in_flight(self) -> int:
+        """Appends handed to the storage whose receipt has not resolved yet."""
+        return self._started
+
+    def __len__(self) -> int:
+        """Batches submitted whose receipt has not resolved yet (in flight or waiting)."""
+        return len(self._items)
+
+    def has_room(self, assign_ids: bool = True) -> bool:
+        """Whether a batch submitted now would start at once (adapters that gather while
+        appends run use it to make bigger batches instead of queueing small ones)."""
+        if assign_ids or not self.serial_own_ids:
+            return len(self._items) < self.ingest.limits.appends_in_flight
+        return not self._items
+
+    def submit(
+        self, batch: Batch, *, assign_ids: bool = False, held: int = 0
+    ) -> asyncio.Future[Batch]:
+        """Queue ``batch`` for appending; the future resolves to it as stored (or fails),
+        after every batch submitted before it. ``held``: bytes of it the adapter counted with
+        :meth:`Ingest.hold`, released when its append succeeds or fails. Cancelling the
+        future does not stop an append already handed to the storage."""
+        receipt: asyncio.Future[Batch] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            self.ingest.release(held)
+            receipt.cancel()
+            return receipt
+        self._items.append(_Item(batch, assign_ids, held, receipt))
+        self._advance()
+        return receipt
+
+    def close(self) -> None:
+        """The flow is over (its connection went): batches not handed to the storage yet are
+        dropped (their receipts cancelled, their bytes released); those in flight complete."""
+        self._closed = True
+        while self._items and self._items[-1].append is None:
+            item = self._items.pop()
+            self.ingest.release(item.held)
+            item.receipt.cancel()
+
+    # ------------------------------------------------------------------ internals
+
+    def _advance(self, _: object = None) -> None:
+        """Resolve the receipts at the head whose appends are done, then start what may."""
+        items = self._items
+        while items and items[0].append is not None and items[0].append.done():
+            item = items.popleft()
+            append = item.append
+            assert append is not None
+            self._started -= 1
+            if self.serial_own_ids and not item.assign_ids:
+                self._explicit = False
+            self.ingest.release(item.held)
+            failure = None if append.cancelled() else append.exception()
+            if append.cancelled():
+                item.receipt.cancel()
+            elif failure is not None:
+                if not item.receipt.done():
+                    item.receipt.set_exception(failure)
+                self._fail_waiting(failure)
+            elif not item.receipt.done():
+                item.receipt.set_result(append.result())
+        for item in items:
+            if item.append is not None:
+                continue
+            if self._started and self.serial_own_ids and (self._explicit or not item.assign_ids):
+                break
+            if self._started >= self.ingest.limits.appends_in_flight:
+                break
+            self._start(item)
+
+    def _start(self, item: _Item) -> None:
+        ingest = self.ingest
+        if not self._started:  # everything before is settled: a refusal from now on counts
+            self._fence = ingest.hub.fence()
+        self._started += 1
+        self._explicit = self._explicit or (self.serial_own_ids and not item.assign_ids)
+        item.append = asyncio.ensure_future(ingest.hub.append(
+            item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=self._fence))  # fmt: skip
+        item.append.add_done_callback(self._advance)
+
+    def _fail_waiting(self, failure: BaseException) -> None:
+        """An append failed: what waits behind it is refused with the same error (as the
+        storage refuses what is in flight behind a refusal), not appended after it."""
+        while self._items and self._items[-1].append is None:
+            item = self._items.pop()
+            self.ingest.release(item.held)
+            if not item.receipt.done():
+                item.receipt.set_exception(failure)

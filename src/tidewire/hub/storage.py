@@ -1,0 +1,229 @@
+"""The storage interface the hub owns, and its first implementation, the embedded log.
+
+Every byte a protocol writes or reads goes through the hub, and the hub reaches its storage only
+through :class:`Storage`. The interface is shaped so that a remote, replicated backend (NATS
+JetStream, issue 14) can implement it as well as the embedded :class:`~tidewire.log.Log`:
+
+* anything that may do I/O is ``async`` and moves whole batches (append, read, waiting for
+  commits, settling, closing);
+* what the embedded log answers from memory is a cheap synchronous query (latest id, start id,
+  the stream list and stats, membership, the fence); a remote backend keeps these from its own
+  acknowledgements and subscriptions;
+* no signature names a file or a directory: the data directory is an argument of
+  :class:`EmbeddedStorage`'s constructor only, and :meth:`Storage.describe` is a human string
+  for ``tidewire serve`` and the admin API;
+* errors come from the one tree in :mod:`tidewire.model` (``LogError`` and its subclasses:
+  ``IdOrderError``, ``StorageFullError``, ``LogClosedError``, ``DataLossError``; ``LimitExceeded``,
+  ``InvalidBatch``, ``UnknownStream``).
+
+:class:`EmbeddedStorage` is a thin wrapper rather than ``Log`` itself satisfying the Protocol:
+``Log`` keeps its synchronous, thread-safe ``read`` for the offline tools and its own threads,
+whereas the interface's ``read`` is asynchronous; the wrapper maps one onto the other without
+renaming anything in the log (whose tests and tools stay as they are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+from ..log import Log, LogConfig, StreamStats
+from ..model import Batch
+
+__all__ = ["EmbeddedStorage", "Storage", "StreamStats"]
+
+REPLAY_BYTES = 4 * 1024 * 1024
+"""Bytes per read when :meth:`EmbeddedStorage.replay` walks a reserved stream."""
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Durable, append-only streams of events with ids, as the hub needs them.
+
+    Ids are per stream, increasing, with gaps allowed; ``0`` means "none". Appends to one
+    stream are stored in the order the calls were made (on one event loop), which is what the
+    hub's ingest pipeline and its fences rely on.
+    """
+
+    # ------------------------------------------------------------------ what it is
+
+    def describe(self) -> str:
+        """Where the data is, for people (a directory, a cluster URL); never parsed."""
+        ...
+
+    def observe(
+        self,
+        *,
+        append: Callable[[float], None] | None = None,
+        fsync: Callable[[float], None] | None = None,
+    ) -> None:
+        """Latency observers (seconds): each append to its commit, each flush to stable
+        storage. A backend without a flush of its own never calls ``fsync``."""
+        ...
+
+    # ------------------------------------------------------------------ cheap queries
+
+    def streams(self) -> list[str]:
+        """Every stream's name, sorted."""
+        ...
+
+    def stats(self) -> list[StreamStats]:
+        """Per stream, sorted by name: events, first and latest id, bytes, segments (or the
+        backend's unit of storage)."""
+        ...
+
+    def __contains__(self, stream: object) -> bool:
+        """Whether the stream exists (has had an append)."""
+        ...
+
+    def latest(self, stream: str) -> int:
+        """The stream's last committed id; 0 when it has none or does not exist."""
+        ...
+
+    def accepted_latest(self, stream: str) -> int:
+        """The last id accepted for appending, appends in flight included: an append with its
+        own ids must start above it."""
+        ...
+
+    def start_id(self, stream: str) -> int:
+        """The lowest id still readable (1 unless retention removed the start)."""
+        ...
+
+    def fence(self) -> int:
+        """A token that changes whenever an append is refused for want of space: pass the value
+        taken while none of your appends was in flight as :meth:`append`'s ``fence``, and any
+        append after a refusal is refused too."""
+        ...
+
+    def replay(self, stream: str) -> Iterator[Batch]:
+        """The committed events of a *reserved* stream (``_tidewire.*``, small: the hub's own
+        state) as they were when the storage was opened, oldest first; used once, at open. A
+        remote backend fetches them in its own (async) connect and answers from that copy."""
+        ...
+
+    # ------------------------------------------------------------------ I/O
+
+    async def append(
+        self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
+    ) -> Batch:
+        """Append durably; return the batch as stored. ``assign_ids=False``: the batch's own
+        ids, which must exceed :meth:`accepted_latest` (:class:`~tidewire.model.IdOrderError`).
+        A refusal for want of space is :class:`~tidewire.model.StorageFullError`. The caller
+        may reuse the batch's buffers once this returns or fails."""
+        ...
+
+    async def read(
+        self, stream: str, from_id: int, max_bytes: int, max_events: int
+    ) -> list[Batch]:
+        """Committed events from ``from_id`` on: at most ``max_events``, about ``max_bytes``
+        (at least one event when there is one). Empty when there are none (yet).
+        :class:`~tidewire.model.DataLossError` when retention removed ``from_id``."""
+        ...
+
+    async def wait_for(self, stream: str, after_id: int) -> None:
+        """Return once ``stream`` has a committed id above ``after_id``; cancelling the wait
+        leaves nothing behind. :class:`~tidewire.model.LogClosedError` on close."""
+        ...
+
+    async def settled(self, stream: str) -> int:
+        """Wait until every append handed over so far is committed or failed; return the
+        latest committed id."""
+        ...
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Apply every stream's retention at ``now_ms``; return how many units of storage were
+        removed. The hub calls it in a worker thread; a backend whose server applies retention
+        by itself returns 0."""
+        ...
+
+    async def close(self) -> None:
+        """Finish what was handed over (durably), then release everything."""
+        ...
+
+
+class EmbeddedStorage:
+    """:class:`Storage` on the embedded :class:`~tidewire.log.Log` of one data directory."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    @classmethod
+    def open(cls, directory: str, config: LogConfig | None = None) -> EmbeddedStorage:
+        """Open (creating and recovering it) the log in ``directory``, for writing."""
+        return cls(Log.open(directory, config))
+
+    @property
+    def directory(self) -> str:
+        """The data directory (absolute)."""
+        return self.log.directory
+
+    def describe(self) -> str:
+        return self.log.directory
+
+    def observe(
+        self,
+        *,
+        append: Callable[[float], None] | None = None,
+        fsync: Callable[[float], None] | None = None,
+    ) -> None:
+        self.log.on_append = append
+        self.log.on_fsync = fsync
+
+    def streams(self) -> list[str]:
+        return self.log.streams()
+
+    def stats(self) -> list[StreamStats]:
+        return self.log.stats()
+
+    def __contains__(self, stream: object) -> bool:
+        return stream in self.log
+
+    def latest(self, stream: str) -> int:
+        return self.log.latest(stream)
+
+    def accepted_latest(self, stream: str) -> int:
+        return self.log.accepted_latest(stream)
+
+    def start_id(self, stream: str) -> int:
+        return self.log.start_id(stream)
+
+    def fence(self) -> int:
+        return self.log.fence()
+
+    def replay(self, stream: str) -> Iterator[Batch]:
+        if stream not in self.log:
+            return
+        next_id = self.log.start_id(stream)  # (retention may have trimmed it)
+        while batches := self.log.read(stream, next_id, REPLAY_BYTES):
+            yield from batches
+            next_id = batches[-1].last_id + 1
+
+    async def append(
+        self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
+    ) -> Batch:
+        return await self.log.append(batch, assign_ids=assign_ids, fence=fence)
+
+    async def read(
+        self, stream: str, from_id: int, max_bytes: int, max_events: int
+    ) -> list[Batch]:
+        return await self.log.read_async(stream, from_id, max_bytes, max_events)
+
+    async def wait_for(self, stream: str, after_id: int) -> None:
+        await self.log.wait_for(stream, after_id)
+
+    async def settled(self, stream: str) -> int:
+        return await self.log.settled(stream)
+
+    def enforce_retention(self, now_ms: int) -> int:
+        return self.log.enforce_retention(now_ms)
+
+    async def close(self) -> None:
+        await self.log.close()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedStorage({self.log!r})"
+
+
+def _check(storage: EmbeddedStorage) -> Storage:  # mypy: the wrapper satisfies the Protocol
+    return storage
+
