@@ -52,14 +52,10 @@ from ..protocols.rsio import (
     Subscribe,
     Subscribed,
 )
-from ..protocols.rsio.codec import OnNextDecoded, OnNextRun, RunDecoder
-from ..protocols.rsio.publisher import (
-    OfferName,
-    PublisherName,
-    encode_envelopes,
-    envelope_run_decoder,
-    envelopes_to_batch,
-)
+from ..protocols.rsio.codec import OnNextDecoded, OnNextRun
+from ..protocols.rsio.envelopes import encode_envelopes, envelopes_to_batch
+from ..protocols.rsio.names import OfferName, PublisherName
+from ..protocols.rsio.runs import RunDecoder, envelope_run_decoder
 
 if TYPE_CHECKING:
     from .backoff import Retry

@@ -72,7 +72,7 @@ from .messages import (
     Subscribe,
     Subscribed,
 )
-from .wire import MAX_LONG, push_varint
+from .varint import MAX_LONG, push_varint
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
 

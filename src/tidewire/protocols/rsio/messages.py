@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from ...model import LocalProtocolError
-from .wire import MAX_LONG, MAX_VARINT
+from .varint import MAX_LONG, MAX_VARINT
 
 __all__ = [
     "EXT_AUTH",
