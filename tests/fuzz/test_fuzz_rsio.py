@@ -368,7 +368,7 @@ class Run:
             raise AssertionError("next_event never ran dry")
         self.flush()
         if self.closed is None:
-            buffered = self.conn._decoder.buffered
+            buffered = self.conn.buffered
             assert buffered < FRAME_BOUND, f"{buffered} bytes buffered, over one frame"
 
     def flush(self) -> None:

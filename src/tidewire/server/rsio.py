@@ -29,7 +29,6 @@ from urllib.parse import unquote
 
 from ..hub import Hub, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
-from ..log.record import encode as encode_record
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
 from ..observe.logs import connection_log
 from ..protocols.rsio import (
@@ -61,16 +60,8 @@ from ..protocols.rsio import (
     encode,
 )
 from ..protocols.rsio.codec import OnNextRun
-from ..protocols.rsio.connection import BIG_ELEMENT
-from ..protocols.rsio.publisher import (
-    OfferName,
-    PublisherName,
-    PublisherNameError,
-    decode_envelopes,
-    envelope_frames,
-    envelope_parts,
-    fixed_size_values,
-)
+from ..protocols.rsio.envelopes import decode_envelopes
+from ..protocols.rsio.names import OfferName, PublisherName, PublisherNameError
 from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
@@ -597,7 +588,7 @@ class RsioServerProtocol(asyncio.Protocol):
                         self._flush()
                     return
                 for batch in batches:
-                    self._send_batch(subscriber, batch, name)
+                    self.conn.send_batch(subscriber, batch, name)
                 self._flush()
         except asyncio.CancelledError:
             raise
@@ -608,20 +599,6 @@ class RsioServerProtocol(asyncio.Protocol):
         finally:
             if self.pumps.get(subscriber, (None, None))[0] is sub:
                 del self.pumps[subscriber]
-
-    def _send_batch(self, subscriber: int, batch: Batch, name: PublisherName) -> None:
-        if name.size:
-            packed = fixed_size_values(batch, name.size)
-            self.conn.send(OnNextPacked(subscriber, len(batch), bytes(packed)))
-        elif name.format == "records":  # one log record per batch (docs/log.md)
-            self.conn.send_elements(subscriber, [memoryview(encode_record(batch).data)])
-        elif name.format == "value":
-            self.conn.send_elements(subscriber, [batch.value(i) for i in range(len(batch))])
-        elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied
-            heads, values = envelope_parts(batch)
-            self.conn.send_elements(subscriber, values, heads)
-        else:
-            self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
 
 
 class _Records:
