@@ -54,6 +54,7 @@ class OfferRun:
 
     batch: Batch
     explicit_ids: bool
+    nbytes: int  # the frames' bytes on the wire (what holding the run stands for)
 
 
 _SMALL = [bytes((i,)) for i in range(0x80)]
@@ -222,7 +223,8 @@ def _envelope_frames_to_batch(
     except (ValueError, TidewireError):
         return None, start, 0  # decoded frame by frame instead, where it is reported
     if offer:
-        run = OfferRun(batch if ids[0] else placeholder_ids(batch), explicit_ids=ids[0] != 0)
+        batch = batch if ids[0] else placeholder_ids(batch)
+        run = OfferRun(batch, explicit_ids=ids[0] != 0, nbytes=pos - start)
         return run, pos, count
     return batch, pos, count
 
