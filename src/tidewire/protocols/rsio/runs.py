@@ -215,7 +215,14 @@ def _envelope_frames_to_batch(
         ids.append(event_id)
         stamps.append(ts)
         count += 1
-        pos = end
+        if offer and not event_id and b == 0:  # see below
+            pos = _same_frames(buf, pos, end, q, max_count - count, values)
+            same = len(values) - count
+            ids += repeat(0, same)
+            stamps += repeat(ts, same)
+            count += same
+        else:
+            pos = end
     if not count:
         return None, start, 0
     try:
@@ -227,6 +234,27 @@ def _envelope_frames_to_batch(
         run = OfferRun(batch, explicit_ids=ids[0] != 0, nbytes=pos - start)
         return run, pos, count
     return batch, pos, count
+
+
+def _same_frames(
+    buf: bytearray, pos: int, end: int, q: int, max_count: int, values: list[bytearray]
+) -> int:
+    """The frames after ``buf[pos:end]`` (an offer's, id 0 and no key, its value at ``q``)
+    whose head is byte for byte the same, up to ``max_count`` of them: their values are
+    appended to ``values``; returns where they end. The publisher's common case (the hub
+    assigns the ids, one clock tick, values of one size) then costs one ``startswith`` and
+    one slice per element."""
+    head = bytes(buf[pos:q])
+    skip, size = q - pos, end - pos
+    startswith = buf.startswith
+    append = values.append
+    stop = len(buf) - size  # a whole frame must fit
+    pos = end
+    while max_count and pos <= stop and startswith(head, pos):
+        append(buf[pos + skip : pos + size])
+        pos += size
+        max_count -= 1
+    return pos
 
 
 def envelope_run_decoder(stream: str) -> RunDecoder:

@@ -254,7 +254,8 @@ class Subscriptions:
         if outcome is None:
             local = (kind in SENT_BY_SUBSCRIBER) == (self.side is Side.SUBSCRIBER)
             error = LocalProtocolError if local else RemoteProtocolError
-            reason = _REFUSALS[(self.side, kind)].format(id=subscriber, name=name)
+            template = _REFUSALS.get((self.side, kind), "{name} for subscriber {id}: {state}")
+            reason = template.format(id=subscriber, name=name, state=state.value)
             raise error(reason)
         after, report = outcome
         if after is FREE:
