@@ -36,7 +36,7 @@ from .codec import (
     SubscriptionProtocolError,
     encode,
 )
-from .envelopes import envelope_parts, fixed_size_values
+from .delivery import Delivery
 from .events import (
     ConnectionClosed,
     Event,
@@ -55,10 +55,10 @@ from .messages import (
     Committed,
     Goodbye,
     Message,
-    MessageType,
     Offer,
     OfferEnded,
     OnError,
+    OnNext,
     OnNextPacked,
     Request,
     ServerHello,
@@ -69,11 +69,12 @@ from .messages import (
 from .names import PublisherName
 from .offers import Offers
 from .output import BIG_ELEMENT, SendQueue
-from .runs import RunDecoder, envelope_frames
+from .runs import RunDecoder
 from .subscriptions import (
     KIND_OF,
     SENT_BY_SUBSCRIBER,
     TRANSITIONS,
+    UNBOUNDED,
     Kind,
     Side,
     Subscription,
@@ -81,7 +82,6 @@ from .subscriptions import (
     SubState,
     element_count,
 )
-from .varint import MAX_LONG, varint_bytes
 
 __all__ = [
     "BIG_ELEMENT",
@@ -94,8 +94,6 @@ __all__ = [
     "State",
     "SubscriptionErrored",
 ]
-
-UNBOUNDED = MAX_LONG
 
 
 class Role(enum.Enum):
@@ -138,6 +136,7 @@ class Connection:
         self._mine = Subscriptions(Side.SUBSCRIBER)  # subscriptions we made
         self._theirs = Subscriptions(Side.PUBLISHER)  # subscriptions the peer made to us
         self._offers = Offers()  # open offers (extension 1)
+        self._delivery = Delivery(self._out, self._theirs, self._count_offer)
         self._decoder = Decoder(
             limits, self._element_size_in, runs=runs, run_decoder=self._run_decoder_in
         )
@@ -223,33 +222,22 @@ class Connection:
         encode(message, 0, self._out.tail)
 
     def _send_subscription_message(self, kind: Kind, message: Message) -> None:
+        if isinstance(message, OnNext | OnNextPacked):
+            self._delivery.message(message)
+            return
         subscriber: int = message.subscriber  # type: ignore[union-attr]
         table = self._mine if kind in SENT_BY_SUBSCRIBER else self._theirs
         if isinstance(message, Request) and table.is_open(subscriber) and message.demand < 1:
             raise LocalProtocolError("request(n) needs n >= 1 (Reactive Streams 3.9)")
         initial = message.initial_demand if isinstance(message, Subscribe) else 0
         sub, _ = table.apply(kind, subscriber, type(message).__name__, initial_demand=initial)
-        if kind is Kind.ELEMENTS and sub is not None:  # (the table kept it active)
-            frame = encode(message, sub.element_size)  # refuses a wrong size, changes nothing
-            self._take_demand(sub, subscriber, element_count(message))
-            self._out.write(frame)
-            return
         if isinstance(message, Request) and sub is not None:
             sub.grant(message.demand)
         elif isinstance(message, Subscribed) and sub is not None:
             sub.element_size = message.element_size
         encode(message, 0, self._out.tail)
 
-    def _take_demand(self, sub: Subscription, subscriber: int, count: int) -> None:
-        """Elements we send to the peer's subscription: within its demand (Reactive Streams
-        1.1), and counted for its offer when it carries one."""
-        if count > sub.demand:
-            raise LocalProtocolError(
-                f"{count} element(s) for subscriber {subscriber} exceed its demand of "
-                f"{sub.demand} (Reactive Streams 1.1)"
-            )
-        if sub.demand < UNBOUNDED:
-            sub.demand -= count
+    def _count_offer(self, subscriber: int, count: int) -> None:
         if self._offers and self.role is Role.CLIENT:  # elements into an offer
             self._offers.count_delivered(subscriber, count)
 
@@ -333,13 +321,9 @@ class Connection:
 
     # ------------------------------------------------------------------ elements, in bulk
 
-    def _check_elements(self, subscriber: int, what: str) -> Subscription:
+    def _check_open(self) -> None:
         if self.state is not State.OPEN or not self._hello_sent:
             raise LocalProtocolError(f"cannot send onNext: connection {self.state.value}")
-        sub, _ = self._theirs.apply(Kind.ELEMENTS, subscriber, "onNext")
-        if sub is None or sub.element_size:
-            raise LocalProtocolError(f"{what} is for variable-size subscriptions")
-        return sub
 
     def send_elements(
         self,
@@ -353,21 +337,16 @@ class Connection:
         header and its value, never joined in memory). Elements of ``BIG_ELEMENT`` bytes or
         more are queued as they are, not copied (see :meth:`chunks_to_send`). Variable-size
         mode only; a fixed-size subscription takes ``OnNextPacked``."""
-        sub = self._check_elements(subscriber, "send_elements")
-        if heads is not None and len(heads) != len(elements):
-            raise LocalProtocolError(f"{len(heads)} heads for {len(elements)} elements")
-        self._take_demand(sub, subscriber, len(elements))
-        prefix = varint_bytes(MessageType.ON_NEXT) + varint_bytes(subscriber)
-        self._out.write_elements(prefix, elements, heads)
+        self._check_open()
+        self._delivery.elements(subscriber, elements, heads)
 
     def send_frames(self, subscriber: int, count: int, frames: bytes) -> None:
         """Queue ``count`` ``onNext`` frames for the peer's subscription ``subscriber``, already
         encoded back to back by the caller (e.g. ``runs.envelope_frames``): the state is
         checked and updated as ``count`` elements; the bytes are trusted to be exactly those
         frames (the hub's hot path, where even :meth:`send_elements` costs too much)."""
-        sub = self._check_elements(subscriber, "send_frames")
-        self._take_demand(sub, subscriber, count)
-        self._out.write(frames)
+        self._check_open()
+        self._delivery.frames(subscriber, count, frames)
 
     def send_batch(self, subscriber: int, batch: Batch, name: PublisherName) -> None:
         """Send ``batch`` to the peer's subscription ``subscriber`` in the element format
@@ -377,22 +356,8 @@ class Connection:
         envelopes: big values (``BIG_ELEMENT`` a value or more, on average) as zero-copy
         views behind their headers, else frames built in one pass. Counts against demand as
         the elements it sends."""
-        if name.size:
-            packed = fixed_size_values(batch, name.size)
-            self.send(OnNextPacked(subscriber, len(batch), bytes(packed)))
-        elif name.format == "records":  # one log record per batch (docs/log.md)
-            # imported here: the record format still lives in the log package, which a
-            # protocol core must not load (it moves beside the model, issue 19)
-            from ...log.record import encode as encode_record
-
-            self.send_elements(subscriber, [memoryview(encode_record(batch).data)])
-        elif name.format == "value":
-            self.send_elements(subscriber, [batch.value(i) for i in range(len(batch))])
-        elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied
-            heads, values = envelope_parts(batch)
-            self.send_elements(subscriber, values, heads)
-        else:
-            self.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
+        self._check_open()
+        self._delivery.batch(subscriber, batch, name)
 
     # ------------------------------------------------------------------ input
 
