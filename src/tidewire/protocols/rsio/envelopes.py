@@ -43,6 +43,7 @@ __all__ = [
     "envelopes_to_batch",
     "fixed_size_values",
     "pull_envelope_varint",
+    "stamp_zero_timestamps",
 ]
 
 
@@ -220,10 +221,13 @@ def envelope_parts(batch: Batch) -> tuple[list[bytes], list[memoryview]]:
     return heads, [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(heads))]
 
 
-def decode_envelopes(stream: str, elements: list[bytes]) -> tuple[Batch, bool]:
+def decode_envelopes(
+    stream: str, elements: list[bytes], now: int | None = None
+) -> tuple[Batch, bool]:
     """A batch of the published envelopes ``elements`` and whether they carry their own ids
-    (else the log assigns them). Timestamp 0 is the hub's clock. ``ValueError`` if one is
-    malformed or the ids are partly given."""
+    (else the log assigns them, and the batch has ids 1..n). Timestamp 0 is the hub's clock:
+    ``now`` (ms), read here only when not given. ``ValueError`` if one is malformed or the ids
+    are partly given."""
     try:
         batch = envelopes_to_batch(stream, elements)
     except TidewireError as exc:
@@ -232,15 +236,21 @@ def decode_envelopes(stream: str, elements: list[bytes]) -> tuple[Batch, bool]:
     explicit = ids[0] != 0
     if not explicit and any(ids.tobytes()):
         raise ValueError("an offer's envelopes either all carry ids or all leave them to the hub")
-    stamps = batch.timestamps
-    if 0 in stamps.tolist():
-        now = now_ms()
-        fixed = array("q", (t or now for t in stamps.tolist()))
-        batch = replace(batch, timestamps=memoryview(fixed).cast("B").cast("q"))
+    if 0 in batch.timestamps.tolist():
+        batch = stamp_zero_timestamps(batch, now_ms() if now is None else now)
     if not explicit:
         assigned = array("Q", range(1, len(ids) + 1))
         batch = replace(batch, ids=memoryview(assigned).cast("B").cast("Q"))
     return batch, explicit
+
+
+def stamp_zero_timestamps(batch: Batch, now: int) -> Batch:
+    """``batch`` with every timestamp 0 replaced by ``now`` (ms: the hub's clock, passed in)."""
+    stamps = batch.timestamps.tolist()
+    if 0 not in stamps:
+        return batch
+    fixed = array("q", (t or now for t in stamps))
+    return replace(batch, timestamps=memoryview(fixed).cast("B").cast("q"))
 
 
 def decode_envelope(element: bytes) -> tuple[int, int, bytes | None, bytes]:

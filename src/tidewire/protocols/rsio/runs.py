@@ -24,7 +24,12 @@ from operator import add
 
 from ...model import Batch, InvalidBatch, RemoteProtocolError, TidewireError, _check_ids
 from .buffer import ReceiveBuffer
-from .envelopes import columns_to_batch, decode_envelopes, pull_envelope_varint
+from .envelopes import (
+    columns_to_batch,
+    decode_envelopes,
+    pull_envelope_varint,
+    stamp_zero_timestamps,
+)
 from .varint import NeedData, pull_varint, push_varint, varint_bytes
 
 __all__ = [
@@ -35,7 +40,6 @@ __all__ = [
     "join_offer_parts",
     "offer_run_decoder",
     "placeholder_ids",
-    "stamp_zero_timestamps",
 ]
 
 RunDecoder = Callable[[ReceiveBuffer, bytes, int, int], tuple[object, int]]
@@ -50,7 +54,7 @@ decoded as a plain ``OnNext``)."""
 class OfferRun:
     """Consecutive envelopes of an offer, decoded: ``batch`` holds them (with ids 1..n when
     ``explicit_ids`` is false: the hub assigns the real ones; timestamps 0 still mean "the
-    hub's clock", see :func:`stamp_zero_timestamps`)."""
+    hub's clock", see :func:`.stamp_zero_timestamps`)."""
 
     batch: Batch
     explicit_ids: bool
@@ -299,15 +303,6 @@ def placeholder_ids(batch: Batch) -> Batch:
     return replace(batch, ids=memoryview(assigned).cast("B").cast("Q"))
 
 
-def stamp_zero_timestamps(batch: Batch, now_ms: int) -> Batch:
-    """``batch`` with every timestamp 0 replaced by ``now_ms`` (the hub's clock, passed in)."""
-    stamps = batch.timestamps
-    if 0 not in stamps.tolist():
-        return batch
-    fixed = array("q", (t or now_ms for t in stamps.tolist()))
-    return replace(batch, timestamps=memoryview(fixed).cast("B").cast("q"))
-
-
 def join_offer_parts(
     stream: str, parts: Sequence[bytes | OfferRun], now_ms: int
 ) -> tuple[Batch, bool]:
@@ -324,7 +319,7 @@ def join_offer_parts(
             loose.append(bytes(part))
             continue
         if loose:
-            batch, given = decode_envelopes(stream, loose)
+            batch, given = decode_envelopes(stream, loose, now_ms)
             batches.append(batch)
             explicit.add(given)
             loose = []
