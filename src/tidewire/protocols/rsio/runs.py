@@ -149,7 +149,6 @@ def _envelope_frames_to_batch(
     startswith = buf.startswith
     end_buf = len(buf)
     plen = len(prefix)
-    varint = varint_bytes
     expected = bytearray()  # id varint + timestamp, expected next; empty: full parse
     event_id = ts = 0
     count = 0
@@ -183,38 +182,22 @@ def _envelope_frames_to_batch(
                 else:
                     expected[0] = b + 1
         else:
-            try:
-                event_id, q = pull_envelope_varint(buf, p)
-                ts_start = q
-                raw, q = pull_envelope_varint(buf, q)
-            except ValueError:
+            header = _header(buf, p, end)
+            if header is None or (header[0] == 0 and not offer):
                 break
-            if q >= end or (event_id == 0 and not offer):
+            if count and (header[0] == 0) != (ids[0] == 0):  # ids given, then not, or back
                 break
-            if count and (event_id == 0) != (ids[0] == 0):  # ids given, then not, or back
-                break
-            ts = (raw >> 1) ^ -(raw & 1)
-            next_id = varint(event_id + 1 if event_id else 0)
-            expected = (bytearray(next_id + bytes(buf[ts_start:q]))
-                        if len(next_id) == len(varint(event_id)) else bytearray())  # fmt: skip
+            event_id, ts, q, expected = header
         b = buf[q]
         if b == 0:
             q += 1
         else:
-            if b < 0x80:
-                key_len, q = b, q + 1
-            else:
-                try:
-                    key_len, q = pull_envelope_varint(buf, q)
-                except ValueError:
-                    break
-                if q > end:  # the varint ran on past the element
-                    break
-            if key_len:  # (a padded varint 0 is "no key" too)
-                if q + key_len - 1 > end:
-                    break
-                keyed.append((count, bytes(buf[q : q + key_len - 1])))
-                q += key_len - 1
+            found = _key(buf, q, end)
+            if found is None:
+                break
+            key, q = found
+            if key is not None:
+                keyed.append((count, key))
         values.append(buf[q:end])
         ids.append(event_id)
         stamps.append(ts)
@@ -235,9 +218,46 @@ def _envelope_frames_to_batch(
         return None, start, 0  # decoded frame by frame instead, where it is reported
     if offer:
         batch = batch if ids[0] else placeholder_ids(batch)
-        run = OfferRun(batch, explicit_ids=ids[0] != 0, nbytes=pos - start)
-        return run, pos, count
+        return OfferRun(batch, explicit_ids=ids[0] != 0, nbytes=pos - start), pos, count
     return batch, pos, count
+
+
+def _header(buf: bytearray, p: int, end: int) -> tuple[int, int, int, bytearray] | None:
+    """The full parse of an envelope's id and timestamp at ``buf[p:]`` (its element ends at
+    ``end``): ``(id, timestamp, where the key starts, the id and timestamp expected next)``
+    (that last empty when the next id's varint is longer); ``None`` if it is malformed."""
+    try:
+        event_id, q = pull_envelope_varint(buf, p)
+        ts_start = q
+        raw, q = pull_envelope_varint(buf, q)
+    except ValueError:
+        return None
+    if q >= end:
+        return None
+    next_id = varint_bytes(event_id + 1 if event_id else 0)
+    same_size = len(next_id) == len(varint_bytes(event_id))
+    expected = bytearray(next_id + bytes(buf[ts_start:q])) if same_size else bytearray()
+    return event_id, (raw >> 1) ^ -(raw & 1), q, expected
+
+
+def _key(buf: bytearray, q: int, end: int) -> tuple[bytes | None, int] | None:
+    """The key of the envelope whose key field starts at ``buf[q]`` (not a 0 byte) and whose
+    element ends at ``end``, and where its value starts; ``None`` if it is malformed."""
+    b = buf[q]
+    if b < 0x80:
+        key_len, q = b, q + 1
+    else:
+        try:
+            key_len, q = pull_envelope_varint(buf, q)
+        except ValueError:
+            return None
+        if q > end:  # the varint ran on past the element
+            return None
+    if not key_len:  # (a padded varint 0 is "no key" too)
+        return None, q
+    if q + key_len - 1 > end:
+        return None
+    return bytes(buf[q : q + key_len - 1]), q + key_len - 1
 
 
 def _same_frames(
