@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tidewire.model import LocalProtocolError
+from tidewire.model import Batch, LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.rsio import (
     Cancel,
     ClientHello,
@@ -48,6 +48,20 @@ from tidewire.protocols.rsio import (
     SubscriptionErrored,
     encode,
 )
+from tidewire.protocols.rsio.buffer import ReceiveBuffer
+from tidewire.protocols.rsio.envelopes import encode_envelopes
+from tidewire.protocols.rsio.names import PublisherName
+from tidewire.protocols.rsio.output import BIG_ELEMENT
+from tidewire.protocols.rsio.subscriptions import (
+    SENT_BY_SUBSCRIBER,
+    TRANSITIONS,
+    Kind,
+    Side,
+    Subscription,
+    Subscriptions,
+    SubState,
+)
+from tidewire.record import encode as encode_record
 
 U = 2**63 - 1  # saturated demand: unbounded
 
@@ -1340,3 +1354,76 @@ def test_pair_state_machine() -> None:
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+# --------------------------------------------------------------------------- the table, the buffer
+
+
+@pytest.mark.parametrize(("side", "kind"), list(TRANSITIONS))
+def test_every_message_missing_from_the_table_is_a_breach_of_its_sender(
+    side: Side, kind: Kind
+) -> None:
+    """Whoever sends ``kind`` on ``side``: an illegal one is a LocalProtocolError when it is
+    us, a RemoteProtocolError when it is the peer, and changes nothing."""
+    legal = TRANSITIONS[(side, kind)]
+    ours = (kind in SENT_BY_SUBSCRIBER) == (side is Side.SUBSCRIBER)
+    for state in SubState:
+        table = Subscriptions(side)
+        if state is not SubState.FREE:
+            table.subs[7] = Subscription(state, demand=1)
+        if state in legal:
+            after, _ = legal[state]
+            sub, _ = table.apply(kind, 7, "m", initial_demand=1)
+            assert table.state(7) is after
+            assert (sub is None) == (after is SubState.FREE)
+            continue
+        error = LocalProtocolError if ours else RemoteProtocolError
+        with pytest.raises(error):
+            table.apply(kind, 7, "m")
+        assert table.state(7) is state
+
+
+def test_receive_buffer_advances_and_compacts() -> None:
+    buf = ReceiveBuffer()
+    buf.feed(b"abcdef")
+    assert (buf.buffered, buf.pos, len(buf)) == (6, 0, 6)
+    buf.advance(4)
+    assert buf.data[buf.pos :] == b"ef"
+    with pytest.raises(ValueError, match="outside"):
+        buf.advance(3)  # backwards
+    with pytest.raises(ValueError, match="outside"):
+        buf.advance(7)  # past the end
+    assert buf.compact() == 4
+    assert (bytes(buf.data), buf.pos, buf.buffered) == (b"ef", 0, 2)
+
+
+@pytest.mark.parametrize("publisher", ["s", "s?format=value", "s?size=3", "s?format=records"])
+@pytest.mark.parametrize("value_size", [3, BIG_ELEMENT])
+def test_send_batch_encodes_as_the_subscription_asks(publisher: str, value_size: int) -> None:
+    """``send_batch`` gives the frames of the format ``publisher`` names: what the elements
+    sent one ``OnNext`` at a time give (records: one element, the batch's log record)."""
+    name = PublisherName.parse(publisher)
+    if name.size and value_size != name.size:
+        return
+    batch = Batch.build("s", [bytes([i]) * value_size for i in range(4)], ids=[5, 6, 7, 9],
+                        timestamps=1_700_000_000_000)  # fmt: skip
+    client, server = pair()
+    subscribe(client, server, 1, demand=10, size=name.size)
+    server.send_batch(1, batch, name)
+    assert server.demand(1) == (9 if name.format == "records" else 6)
+    if name.size:
+        elements = [bytes(batch.values)]
+        expected = raw(OnNextPacked(1, 4, elements[0]), element_size=name.size)
+    else:
+        if name.format == "records":
+            elements = [bytes(encode_record(batch).data)]
+        elif name.format == "value":
+            elements = [batch.value(i) for i in range(4)]
+        else:
+            elements = encode_envelopes(batch)
+        expected = raw(*(OnNext(1, e) for e in elements))
+    chunks = server.chunks_to_send()
+    assert b"".join(chunks) == expected
+    assert server.pending_output == 0
+    if value_size >= BIG_ELEMENT and name.format == "envelope":  # big values: not copied
+        assert any(isinstance(c, memoryview) for c in chunks)

@@ -10,15 +10,20 @@ from hypothesis import strategies as st
 
 from tidewire.model import MAX_ID, Batch
 from tidewire.protocols.rsio import Decoder, OnNext, OnNextDecoded, RunDecoder, encode
-from tidewire.protocols.rsio.publisher import (
-    PublisherName,
-    PublisherNameError,
+from tidewire.protocols.rsio.envelopes import (
     decode_envelope,
+    decode_envelopes,
     encode_envelopes,
-    envelope_frames,
     envelope_parts,
-    envelope_run_decoder,
     envelopes_to_batch,
+)
+from tidewire.protocols.rsio.names import PublisherName, PublisherNameError
+from tidewire.protocols.rsio.runs import (
+    OfferRun,
+    envelope_frames,
+    envelope_run_decoder,
+    join_offer_parts,
+    offer_run_decoder,
 )
 
 
@@ -228,3 +233,77 @@ def test_run_decoding_stops_at_demand_and_before_a_bad_envelope() -> None:
     batches, raw = _decode_frames(frames + bad + frames, [], 1, 100)
     assert [len(b) for b in batches] == [3, 3]
     assert raw == [b"\x09\x01"]
+
+
+# --------------------------------------------------------------------------- offers' runs
+
+NOW = 1_234_567
+
+
+def _offer_parts(elements: list[bytes], cuts: list[int], demand: int) -> list[bytes | OfferRun]:
+    """The parts the hub gathers for an offer: ``elements`` framed as ``onNext`` for offer 3,
+    fed cut at ``cuts`` through a decoder whose run decoder is ``offer_run_decoder``."""
+    data = b"".join(bytes(encode(OnNext(3, e))) for e in elements)
+    left = [demand]
+
+    def run_decoder(sub: int) -> tuple[RunDecoder, int] | None:
+        return (offer_run_decoder("s"), left[0]) if sub == 3 and left[0] else None
+
+    decoder = Decoder(run_decoder=run_decoder)
+    parts: list[bytes | OfferRun] = []
+    points = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+    for a, b in itertools.pairwise(points):
+        decoder.feed(data[a:b])
+        while (message := decoder.next_message()) is not None:
+            if isinstance(message, OnNextDecoded):
+                assert isinstance(message.value, OfferRun)
+                assert len(message.value.batch) == message.count <= left[0]
+                left[0] -= message.count
+                parts.append(message.value)
+            else:
+                assert isinstance(message, OnNext)
+                left[0] -= 1
+                parts.append(message.element)
+    assert decoder.buffered == 0
+    return parts
+
+
+@settings(max_examples=150, deadline=None)
+@given(envelope_batches(), st.booleans(), st.lists(st.integers(0, 10_000), max_size=6))
+def test_offer_runs_join_into_what_decode_envelopes_gives(
+    batch: Batch, with_ids: bool, cuts: list[int]
+) -> None:
+    elements = encode_envelopes(batch, with_ids=with_ids)
+    parts = _offer_parts(elements, cuts, len(elements))
+    got, explicit = join_offer_parts("s", parts, NOW)
+    want, want_explicit = decode_envelopes("s", elements)
+    assert explicit == want_explicit == with_ids
+    assert got.ids.tolist() == want.ids.tolist()
+    assert [(e.key, e.value) for e in got] == [(e.key, e.value) for e in want]
+    assert got.timestamps.tolist() == [t or NOW for t in batch.timestamps.tolist()]
+
+
+def test_offer_runs_of_same_frames_and_demand() -> None:
+    """The publisher's common case (ids left to the hub, one timestamp, one value size) takes
+    the same-frame path, within demand; a value of another size ends nothing."""
+    batch = Batch.build("s", [b"abc"] * 300 + [b"de"] + [b"fgh"] * 5, timestamps=7)
+    elements = encode_envelopes(batch, with_ids=False)
+    parts = _offer_parts(elements, [], 250)  # demand 250: one run, then frames one by one
+    assert isinstance(parts[0], OfferRun)
+    assert len(parts[0].batch) == 250
+    assert all(isinstance(p, bytes) for p in parts[1:])
+    got, explicit = join_offer_parts("s", parts, NOW)
+    assert not explicit
+    assert [e.value for e in got] == [e.value for e in batch]
+    assert got.ids.tolist() == list(range(1, len(batch) + 1))
+    parts = _offer_parts(elements, [5, 900], 10_000)
+    assert all(isinstance(p, OfferRun) for p in parts)
+    assert join_offer_parts("s", parts, NOW)[0] == got
+
+
+def test_offer_parts_either_all_carry_ids_or_none() -> None:
+    with_ids = encode_envelopes(Batch.build("s", [b"a"], ids=[5], timestamps=1))
+    without = encode_envelopes(Batch.build("s", [b"b"], timestamps=1), with_ids=False)
+    parts = _offer_parts(with_ids + without, [], 10)
+    with pytest.raises(ValueError, match="either all carry ids"):
+        join_offer_parts("s", parts, NOW)

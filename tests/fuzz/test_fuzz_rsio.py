@@ -81,6 +81,7 @@ from tidewire.protocols.rsio import (
     SubscriptionProtocolError,
     encode,
 )
+from tidewire.protocols.rsio.buffer import ReceiveBuffer
 from tidewire.protocols.rsio.publisher import (
     OfferName,
     PublisherName,
@@ -92,7 +93,7 @@ from tidewire.protocols.rsio.publisher import (
     envelope_run_decoder,
     envelopes_to_batch,
 )
-from tidewire.protocols.rsio.wire import MAX_LONG, MAX_VARINT, NeedData, pull_varint
+from tidewire.protocols.rsio.varint import MAX_LONG, MAX_VARINT, NeedData, pull_varint
 
 # Small limits, so that the fuzzer reaches them (the defaults are 64 KiB and 16 MiB).
 LIMITS = Limits(max_string_bytes=128, max_element_bytes=256, max_packed_bytes=256,
@@ -367,7 +368,7 @@ class Run:
             raise AssertionError("next_event never ran dry")
         self.flush()
         if self.closed is None:
-            buffered = self.conn._decoder.buffered
+            buffered = self.conn.buffered
             assert buffered < FRAME_BOUND, f"{buffered} bytes buffered, over one frame"
 
     def flush(self) -> None:
@@ -760,7 +761,10 @@ def check_run_decoder(raw: bytes, prefix: bytes, max_count: int, tail: bytes) ->
         buf += prefix + leb128(len(element)) + element
     buf += tail
     decode = envelope_run_decoder(STREAM)
-    batch, end, count = decode(buf, 0, prefix, max_count, LIMITS.max_element_bytes)
+    received = ReceiveBuffer()
+    received.feed(buf)
+    batch, count = decode(received, prefix, max_count, LIMITS.max_element_bytes)
+    end = received.pos
     if not count:
         assert batch is None
         assert end == 0

@@ -44,8 +44,9 @@ import aiohttp
 import yarl
 
 from ..model import Batch, TidewireError, validate_stream_name
-from ..protocols.rsio.publisher import PublisherName, PublisherNameError, envelopes_to_batch
-from ..protocols.rsio.wire import NeedData, pull_varint
+from ..protocols.rsio.envelopes import envelopes_to_batch
+from ..protocols.rsio.names import PublisherName, PublisherNameError
+from ..protocols.rsio.varint import NeedData, pull_varint
 from ..protocols.rsio_http import (
     ERROR_HEADER,
     SEQUENCE_HEADER,

@@ -49,13 +49,10 @@ from ..protocols.rsio import (
     Role,
     Subscribe,
 )
-from ..protocols.rsio.codec import OnNextDecoded, OnNextRun, RunDecoder
-from ..protocols.rsio.publisher import (
-    OfferName,
-    PublisherName,
-    envelope_run_decoder,
-    envelopes_to_batch,
-)
+from ..protocols.rsio.codec import OnNextDecoded, OnNextRun
+from ..protocols.rsio.envelopes import envelopes_to_batch
+from ..protocols.rsio.names import OfferName, PublisherName
+from ..protocols.rsio.runs import RunDecoder, envelope_run_decoder
 from ..record import decode_body, parse_header
 
 if TYPE_CHECKING:

@@ -24,13 +24,14 @@ import json
 import logging
 import ssl
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import unquote
 
 from ..hub import Hub, IngestLimits, Pipeline, RecordSubscription, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
-from ..model import Batch, Forbidden, TidewireError, Unauthenticated
+from ..model import Batch, Forbidden, TidewireError, Unauthenticated, now_ms
 from ..observe.logs import connection_log
 from ..protocols.rsio import (
     EXT_AUTH,
@@ -60,18 +61,9 @@ from ..protocols.rsio import (
     SubscriptionErrored,
     encode,
 )
-from ..protocols.rsio.codec import OnNextRun
-from ..protocols.rsio.connection import BIG_ELEMENT
-from ..protocols.rsio.publisher import (
-    OfferName,
-    PublisherName,
-    PublisherNameError,
-    decode_envelopes,
-    envelope_frames,
-    envelope_parts,
-    fixed_size_values,
-)
-from ..record import encode as encode_record
+from ..protocols.rsio.codec import OnNextDecoded, OnNextRun
+from ..protocols.rsio.names import OfferName, PublisherName, PublisherNameError
+from ..protocols.rsio.runs import OfferRun, join_offer_parts, offer_run_decoder
 from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
 
 __all__ = ["RsioServer", "RsioServerProtocol", "RsioSettings", "start_rsio_server"]
@@ -116,7 +108,8 @@ class _Inlet:
     offer: int
     name: OfferName
     element_size: int = 0  # from the client's subscribed
-    parts: list[bytes] = field(default_factory=list)  # elements, or packed runs of them
+    # elements, packed runs of them, or decoded runs of envelopes
+    parts: list[bytes | OfferRun] = field(default_factory=list)
     count: int = 0  # elements in parts
     nbytes: int = 0
     ended: str | None = None  # None: open; "": onComplete; else the publisher's onError
@@ -263,6 +256,10 @@ class RsioServerProtocol(asyncio.Protocol):
                 case SubscriptionErrored(subscriber, reason):
                     self.log.info("subscription %d refused: %s", subscriber, reason)
                     self._stop(subscriber)
+                case OnNextDecoded(subscriber, count, OfferRun() as run):
+                    inlet = self.inlets.get(subscriber)
+                    if inlet is not None:
+                        self._gather_decoded(inlet, run)
                 case OnNextRun(subscriber, elements):
                     inlet = self.inlets.get(subscriber)
                     if inlet is not None:
@@ -281,6 +278,9 @@ class RsioServerProtocol(asyncio.Protocol):
                     inlet = self.inlets.get(subscriber)
                     if inlet is not None:
                         inlet.element_size = size
+                        if not size and inlet.name.format == "envelope":  # runs into batches
+                            decoder = offer_run_decoder(inlet.name.stream)
+                            self.conn.set_run_decoder(subscriber, decoder)
                 case OnComplete(subscriber) | OnError(subscriber):
                     inlet = self.inlets.get(subscriber)
                     if inlet is not None:
@@ -393,7 +393,9 @@ class RsioServerProtocol(asyncio.Protocol):
         self.log.info("offer %d refused: %s", offer, reason)
         self.conn.send(OfferEnded(offer, reason))
 
-    def _gather_txn(self, inlet: _Inlet, parts: list[bytes], count: int, nbytes: int) -> None:
+    def _gather_txn(
+        self, inlet: _Inlet, parts: Sequence[bytes | OfferRun], count: int, nbytes: int
+    ) -> None:
         """A transaction's elements are held until its onComplete (then appended at once),
         within ``max_txn_bytes`` per connection; more are requested as they arrive."""
         if inlet.failed is not None:
@@ -430,18 +432,32 @@ class RsioServerProtocol(asyncio.Protocol):
         inlet.wake.set()
         self.ingest.hold(nbytes)
 
-    def _batch(self, inlet: _Inlet, parts: list[bytes]) -> tuple[Batch, bool]:
-        name, size = inlet.name, inlet.element_size
-        if name.format == "value":
-            if size:
-                return Batch.fixed(name.stream, b"".join(parts), size, key=name.key), False
-            keys = None if name.key is None else [name.key] * len(parts)
-            return Batch.build(name.stream, parts, keys=keys), False
-        if size:  # fixed-size envelopes: split the packed runs
-            parts = [p[i : i + size] for p in parts for i in range(0, len(p), size)]
-        return decode_envelopes(name.stream, parts)
+    def _gather_decoded(self, inlet: _Inlet, run: OfferRun) -> None:
+        """A run of envelopes decoded straight from the receive buffer (no object per
+        element): gathered as one part, counted by its bytes on the wire."""
+        if inlet.name.txn is not None:
+            self._gather_txn(inlet, [run], len(run.batch), run.nbytes)
+            return
+        inlet.parts.append(run)
+        inlet.count += len(run.batch)
+        inlet.nbytes += run.nbytes
+        inlet.wake.set()
+        self.ingest.hold(run.nbytes)
 
-    def _take(self, inlet: _Inlet) -> tuple[list[bytes], int, int]:
+    def _batch(self, inlet: _Inlet, parts: list[bytes | OfferRun]) -> tuple[Batch, bool]:
+        name, size = inlet.name, inlet.element_size
+        if name.format == "value":  # (no run decoder: every part is bytes)
+            values = cast(list[bytes], parts)
+            if size:
+                return Batch.fixed(name.stream, b"".join(values), size, key=name.key), False
+            keys = None if name.key is None else [name.key] * len(values)
+            return Batch.build(name.stream, values, keys=keys), False
+        if size:  # fixed-size envelopes: split the packed runs
+            packed = cast(list[bytes], parts)
+            parts = [p[i : i + size] for p in packed for i in range(0, len(p), size)]
+        return join_offer_parts(name.stream, parts, now_ms())
+
+    def _take(self, inlet: _Inlet) -> tuple[list[bytes | OfferRun], int, int]:
         """The oldest gathered parts, about ``commit_bytes`` of them (at least one)."""
         size = inlet.element_size
         chunk = self.ingest.limits.commit_bytes
@@ -453,6 +469,10 @@ class RsioServerProtocol(asyncio.Protocol):
         while nbytes < chunk:
             part = inlet.parts[stop]
             stop += 1
+            if isinstance(part, OfferRun):
+                nbytes += part.nbytes
+                count += len(part.batch)
+                continue
             nbytes += len(part)
             count += len(part) // size if size else 1
         parts, inlet.parts = inlet.parts[:stop], inlet.parts[stop:]
@@ -602,7 +622,7 @@ class RsioServerProtocol(asyncio.Protocol):
                         self._flush()
                     return
                 for batch in batches:
-                    self._send_batch(subscriber, batch, name)
+                    self.conn.send_batch(subscriber, batch, name)
                 self._flush()
         except asyncio.CancelledError:
             raise
@@ -613,20 +633,6 @@ class RsioServerProtocol(asyncio.Protocol):
         finally:
             if self.pumps.get(subscriber, (None, None))[0] is sub:
                 del self.pumps[subscriber]
-
-    def _send_batch(self, subscriber: int, batch: Batch, name: PublisherName) -> None:
-        if name.size:
-            packed = fixed_size_values(batch, name.size)
-            self.conn.send(OnNextPacked(subscriber, len(batch), bytes(packed)))
-        elif name.format == "records":  # one log record per batch (docs/log.md)
-            self.conn.send_elements(subscriber, [memoryview(encode_record(batch).data)])
-        elif name.format == "value":
-            self.conn.send_elements(subscriber, [batch.value(i) for i in range(len(batch))])
-        elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied
-            heads, values = envelope_parts(batch)
-            self.conn.send_elements(subscriber, values, heads)
-        else:
-            self.conn.send_frames(subscriber, len(batch), envelope_frames(subscriber, batch))
 
 
 class _Listing:

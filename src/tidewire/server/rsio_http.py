@@ -39,12 +39,8 @@ from ..hub import Hub, RecordSubscription, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
-from ..protocols.rsio.publisher import (
-    PublisherName,
-    PublisherNameError,
-    encode_envelopes,
-    fixed_size_values,
-)
+from ..protocols.rsio.envelopes import encode_envelopes, fixed_size_values
+from ..protocols.rsio.names import PublisherName, PublisherNameError
 from ..protocols.rsio_http import (
     ERROR_HEADER,
     FIXED_SIZE,

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...model import LocalProtocolError, RemoteProtocolError
+from .buffer import ReceiveBuffer
 from .messages import (
     Authenticate,
     Authenticated,
@@ -56,18 +57,17 @@ from .messages import (
     Subscribe,
     Subscribed,
 )
+from .runs import RunDecoder
+from .varint import NeedData, pull_varint, push_varint
 from .wire import (
     InvalidUtf8,
-    NeedData,
     pull_bytes,
     pull_id_list,
     pull_long,
     pull_string,
-    pull_varint,
     push_bytes,
     push_id_list,
     push_string,
-    push_varint,
 )
 
 __all__ = [
@@ -110,13 +110,6 @@ class OnNextRun:
 
     subscriber: int
     elements: list[bytes]
-
-
-RunDecoder = Callable[[bytearray, int, bytes, int, int], tuple[object, int, int]]
-"""``(buf, pos, prefix, max_count, max_element_bytes) -> (value, end, count)``: decode up to
-``max_count`` complete variable-size ``onNext`` frames at ``buf[pos:]``, each starting with
-``prefix`` (type and subscriber), into one value of the application's; ``count`` 0 means "not
-even the first" (that frame is then decoded as a plain ``OnNext``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +245,7 @@ class Decoder:
     ) -> None:
         self.limits = limits or Limits()
         self.element_size = element_size or (lambda subscriber: 0)
-        self._buf = bytearray()
-        self._pos = 0
+        self._buf = ReceiveBuffer()
         self._need = 0  # do not retry the current frame before the buffer is this long
         self._dead: RemoteProtocolError | None = None
         self.publishing = publishing  # extension 1 negotiated: decode types 64-66
@@ -265,39 +257,41 @@ class Decoder:
     @property
     def buffered(self) -> int:
         """Bytes received and not yet decoded."""
-        return len(self._buf) - self._pos
+        return self._buf.buffered
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._dead is not None:
             raise self._dead
-        self._buf += data
+        self._buf.feed(data)
 
     def next_message(self) -> Decoded | None:
         if self._dead is not None:
             raise self._dead
-        if len(self._buf) < self._need or self._pos >= len(self._buf):
+        buf = self._buf
+        if len(buf.data) < self._need or not buf.buffered:
             self._compact()
             return None
         try:
-            message, end = self._parse(self._buf, self._pos)
+            message, end = self._parse(buf.data, buf.pos)
         except NeedData as need:
             self._need = need.needed
             self._compact()
             return None
         except _Consumed as consumed:
-            self._pos, self._need = consumed.end, 0
+            buf.advance(consumed.end)
+            self._need = 0
             raise consumed.error from None
         except RemoteProtocolError as exc:
             self._dead = exc
             raise
-        self._pos, self._need = end, 0
+        buf.advance(end)
+        self._need = 0
         return message
 
     def _compact(self) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._need = max(0, self._need - self._pos)
-            self._pos = 0
+        # only while waiting for more: compacting after every frame would copy the rest each time
+        dropped = self._buf.compact()
+        self._need = max(0, self._need - dropped)
 
     def _parse(self, buf: Buffer, pos: int) -> tuple[Decoded, int]:
         limits = self.limits
@@ -317,9 +311,9 @@ class Decoder:
             if self.run_decoder is not None and (found := self.run_decoder(subscriber)):
                 decode, max_count = found
                 prefix = bytes(buf[start:head_end])
-                value, end, count = decode(buf, start, prefix, max_count, limits.max_element_bytes)
-                if count:
-                    return OnNextDecoded(subscriber, count, value), end
+                value, count = decode(self._buf, prefix, max_count, limits.max_element_bytes)
+                if count:  # (the run decoder advanced the buffer past its frames)
+                    return OnNextDecoded(subscriber, count, value), self._buf.pos
             element, pos = pull_bytes(buf, pos, limits.max_element_bytes)
             if self.runs:
                 return self._run(buf, pos, subscriber, bytes(buf[start:head_end]), element)

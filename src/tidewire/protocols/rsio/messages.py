@@ -11,11 +11,12 @@ import enum
 from dataclasses import dataclass
 
 from ...model import LocalProtocolError
-from .wire import MAX_LONG, MAX_VARINT
+from .varint import MAX_LONG, MAX_VARINT
 
 __all__ = [
     "EXT_AUTH",
     "EXT_PUBLISH",
+    "MAX_REASON_CHARS",
     "PROTOCOL_VERSION",
     "Authenticate",
     "Authenticated",
@@ -35,6 +36,7 @@ __all__ = [
     "ServerHello",
     "Subscribe",
     "Subscribed",
+    "clip_reason",
 ]
 
 PROTOCOL_VERSION = 0
@@ -46,6 +48,19 @@ EXT_PUBLISH = 1
 EXT_AUTH = 2
 """tidewire's authentication extension: the client proves who it is with a bearer token
 (``authenticate``), the hub answers with the principal (``authenticated``) or ``goodbye``."""
+
+
+MAX_REASON_CHARS = 1000
+"""Reasons this side sends (goodbye, onError, offerEnded) are clipped to this many characters
+(at most 4000 bytes of UTF-8, far below any peer's String limit): they often quote the peer's
+input, which may be as long as the peer's own limit allows."""
+
+
+def clip_reason(reason: str) -> str:
+    """``reason``, cut to :data:`MAX_REASON_CHARS` characters (an ellipsis marks the cut)."""
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return reason[: MAX_REASON_CHARS - 1] + "…"
 
 
 class MessageType(enum.IntEnum):

@@ -1,6 +1,6 @@
 """Protobuf's wire primitives as RS.io uses them, with no field tags and no frame length.
 
-* varint: unsigned LEB128, at most 10 bytes, values 0..2**64-1 (``Id``, ``varint``).
+* varint: see :mod:`.varint` (``Id``, ``varint``); re-exported here.
 * ``Long``: a varint restricted to 0..2**63-1.
 * ``String``: varint byte length, then that many bytes of UTF-8.
 * ``bytes``: varint length, then the bytes.
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from ...model import RemoteProtocolError
+from .varint import MAX_LONG, MAX_VARINT, NeedData, pull_varint, push_varint, varint_size
 
 __all__ = [
     "MAX_LONG",
@@ -30,38 +31,6 @@ __all__ = [
     "push_varint",
     "varint_size",
 ]
-
-MAX_VARINT = 2**64 - 1
-MAX_LONG = 2**63 - 1
-
-
-class NeedData(Exception):
-    """The buffer ends before the value does; ``needed`` is a lower bound of the bytes wanted
-    from ``buf``'s start (0 when unknown)."""
-
-    def __init__(self, needed: int = 0) -> None:
-        super().__init__(needed)
-        self.needed = needed
-
-
-def pull_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
-    """An unsigned varint of at most 10 bytes (values up to 2**64-1)."""
-    if pos < len(buf) and buf[pos] < 0x80:  # one byte: most ids, lengths and types
-        return buf[pos], pos + 1
-    result = 0
-    shift = 0
-    end = len(buf)
-    for i in range(10):
-        if pos + i >= end:
-            raise NeedData(pos + i + 1)
-        byte = buf[pos + i]
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            if i == 9 and byte > 1:
-                raise RemoteProtocolError("varint exceeds 64 bits")
-            return result, pos + i + 1
-        shift += 7
-    raise RemoteProtocolError("varint longer than 10 bytes")
 
 
 def pull_long(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
@@ -108,19 +77,6 @@ def pull_id_list(
         value, pos = pull_varint(buf, pos)
         ids.append(value)
     return tuple(ids), pos
-
-
-def varint_size(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def push_varint(out: bytearray, value: int) -> None:
-    if not 0 <= value <= MAX_VARINT:
-        raise ValueError(f"varint {value} is outside 0..2**64-1")
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
 
 
 def push_bytes(out: bytearray, data: bytes | bytearray | memoryview) -> None:

@@ -1,0 +1,189 @@
+"""Publisher and offer names: the two grammars of the ``publisher`` String tidewire understands.
+
+The seed leaves the ``publisher`` String to the recipient. A subscription names what it reads::
+
+    publisher = stream [ "?" param *( "&" param ) ]
+    stream    = percent-encoded stream name (a literal "?", "&", "%" must be written %3F, %26, %25)
+    param     = "from=" ( id | "earliest" | "latest" )   ; default: earliest
+              | "until=" id                               ; bounded: onComplete after this id
+              | "key=" percent-encoded bytes              ; only events with this key
+              | "format=" ( "envelope" | "value" | "records" )  ; default: envelope
+              | "size=" N                                 ; fixed-size values: N bytes each
+
+and an ``offer`` (publishing extension) names where it writes (:class:`OfferName`). The element
+formats themselves are in :mod:`.envelopes` (envelopes) and :mod:`.runs` (frame runs).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import quote, unquote, unquote_to_bytes
+
+from ...model import MAX_ID, InvalidStreamName, TidewireError, validate_stream_name
+
+__all__ = ["Format", "OfferName", "PublisherName", "PublisherNameError"]
+
+Format = Literal["envelope", "value", "records"]
+
+
+class PublisherNameError(TidewireError, ValueError):
+    """A publisher name that does not follow the grammar (answered with ``onError``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherName:
+    stream: str
+    start: int | Literal["earliest", "latest"] = "earliest"
+    until: int | None = None
+    key: bytes | None = None
+    format: Format = "envelope"
+    size: int = 0  # > 0: fixed-size mode
+
+    @classmethod
+    def parse(cls, text: str) -> PublisherName:
+        raw_stream, _, query = text.partition("?")
+        try:
+            stream = validate_stream_name(_unquote_strict(raw_stream))
+        except (InvalidStreamName, UnicodeDecodeError) as exc:
+            raise PublisherNameError(f"bad stream in publisher {text!r}: {exc}") from None
+        fields: dict[str, str] = {}
+        for param in query.split("&") if query else ():
+            name, eq, value = param.partition("=")
+            if not eq or name in fields:
+                raise PublisherNameError(f"bad or repeated parameter {param!r} in {text!r}")
+            fields[name] = value
+        start: int | Literal["earliest", "latest"] = "earliest"
+        until = None
+        key = None
+        fmt: Format = "envelope"
+        size = 0
+        for name, value in fields.items():
+            if name == "from":
+                start = value if value in ("earliest", "latest") else _id(value, text)  # type: ignore[assignment]
+            elif name == "until":
+                until = _id(value, text)
+            elif name == "key":
+                if _BAD_PERCENT.search(value):
+                    raise PublisherNameError(f"a '%' not followed by two hex digits in the key "
+                                             f"of {text!r} (write %25)")  # fmt: skip
+                key = unquote_to_bytes(value)
+            elif name == "format":
+                if value not in ("envelope", "value", "records"):
+                    raise PublisherNameError(
+                        f"format must be envelope, value or records in {text!r}"
+                    )
+                fmt = value  # type: ignore[assignment]
+            elif name == "size":
+                size = _id(value, text)
+                if size < 1:
+                    raise PublisherNameError(f"size must be >= 1 in {text!r}")
+            else:
+                raise PublisherNameError(f"unknown parameter {name!r} in {text!r}")
+        if size and "format" in fields and fmt != "value":
+            raise PublisherNameError(f"size=N needs format=value in {text!r}")
+        if size:
+            fmt = "value"
+        return cls(stream, start, until, key, fmt, size)
+
+    def __str__(self) -> str:
+        params = []
+        if self.start != "earliest":
+            params.append(f"from={self.start}")
+        if self.until is not None:
+            params.append(f"until={self.until}")
+        if self.key is not None:
+            params.append("key=" + quote(self.key, safe=""))
+        if self.size:
+            params.append(f"size={self.size}")
+        elif self.format != "envelope":
+            params.append(f"format={self.format}")
+        name = quote(self.stream, safe="")
+        return name + ("?" + "&".join(params) if params else "")
+
+
+@dataclass(frozen=True, slots=True)
+class OfferName:
+    """The publisher a client offers with ``offer`` (publishing extension)::
+
+        offer-name = stream [ "?" param *( "&" param ) ]
+        param      = "format=" ( "envelope" | "value" )   ; default envelope
+                   | "key=" percent-encoded bytes          ; format=value only: every event's key
+                   | "txn=" percent-encoded UTF-8          ; exactly once: see below
+
+    With ``envelope`` each element is ``id | timestamp | key | value`` as in subscriptions,
+    where id 0 lets the hub assign the next id and timestamp 0 means "the hub's clock"; every
+    element of one offer either carries its id or lets the hub assign it. With ``value`` each
+    element is a value; ids are assigned, the hub stamps the time.
+    """
+
+    stream: str
+    format: Format = "envelope"
+    key: bytes | None = None
+    txn: str | None = None  # a transaction id: the offer is stored exactly once, atomically
+
+    @classmethod
+    def parse(cls, text: str) -> OfferName:
+        raw_stream, _, query = text.partition("?")
+        try:
+            stream = validate_stream_name(_unquote_strict(raw_stream))
+        except (InvalidStreamName, UnicodeDecodeError) as exc:
+            raise PublisherNameError(f"bad stream in offer {text!r}: {exc}") from None
+        fmt: Format = "envelope"
+        key = None
+        txn = None
+        seen: set[str] = set()
+        for param in query.split("&") if query else ():
+            name, eq, value = param.partition("=")
+            if not eq or name in seen:
+                raise PublisherNameError(f"bad or repeated parameter {param!r} in {text!r}")
+            seen.add(name)
+            if name == "format" and value in ("envelope", "value"):
+                fmt = value  # type: ignore[assignment]
+            elif name == "key":
+                if _BAD_PERCENT.search(value):
+                    raise PublisherNameError(f"a '%' not followed by two hex digits in the key "
+                                             f"of {text!r} (write %25)")  # fmt: skip
+                key = unquote_to_bytes(value)
+            elif name == "txn" and value:
+                try:
+                    txn = unquote(value, errors="strict")
+                except UnicodeDecodeError:
+                    raise PublisherNameError(f"txn is not UTF-8 in offer {text!r}") from None
+            else:
+                raise PublisherNameError(f"bad parameter {param!r} in offer {text!r}")
+        if key is not None and fmt != "value":
+            raise PublisherNameError(f"key= needs format=value in offer {text!r}")
+        return cls(stream, fmt, key, txn)
+
+    def __str__(self) -> str:
+        params = []
+        if self.format != "envelope":
+            params.append(f"format={self.format}")
+        if self.key is not None:
+            params.append("key=" + quote(self.key, safe=""))
+        if self.txn is not None:
+            params.append("txn=" + quote(self.txn, safe=""))
+        name = quote(self.stream, safe="")
+        return name + ("?" + "&".join(params) if params else "")
+
+
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _unquote_strict(raw: str) -> str:
+    """Percent-decoding that refuses a ``%`` not followed by two hex digits (urllib keeps
+    those as text) and bytes that are not UTF-8."""
+    if _BAD_PERCENT.search(raw):
+        raise InvalidStreamName(f"a '%' not followed by two hex digits in {raw!r} (write %25)")
+    return unquote(raw, errors="strict")
+
+
+def _id(value: str, text: str) -> int:
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and no more of
+    # them than an id has: int() refuses more than 4300 digits, leading zeros included
+    digits = value.lstrip("0") or "0"
+    if not (value.isascii() and value.isdigit()) or len(digits) > 19 or int(digits) > MAX_ID:
+        raise PublisherNameError(f"{value!r} is not an id (0..2**63-1) in {text!r}")
+    return int(digits)

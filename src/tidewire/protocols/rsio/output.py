@@ -1,0 +1,104 @@
+"""RS.io's send queue: the bytes a connection has for the peer, in order, some of them by
+reference.
+
+Small frames are joined into one ``bytearray`` (the tail); a big element (``BIG_ELEMENT`` bytes
+or more) is queued as the buffer it was given, so that a writer with ``writelines`` (one
+``writev``) sends it without a copy. ``pending`` counts every byte queued: the adapter compares
+it with its high-water mark (the queue itself has no limit: what goes in is what the
+application chose to send, under the peer's demand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .varint import push_varint
+
+__all__ = ["BIG_ELEMENT", "SendQueue"]
+
+BIG_ELEMENT = 16 * 1024
+"""Elements this big are queued by reference (zero-copy), smaller ones are joined."""
+
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
+class SendQueue:
+    """Bytes for the peer: chunks queued by reference, then the tail (always last)."""
+
+    __slots__ = ("_chunk_bytes", "_chunks", "tail")
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes | memoryview] = []
+        self._chunk_bytes = 0
+        self.tail = bytearray()
+        """Frames are encoded straight onto it (``codec.encode(message, size, queue.tail)``)."""
+
+    @property
+    def pending(self) -> int:
+        """Bytes queued and not yet taken."""
+        return self._chunk_bytes + len(self.tail)
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks or self.tail)
+
+    def write(self, data: bytes | bytearray) -> None:
+        self.tail += data
+
+    def data(self) -> bytes:
+        """Everything queued, joined (empty when there is nothing)."""
+        if self._chunks:
+            return b"".join(self.chunks())
+        data = bytes(self.tail)
+        self.tail.clear()
+        return data
+
+    def chunks(self) -> list[bytes | memoryview]:
+        """Everything queued, as buffers to write back to back; big elements uncopied."""
+        chunks = self._chunks
+        self._chunks = []
+        self._chunk_bytes = 0
+        if self.tail:
+            chunks.append(bytes(self.tail))
+            self.tail.clear()
+        return chunks
+
+    def _chunk(self, chunk: bytes | memoryview) -> None:
+        if self.tail:  # the tail always follows every chunk
+            self._chunks.append(bytes(self.tail))
+            self._chunk_bytes += len(self.tail)
+            self.tail.clear()
+        self._chunks.append(chunk)
+        self._chunk_bytes += chunk.nbytes if isinstance(chunk, memoryview) else len(chunk)
+
+    def write_elements(
+        self,
+        prefix: bytes,
+        elements: Sequence[bytes | memoryview],
+        heads: Sequence[bytes] | None = None,
+    ) -> None:
+        """Queue one variable-size ``onNext`` frame per element: ``prefix`` (type and
+        subscriber), the length, ``heads[i]`` if given, then the element, which is queued by
+        reference when it is ``BIG_ELEMENT`` bytes or more."""
+        small = _SMALL
+        parts: list[bytes | memoryview] = []
+        append = parts.append
+        for i, element in enumerate(elements):
+            extra = b"" if heads is None else heads[i]
+            n = len(element) + len(extra)
+            append(prefix)
+            if n < 0x80:
+                append(small[n])
+            else:
+                size = bytearray()
+                push_varint(size, n)
+                append(bytes(size))
+            if extra:
+                append(extra)
+            if len(element) >= BIG_ELEMENT:
+                self._chunk(b"".join(parts))
+                self._chunk(element)
+                parts.clear()
+            else:
+                append(element)
+        if parts:
+            self.tail += b"".join(parts)
