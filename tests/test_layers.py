@@ -190,7 +190,7 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 
 
 SIGNALS = {
-    "tidewire.protocols.rsio.wire.NeedData",
+    "tidewire.protocols.rsio.varint.NeedData",
     "tidewire.protocols.rsio.codec._Consumed",
     "tidewire.protocols.tolliver.codec._NeedData",
     "tidewire.protocols.seguro.session._ProtocolBreach",
