@@ -77,9 +77,10 @@ def test_a_short_soak_reports_every_flow(tmp_path: Path) -> None:
 
 @pytest.fixture
 def soak(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(SOAK.parent))  # (it imports _common from there)
-    monkeypatch.delitem(sys.modules, "soak", raising=False)
-    return importlib.import_module("soak")
+    """benchmarks/_soak_measure.py, where the soak's rule is."""
+    monkeypatch.syspath_prepend(str(SOAK.parent))
+    monkeypatch.delitem(sys.modules, "_soak_measure", raising=False)
+    return importlib.import_module("_soak_measure")
 
 
 def points(soak: ModuleType, rss: list[tuple[float, float, float]]) -> list[Any]:
