@@ -29,10 +29,15 @@ and counted (``shed``), so a stall never turns into an unbounded backlog in this
 Every ``--interval`` seconds one JSON line (``"soak": "interval"``) gives the rates in and out
 per protocol, the live RS.io subscriber's p50/p99 latency over that interval (a fixed histogram,
 2 % buckets), the slow consumer's lag, the Spark query's rows/s, and the hub's RSS (VmRSS now,
-VmHWM: peak) read from /proc. The first interval is the warm-up: the RSS at its end is the
-baseline. The last line (``"soak": "summary"``) compares the end with that baseline: growth ratio
-and the slope over the second half of the run; the exit code is 1 when the RSS is not flat (or
-the run broke), 0 when it is. The fields and the rule are in benchmarks/README.md.
+VmHWM: peak, and the interval's lowest, highest and mean one-second samples) read from /proc.
+The first interval is the warm-up: the RSS at its end is the baseline. The last line
+(``"soak": "summary"``) holds the rule: the RSS is flat when every one-second sample of the
+second half of the run (the intervals from ``--duration / 2`` on) lies within ``--max-spread``
+MB (5) of the others. A hub that keeps anything per message, request or connection climbs
+through the whole second half and fails it; one whose memory levelled off during the first
+half passes. The exit code is 1 when the RSS is not flat (or the run broke), 0 when it is.
+``--without FLOW`` leaves a flow out, to find which flow a growth comes with. The fields and
+the rule are in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -40,22 +45,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 import tidewire
 from _common import Processes, choose_base, emit, fresh_dir, loop_factory, note, serve_hub
+from _soak_measure import (
+    HEAD,
+    STAMP,
+    Histogram,
+    Pacer,
+    RssPoint,
+    RssVerdict,
+    Stats,
+    memory_mb,
+    payloads,
+    record_latency,
+)
+from _soak_spark import SparkQuery
 from tidewire.client import seguro as seguro_client
 from tidewire.client import tube as tube_client
 from tidewire.client.http import HttpHub
@@ -66,83 +81,18 @@ from tidewire.tolliver import Instance
 STREAM = "soak.rsio"
 CHANNEL = "soak.tolliver"  # (the hub stores it in the stream of that name)
 POINT = "~zod"  # the Seguro ship (its stream is "~zod")
-IN = ("rsio", "tolliver", "seguro")
-OUT = ("rsio", "tube", "http", "tolliver", "slow")
-LATENCY = ("rsio", "tube", "http", "tolliver")
+OPTIONAL_FLOWS = ("tube", "http", "slow", "tolliver", "seguro")  # --without
 
 PUBLISH_TICK_S = 0.02
 OTHER_TICK_S = 0.05  # Tolliver and Seguro
 MAX_SUBMIT = 2000  # events per publish call at most
-CATCH_UP_S = 1.0  # offered load more than this late is shed, not sent in a burst
 TOLLIVER_WINDOW = 2000  # messages the sender keeps unacked by the hub, at most
 RETRY_S = 1.0
 STALL_S = 10.0  # a receiving flow that gets nothing this long while the load runs is restarted
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-HEAD = struct.Struct(">qQ")  # monotonic ns at the publish call, sequence number
-STAMP = struct.Struct(">q")
 
 Flow = Callable[[asyncio.Event], Coroutine[Any, Any, None]]  # sets the event once connected
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-class Histogram:
-    """Latencies in fixed buckets 2 % wide from 1 µs to about 100 s: constant memory, and a
-    percentile within 2 % of the true one."""
-
-    GROWTH = 1.02
-    SCALE = 1 / math.log(GROWTH)
-    BUCKETS = int(math.log(1e8) * SCALE) + 2
-
-    def __init__(self) -> None:
-        self.counts = [0] * self.BUCKETS
-        self.n = 0
-
-    def add(self, micros: float, count: int = 1) -> None:
-        i = 0 if micros <= 1 else min(self.BUCKETS - 1, int(math.log(micros) * self.SCALE))
-        self.counts[i] += count
-        self.n += count
-
-    def merge(self, other: Histogram) -> None:
-        for i, c in enumerate(other.counts):
-            if c:
-                self.counts[i] += c
-        self.n += other.n
-
-    def percentile_ms(self, q: float) -> float | None:
-        """The ``q`` quantile (0..1) in ms: the bucket's geometric middle (None if empty)."""
-        if not self.n:
-            return None
-        rank = max(1, math.ceil(q * self.n))
-        seen = 0
-        for i, c in enumerate(self.counts):
-            seen += c
-            if seen >= rank:
-                return round(math.pow(self.GROWTH, i + 0.5) / 1000, 3)
-        return None  # (unreachable: the counts add up to n)
-
-
-def record_latency(hist: Histogram, batch: Batch, now_ns: int) -> None:
-    """Add the latency of every event of ``batch`` (values stamped by :func:`payloads`).
-    Events published together share a stamp: a run of equal stamps is one histogram add."""
-    values, offsets = batch.values, batch.value_offsets
-    base = offsets[0]
-    unpack = STAMP.unpack_from
-    last_stamp, run = 0, 0
-    for i in range(len(batch)):
-        start = offsets[i] - base
-        if offsets[i + 1] - base - start < STAMP.size:
-            continue  # (not one of ours)
-        (stamp,) = unpack(values, start)
-        if stamp != last_stamp and run:
-            hist.add((now_ns - last_stamp) / 1000, run)
-            run = 0
-        last_stamp = stamp
-        run += 1
-    if run:
-        hist.add((now_ns - last_stamp) / 1000, run)
 
 
 async def poll_until(condition: Callable[[], bool], every: float = 0.05) -> None:
@@ -151,184 +101,6 @@ async def poll_until(condition: Callable[[], bool], every: float = 0.05) -> None
         if condition():
             return
         await asyncio.sleep(every)
-
-
-def payloads(n: int, seq: int, size: int) -> list[bytes]:
-    now = time.monotonic_ns()
-    pad = b"\0" * max(0, size - HEAD.size)
-    return [HEAD.pack(now, seq + i) + pad for i in range(n)]
-
-
-def memory_mb(pid: int) -> tuple[float, float] | None:
-    """VmRSS and VmHWM (peak RSS) of ``pid`` in MB (10^6 bytes), None once it is gone."""
-    rss = hwm = 0.0
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024 / 1e6
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024 / 1e6
-    except (OSError, ValueError, IndexError):
-        return None
-    return rss, hwm
-
-
-def slope_per_min(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (seconds, MB) points in MB/min; None for fewer than 3."""
-    if len(points) < 3:
-        return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var == 0:
-        return None
-    cov = sum((t - mean_t) * (y - mean_y) for t, y in points)
-    return cov / var * 60
-
-
-@dataclass(slots=True)
-class Pacer:
-    """A steady offered rate: how many events are due since the first call. Load more than
-    ``CATCH_UP_S`` late (the hub held the flow back, or it was reconnecting) is shed."""
-
-    rate: float
-    start: float | None = None
-    offered: int = 0
-
-    def due(self, now: float) -> tuple[int, int]:
-        """(events due now, events shed)."""
-        if self.start is None:
-            self.start = now
-        target = int((now - self.start) * self.rate)
-        shed = 0
-        allowed = max(1, int(self.rate * CATCH_UP_S))
-        if target - self.offered > allowed:
-            shed = target - self.offered - allowed
-            self.offered += shed
-        return target - self.offered, shed
-
-
-@dataclass
-class Stats:
-    """Counters of the current interval (taken and reset by each report) and of the run."""
-
-    ins: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IN, 0))
-    outs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUT, 0))
-    shed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IN, 0))
-    latency: dict[str, Histogram] = field(
-        default_factory=lambda: {name: Histogram() for name in LATENCY}
-    )
-    errors: int = 0
-    reconnects: int = 0
-    last_error: str | None = None
-    total_in: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IN, 0))
-    total_out: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUT, 0))
-    total_errors: int = 0
-    total_reconnects: int = 0
-    total_shed: int = 0
-
-    def error(self, where: str, exc: BaseException) -> None:
-        self.errors += 1
-        self.last_error = f"{where}: {type(exc).__name__}: {exc}"[:300]
-
-    def take(self) -> dict[str, Any]:
-        """This interval's counters (then zeroed); the run's totals are kept."""
-        taken = {"ins": self.ins, "outs": self.outs, "shed": self.shed,
-                 "latency": self.latency, "errors": self.errors,
-                 "reconnects": self.reconnects, "last_error": self.last_error}  # fmt: skip
-        for name, n in self.ins.items():
-            self.total_in[name] += n
-        for name, n in self.outs.items():
-            self.total_out[name] += n
-        self.total_errors += self.errors
-        self.total_reconnects += self.reconnects
-        self.total_shed += sum(self.shed.values())
-        self.ins, self.outs = dict.fromkeys(IN, 0), dict.fromkeys(OUT, 0)
-        self.shed = dict.fromkeys(IN, 0)
-        self.latency = {name: Histogram() for name in LATENCY}
-        self.errors = self.reconnects = 0
-        self.last_error = None
-        return taken
-
-
-# --------------------------------------------------------------------------- Spark
-
-
-class SparkQuery:
-    """A Structured Streaming query reading ``soak.rsio`` into the ``noop`` sink. Every method
-    blocks (py4j): call them in a thread."""
-
-    def __init__(self, url: str, checkpoint: str, trigger_s: float) -> None:
-        self.url = url
-        self.checkpoint = checkpoint
-        self.trigger_s = trigger_s
-        self.spark: Any = None
-        self.query: Any = None
-        self.last_progress = ""  # the timestamp of the last progress counted
-
-    def start(self) -> None:
-        # Spark starts its Python workers with this interpreter (the one that has tidewire).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pyspark.sql import SparkSession
-
-        import tidewire.spark
-
-        self.spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("tidewire-soak")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .getOrCreate()
-        )
-        self.spark.sparkContext.setLogLevel("ERROR")
-        tidewire.spark.register(self.spark)
-        self._start_query()
-
-    def _start_query(self) -> None:
-        df = (self.spark.readStream.format("tidewire").option("url", self.url)
-              .option("streams", STREAM).option("startingOffsets", "latest").load())  # fmt: skip
-        self.query = (df.writeStream.format("noop").queryName("soak")
-                      .option("checkpointLocation", self.checkpoint)
-                      .trigger(processingTime=f"{self.trigger_s} seconds").start())  # fmt: skip
-
-    def poll(self) -> tuple[int, int, int | None, str | None]:
-        """Rows and micro-batches since the last poll, the query's next id of ``soak.rsio``
-        (its last end offset) and, if the query had died (it is then restarted from its
-        checkpoint), why."""
-        died = None
-        if not self.query.isActive:
-            exc = self.query.exception()
-            died = f"the Spark query stopped: {exc}"[:300]
-            self._start_query()
-        rows = batches = 0
-        end: int | None = None
-        for progress in self.query.recentProgress:
-            stamp = str(progress["timestamp"])
-            if stamp <= self.last_progress:
-                continue
-            self.last_progress = stamp
-            n = int(progress["numInputRows"])
-            rows += n
-            batches += 1 if n else 0
-        last = self.query.lastProgress
-        if last is not None and last["sources"]:
-            offset = last["sources"][0]["endOffset"]
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                offset = json.loads(offset) if isinstance(offset, str) else offset
-                end = int(offset[STREAM])
-        return rows, batches, end, died
-
-    def stop(self) -> None:
-        if self.query is not None:
-            with contextlib.suppress(Exception):
-                self.query.stop()
-        if self.spark is not None:
-            self.spark.stop()
 
 
 # --------------------------------------------------------------------------- the soak
@@ -353,6 +125,7 @@ class Soak:
         self.hub: subprocess.Popen[str] | None = None
         self.spark: SparkQuery | None = None
         self.rss_max = 0.0  # this interval's highest sample
+        self.rss_min = math.inf  # and lowest
         self.rss_sum = 0.0
         self.rss_samples = 0
         self.log_offset = 0
@@ -557,6 +330,7 @@ class Soak:
                 self.stop.set()
                 return
             self.rss_max = max(self.rss_max, memory[0])
+            self.rss_min = min(self.rss_min, memory[0])
             self.rss_sum += memory[0]
             self.rss_samples += 1
             await asyncio.sleep(1.0)
@@ -619,8 +393,8 @@ class Soak:
                 self.head = (await hub.publish(STREAM, payloads(1, 0, args.size))).last_id
             if not args.no_spark:
                 note("soak: starting Spark")
-                self.spark = SparkQuery(self.urls["rsio"], os.path.join(self.work, "checkpoint"),
-                                        args.spark_trigger)  # fmt: skip
+                checkpoint = os.path.join(self.work, "checkpoint")
+                self.spark = SparkQuery(self.urls["rsio"], STREAM, checkpoint, args.spark_trigger)
                 await asyncio.to_thread(self.spark.start)
             if not self.stop.is_set():
                 await self.start_flows()
@@ -646,14 +420,17 @@ class Soak:
         for i in range(args.publishers):
             pacer = Pacer(args.rate / args.publishers)
             flows.append((f"rsio publisher {i + 1}", partial(self.rsio_publisher, pacer), None))
-        flows += [
-            ("rsio subscriber", self.rsio_subscriber, "rsio"),
-            ("tube subscriber", self.tube_subscriber, "tube"),
-            ("http subscriber", self.http_subscriber, "http"),
-            ("slow subscriber", self.slow_subscriber, "slow"),
-            ("tolliver", partial(self.tolliver, Pacer(args.tolliver_rate)), "tolliver"),
-            ("seguro", partial(self.seguro, Pacer(args.seguro_rate)), None),
-        ]
+        optional: list[tuple[str, str, Flow, str | None]] = [
+            ("tube", "tube subscriber", self.tube_subscriber, "tube"),
+            ("http", "http subscriber", self.http_subscriber, "http"),
+            ("slow", "slow subscriber", self.slow_subscriber, "slow"),
+            ("tolliver", "tolliver", partial(self.tolliver, Pacer(args.tolliver_rate)),
+             "tolliver"),
+            ("seguro", "seguro", partial(self.seguro, Pacer(args.seguro_rate)), None),
+        ]  # fmt: skip
+        flows.append(("rsio subscriber", self.rsio_subscriber, "rsio"))
+        flows += [(name, body, watch) for flow, name, body, watch in optional
+                  if flow not in args.without]  # fmt: skip
         readies: dict[str, asyncio.Event] = {}
         for name, body, watch in flows:
             readies[name] = asyncio.Event()
@@ -678,6 +455,7 @@ class Soak:
               "intervals": count, "rate": args.rate, "publishers": args.publishers,
               "tolliver_rate": args.tolliver_rate, "seguro_rate": args.seguro_rate,
               "slow_rate": args.slow_rate, "value_bytes": args.size, "spark": not args.no_spark,
+              "without": args.without,
               "loop": self.loop_name, "hub_pid": self.hub.pid if self.hub else None,
               "urls": self.urls})  # fmt: skip
         self.stats.take()  # (what the flows did while connecting is not part of the run)
@@ -685,7 +463,7 @@ class Soak:
         self.go.set()
         start = last = loop.time()
         overall = Histogram()
-        rss: list[tuple[float, float, float]] = []  # (elapsed s, RSS at the end, mean RSS)
+        rss: list[RssPoint] = []
         peak = 0.0
         done = 0
         for index in range(1, count + 1):
@@ -702,7 +480,7 @@ class Soak:
             if index > 1:  # (the first interval is the warm-up)
                 overall.merge(latency)
             peak = max(peak, line["rss_peak_mb"] or 0.0)
-            rss.append((line["elapsed_s"], line["rss_mb"] or 0.0, line["rss_mean_mb"] or 0.0))
+            rss.append(RssPoint.of(line))
         return self.summary(done, count, overall, rss, peak, loop.time() - start)
 
     async def report(self, index: int, elapsed: float, seconds: float
@@ -750,6 +528,7 @@ class Soak:
             "rss_mb": None if memory is None else round(memory[0], 1),
             "rss_peak_mb": None if memory is None else round(memory[1], 1),
             "rss_interval_max_mb": round(self.rss_max, 1) if self.rss_samples else None,
+            "rss_interval_min_mb": round(self.rss_min, 1) if self.rss_samples else None,
             "rss_mean_mb": None if mean is None else round(mean, 1),
             "client_rss_mb": None if client is None else round(client[0], 1),
             "shed": taken["shed"],
@@ -760,22 +539,20 @@ class Soak:
             "hub_last_warning": last_warning,
         }
         self.rss_max = self.rss_sum = 0.0
+        self.rss_min = math.inf
         self.rss_samples = 0
         return line, latency["rsio"]
 
-    def summary(self, done: int, count: int, overall: Histogram,
-                rss: list[tuple[float, float, float]], peak: float,
-                elapsed: float) -> dict[str, Any]:  # fmt: skip
+    def summary(self, done: int, count: int, overall: Histogram, rss: list[RssPoint],
+                peak: float, elapsed: float) -> dict[str, Any]:  # fmt: skip
         args = self.args
         self.stats.take()  # (what came after the last line: into the totals)
-        baseline = rss[0][1] if rss else None
-        last = rss[-1][1] if rss else None
+        baseline = rss[0].end if rss else None
+        last = rss[-1].end if rss else None
         growth = None if not baseline or last is None else last / baseline
-        second_half = [(t, mean) for t, _, mean in rss[1:] if t > args.duration / 2]
-        slope = slope_per_min(second_half)
+        verdict = RssVerdict.of(rss, args.duration, args.max_spread)
+        low, high, spread, slope = verdict.low, verdict.high, verdict.spread, verdict.slope
         completed = done == count and self.hub_died is None
-        flat = (growth is not None and growth < args.max_growth
-                and (slope is None or slope < args.max_slope))  # fmt: skip
         return {
             "soak": "summary",
             "completed": completed,
@@ -795,10 +572,13 @@ class Soak:
             "rss_peak_mb": round(peak, 1) if rss else None,
             "rss_growth_ratio": None if growth is None else round(growth, 3),
             "rss_slope_mb_per_min": None if slope is None else round(slope, 3),
-            "rss_slope_points": len(second_half),
-            "rss_flat": flat,
-            "flat_rule": f"rss_growth_ratio < {args.max_growth} and rss_slope_mb_per_min "
-                         f"(over the second half, >= 3 intervals) < {args.max_slope}",
+            "rss_slope_points": verdict.points,
+            "rss_second_half_min_mb": None if low is None else round(low, 1),
+            "rss_second_half_max_mb": None if high is None else round(high, 1),
+            "rss_second_half_spread_mb": None if spread is None else round(spread, 1),
+            "rss_flat": verdict.flat,
+            "flat_rule": f"rss_second_half_spread_mb (every 1-s sample of the intervals from "
+                         f"{args.duration / 2:g} s on) <= {args.max_spread}",
             "errors": self.stats.total_errors,
             "reconnects": self.stats.total_reconnects,
             "shed": self.stats.total_shed,
@@ -845,11 +625,13 @@ def main() -> int:
     parser.add_argument("--spark-trigger", type=float, default=5.0,
                         help="seconds between the Spark query's micro-batches (default 5)")
     parser.add_argument("--no-spark", action="store_true", help="leave the Spark query out")
-    parser.add_argument("--max-growth", type=float, default=1.25,
-                        help="flat: last RSS / baseline below this (default 1.25)")
-    parser.add_argument("--max-slope", type=float, default=1.0,
-                        help="flat: RSS slope over the second half below this, MB/min "
-                             "(default 1.0)")  # fmt: skip
+    parser.add_argument("--without", action="append", default=[], choices=OPTIONAL_FLOWS,
+                        metavar="FLOW", help="leave a flow out (repeatable; one of "
+                        f"{', '.join(OPTIONAL_FLOWS)}): to find which flow a change in the "
+                        "hub's memory comes with")  # fmt: skip
+    parser.add_argument("--max-spread", type=float, default=5.0,
+                        help="flat: every RSS sample of the second half of the run within "
+                             "this many MB (default 5)")  # fmt: skip
     parser.add_argument("--dir", help="where the temporary directory goes (default: /tmp, or "
                         "the working directory if /tmp is a RAM file system)")  # fmt: skip
     args = parser.parse_args()

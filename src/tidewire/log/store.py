@@ -61,6 +61,12 @@ MERGE_MAX_EVENTS = 64
 """Batches of at most this many events that are committed together share one record."""
 MERGE_MAX_BYTES = 256 * 1024
 
+RECENT_BATCH_OVERHEAD = 1024
+"""Bytes one batch of the in-memory tail costs beyond its ``nbytes``: the batch object and its
+views, the record's header and buffer (measured: about 1.1 KB). ``recent_bytes`` counts it, so
+that it bounds the memory held and not only the payload: without it, a stream of one-event
+appends (the hub's own state records, ten a second) kept about ten times its bound."""
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -432,9 +438,9 @@ class Log:
         limit = self.config.recent_bytes
         for batch in batches:
             writer.recent.append(batch)
-            writer.recent_bytes += batch.nbytes
+            writer.recent_bytes += batch.nbytes + RECENT_BATCH_OVERHEAD
         while writer.recent and writer.recent_bytes > limit:
-            writer.recent_bytes -= writer.recent.popleft().nbytes
+            writer.recent_bytes -= writer.recent.popleft().nbytes + RECENT_BATCH_OVERHEAD
 
     def _read_recent(
         self, name: str, from_id: int, max_bytes: int, max_events: int
