@@ -190,7 +190,7 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 
 
 SIGNALS = {
-    "tidewire.protocols.rsio.wire.NeedData",
+    "tidewire.protocols.rsio.varint.NeedData",
     "tidewire.protocols.rsio.codec._Consumed",
     "tidewire.protocols.tolliver.codec._NeedData",
     "tidewire.protocols.seguro.session._ProtocolBreach",
@@ -234,7 +234,6 @@ OVERSIZED = {
     "tidewire.client.resilient",
     "tidewire.client.rsio",
     "tidewire.protocols.rsio.connection",
-    "tidewire.protocols.rsio.publisher",
     "tidewire.protocols.seguro.session",
     "tidewire.server.rsio",
     "tidewire.server.tolliver",

@@ -82,17 +82,14 @@ from tidewire.protocols.rsio import (
     encode,
 )
 from tidewire.protocols.rsio.buffer import ReceiveBuffer
-from tidewire.protocols.rsio.publisher import (
-    OfferName,
-    PublisherName,
-    PublisherNameError,
+from tidewire.protocols.rsio.envelopes import (
     decode_envelope,
     decode_envelopes,
     encode_envelopes,
-    envelope_frames,
-    envelope_run_decoder,
     envelopes_to_batch,
 )
+from tidewire.protocols.rsio.names import OfferName, PublisherName, PublisherNameError
+from tidewire.protocols.rsio.runs import envelope_frames, envelope_run_decoder
 from tidewire.protocols.rsio.varint import MAX_LONG, MAX_VARINT, NeedData, pull_varint
 
 # Small limits, so that the fuzzer reaches them (the defaults are 64 KiB and 16 MiB).
