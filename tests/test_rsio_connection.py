@@ -48,7 +48,6 @@ from tidewire.protocols.rsio import (
     SubscriptionErrored,
     encode,
 )
-from tidewire.protocols.rsio.buffer import ReceiveBuffer
 from tidewire.protocols.rsio.envelopes import encode_envelopes
 from tidewire.protocols.rsio.names import PublisherName
 from tidewire.protocols.rsio.output import BIG_ELEMENT
@@ -1383,18 +1382,17 @@ def test_every_message_missing_from_the_table_is_a_breach_of_its_sender(
         assert table.state(7) is state
 
 
-def test_receive_buffer_advances_and_compacts() -> None:
-    buf = ReceiveBuffer()
-    buf.feed(b"abcdef")
-    assert (buf.buffered, buf.pos, len(buf)) == (6, 0, 6)
-    buf.advance(4)
-    assert buf.data[buf.pos :] == b"ef"
-    with pytest.raises(ValueError, match="outside"):
-        buf.advance(3)  # backwards
-    with pytest.raises(ValueError, match="outside"):
-        buf.advance(7)  # past the end
-    assert buf.compact() == 4
-    assert (bytes(buf.data), buf.pos, buf.buffered) == (b"ef", 0, 2)
+def test_buffered_is_the_partial_frame_left_after_decoding() -> None:
+    """Decoding consumes whole frames from the shared receive buffer; what is left is the
+    frame cut short, whose bytes a later call completes."""
+    client = client_subscribed(demand=10)
+    frames = raw(OnNext(1, b"abc"), OnNext(1, b"defg"))
+    client.receive_data(frames[:-2])
+    assert drain(client) == [OnNext(1, b"abc")]
+    assert client.buffered == len(raw(OnNext(1, b"defg"))) - 2
+    client.receive_data(frames[-2:])
+    assert drain(client) == [OnNext(1, b"defg")]
+    assert client.buffered == 0
 
 
 @pytest.mark.parametrize("publisher", ["s", "s?format=value", "s?size=3", "s?format=records"])

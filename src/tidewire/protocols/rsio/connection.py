@@ -113,9 +113,10 @@ class Connection:
 
     The machine contract: :meth:`receive_data` (``b""``: the transport closed),
     :meth:`next_event`, :meth:`data_to_send` / :meth:`chunks_to_send`, and the bounds
-    :attr:`buffered` (received, not yet decoded: at most one frame's worth beyond the
-    :class:`Limits`, since decoding is on demand) and :attr:`pending_output`. RS.io has no
-    timers: there is no ``next_deadline`` / ``handle_timer``."""
+    :attr:`buffered` (received, not yet decoded: a partial frame once the events are
+    drained; more than ``limits.max_buffered_bytes`` is the peer's breach, answered with
+    ``goodbye``) and :attr:`pending_output`. RS.io has no timers: there is no
+    ``next_deadline`` / ``handle_timer``."""
 
     def __init__(
         self,
@@ -371,7 +372,10 @@ class Connection:
         if not data:
             self._eof = True
             return
-        self._decoder.feed(data)
+        try:
+            self._decoder.feed(data)
+        except RemoteProtocolError as exc:  # more than limits.max_buffered_bytes undecoded
+            self._breach(str(exc))
 
     def next_event(self) -> Event | None:
         """The next event, or ``None`` when there is none until more data arrives."""
