@@ -25,6 +25,9 @@ from hypothesis.stateful import (
 
 from tidewire.model import Batch, LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.rsio import (
+    EXT_AUTH,
+    Authenticate,
+    Authenticated,
     Cancel,
     ClientHello,
     Connection,
@@ -318,6 +321,25 @@ def test_hello_rules_on_the_sending_side() -> None:
     with pytest.raises(LocalProtocolError):
         conn.send(ClientHello())
     assert conn.data_to_send() == bytes.fromhex("00 00 00")
+
+
+def test_authenticate_goes_once_from_the_client_to_the_hub() -> None:
+    """Extension 2: the client sends ``authenticate`` at most once (a second is this side's
+    bug), the hub receives it at most once (a second is the peer's breach), and neither may
+    go the other way."""
+    client, server = pair((EXT_AUTH,), (EXT_AUTH,))
+    client.send(Authenticate("token"))
+    with pytest.raises(LocalProtocolError, match="at most once"):
+        client.send(Authenticate("again"))
+    with pytest.raises(LocalProtocolError, match="only the client"):
+        server.send(Authenticate("token"))
+    shuttle(client, server)
+    assert drain(server) == [Authenticate("token")]
+    server.send(Authenticated("me"))
+    shuttle(server, client)
+    assert drain(client) == [Authenticated("me")]
+    server.receive_data(raw(Authenticate("again")))
+    assert_breach(server, mentions="a second authenticate")
 
 
 def test_a_hello_split_byte_by_byte() -> None:
