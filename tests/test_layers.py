@@ -233,8 +233,6 @@ OVERSIZED = {
     # (and removes the xfail) once they are merged.
     "tidewire.client.resilient",
     "tidewire.client.rsio",
-    "tidewire.protocols.rsio.connection",
-    "tidewire.protocols.rsio.publisher",
     "tidewire.protocols.seguro.session",
     "tidewire.server.rsio",
     "tidewire.server.tolliver",

@@ -1,15 +1,15 @@
 """The machine contract (docs/architecture.md), checked the same way on every sans-IO machine
-that parses bytes (Tolliver, Seguro's two sides, Tube) and on RS.io over HTTP's state: fed one
-byte (or one WebSocket message) at a time, a machine reaches the events it reaches when fed at
-once; ``next_event()`` is ``None`` while it needs data; ``buffered`` is the bytes received and
-not parsed, and is bounded; ``pending`` is what ``data_to_send()`` would hand out. Only public
-members are used."""
+that parses bytes (RS.io, Tolliver, Seguro's two sides, Tube) and on RS.io over HTTP's state:
+fed one byte (or one WebSocket message) at a time, a machine reaches the events it reaches when
+fed at once; ``next_event()`` is ``None`` while it needs data; ``buffered`` is the bytes
+received and not parsed, and is bounded; ``pending`` is what ``data_to_send()`` would hand out.
+Only public members are used."""
 
 from __future__ import annotations
 
 import uuid
 
-from tidewire.protocols import seguro, tolliver, tube
+from tidewire.protocols import rsio, seguro, tolliver, tube
 from tidewire.protocols.rsio_http import ServerSubscription
 
 # --------------------------------------------------------------------------- Tolliver
@@ -217,6 +217,100 @@ def test_tube_pending_is_what_data_to_send_hands_out() -> None:
     assert client.pending == len(tube.push_varint(300))
     assert client.data_to_send() == [tube.push_varint(300)]
     assert client.pending == 0
+
+
+# --------------------------------------------------------------------------- RS.io
+
+
+def rsio_client(limits: rsio.Limits | None = None) -> rsio.Connection:
+    """A client whose hello and subscription 1 are sent (and taken)."""
+    client = rsio.Connection(rsio.Role.CLIENT, limits=limits)
+    client.initiate()
+    client.send(rsio.Subscribe("s", 1, 1000))
+    client.data_to_send()
+    return client
+
+
+def rsio_hub_wire() -> bytes:
+    """What a hub says to :func:`rsio_client`: its hello, ``subscribed``, elements (one over
+    a varint length of two bytes), ``onComplete`` and goodbye."""
+    hub = rsio.Connection(rsio.Role.SERVER)
+    hub.initiate()
+    hello = rsio.encode(rsio.ClientHello())
+    hub.receive_data(bytes(rsio.encode(rsio.Subscribe("s", 1, 1000), out=hello)))
+    drain_rsio(hub)
+    hub.send(rsio.Subscribed(1, 0))
+    hub.send_elements(1, [b"a", b"bc", b"x" * 300, b""])
+    hub.send(rsio.OnComplete(1))
+    hub.send(rsio.Goodbye("bye"))
+    return hub.data_to_send()
+
+
+def drain_rsio(conn: rsio.Connection) -> list[rsio.Event]:
+    events = []
+    while (event := conn.next_event()) is not None:
+        events.append(event)
+    return events
+
+
+def test_rsio_fed_byte_by_byte_reaches_the_same_events() -> None:
+    wire = rsio_hub_wire()
+    whole = rsio_client()
+    whole.receive_data(wire)
+    expected = drain_rsio(whole)
+    assert isinstance(expected[-1], rsio.ConnectionClosed)
+    thin = rsio_client()
+    got: list[rsio.Event] = []
+    before = 0
+    for i in range(len(wire)):
+        thin.receive_data(wire[i : i + 1])
+        got += drain_rsio(thin)  # None as soon as it needs a byte more
+        # each byte either waits with those of its frame or completes the frame
+        assert thin.buffered in (0, before + 1)
+        before = thin.buffered
+    assert got == expected
+    assert thin.buffered == 0
+    assert whole.data_to_send() == thin.data_to_send()  # (the goodbye acknowledged)
+
+
+def test_rsio_pending_is_what_data_to_send_hands_out() -> None:
+    client = rsio.Connection(rsio.Role.CLIENT)
+    assert client.pending == 0
+    client.initiate()
+    client.send(rsio.Subscribe("s", 1, 5))
+    size = client.pending
+    assert size > 0
+    assert len(client.data_to_send()) == size
+    assert client.pending == 0
+
+
+def test_rsio_buffered_is_bounded() -> None:
+    """An adapter that decodes after every read never meets the bound (a partial frame plus a
+    read of ``max_read_ahead_bytes``); more undecoded bytes than ``max_buffered_bytes`` are
+    the peer's breach, answered with goodbye, and nothing of them is kept."""
+    limits = rsio.Limits(max_string_bytes=16, max_element_bytes=16, max_packed_bytes=16,
+                         max_extensions=1, max_read_ahead_bytes=64)  # fmt: skip
+    limit = limits.max_buffered_bytes
+    assert limit == 16 + 40 + 64  # the largest frame (body and head), then one read
+    client = rsio_client(limits)
+    frames = [rsio.OnNext(1, bytes([i]) * 16) for i in range(200)]
+    stream = rsio.encode(rsio.ServerHello()) + rsio.encode(rsio.Subscribed(1, 0))
+    for frame in frames:
+        rsio.encode(frame, out=stream)
+    for start in range(0, len(stream), 64):  # as an adapter reads: never near the bound
+        client.receive_data(bytes(stream[start : start + 64]))
+        drain_rsio(client)
+    assert client.buffered == 0
+    assert not client.closed
+    client.receive_data(bytes(rsio.encode(rsio.OnNext(1, b"x" * 16))) * 6)  # 114, undecoded
+    assert client.buffered == 114
+    client.receive_data(bytes(rsio.encode(rsio.OnNext(1, b"y" * 4))))  # 7 more: 121 is over
+    assert client.buffered == 114
+    (event,) = drain_rsio(client)
+    assert isinstance(event, rsio.ConnectionClosed)
+    assert event.error
+    assert f"121 bytes received and not parsed, over the limit of {limit}" in event.reason
+    assert client.data_to_send()[:1] == b"\x02"  # goodbye
 
 
 # --------------------------------------------------------------------------- RS.io over HTTP

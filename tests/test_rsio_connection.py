@@ -25,6 +25,9 @@ from hypothesis.stateful import (
 
 from tidewire.model import Batch, LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.rsio import (
+    EXT_AUTH,
+    Authenticate,
+    Authenticated,
     Cancel,
     ClientHello,
     Connection,
@@ -48,7 +51,6 @@ from tidewire.protocols.rsio import (
     SubscriptionErrored,
     encode,
 )
-from tidewire.protocols.rsio.buffer import ReceiveBuffer
 from tidewire.protocols.rsio.envelopes import encode_envelopes
 from tidewire.protocols.rsio.names import PublisherName
 from tidewire.protocols.rsio.output import BIG_ELEMENT
@@ -319,6 +321,25 @@ def test_hello_rules_on_the_sending_side() -> None:
     with pytest.raises(LocalProtocolError):
         conn.send(ClientHello())
     assert conn.data_to_send() == bytes.fromhex("00 00 00")
+
+
+def test_authenticate_goes_once_from_the_client_to_the_hub() -> None:
+    """Extension 2: the client sends ``authenticate`` at most once (a second is this side's
+    bug), the hub receives it at most once (a second is the peer's breach), and neither may
+    go the other way."""
+    client, server = pair((EXT_AUTH,), (EXT_AUTH,))
+    client.send(Authenticate("token"))
+    with pytest.raises(LocalProtocolError, match="at most once"):
+        client.send(Authenticate("again"))
+    with pytest.raises(LocalProtocolError, match="only the client"):
+        server.send(Authenticate("token"))
+    shuttle(client, server)
+    assert drain(server) == [Authenticate("token")]
+    server.send(Authenticated("me"))
+    shuttle(server, client)
+    assert drain(client) == [Authenticated("me")]
+    server.receive_data(raw(Authenticate("again")))
+    assert_breach(server, mentions="a second authenticate")
 
 
 def test_a_hello_split_byte_by_byte() -> None:
@@ -1383,18 +1404,17 @@ def test_every_message_missing_from_the_table_is_a_breach_of_its_sender(
         assert table.state(7) is state
 
 
-def test_receive_buffer_advances_and_compacts() -> None:
-    buf = ReceiveBuffer()
-    buf.feed(b"abcdef")
-    assert (buf.buffered, buf.pos, len(buf)) == (6, 0, 6)
-    buf.advance(4)
-    assert buf.data[buf.pos :] == b"ef"
-    with pytest.raises(ValueError, match="outside"):
-        buf.advance(3)  # backwards
-    with pytest.raises(ValueError, match="outside"):
-        buf.advance(7)  # past the end
-    assert buf.compact() == 4
-    assert (bytes(buf.data), buf.pos, buf.buffered) == (b"ef", 0, 2)
+def test_buffered_is_the_partial_frame_left_after_decoding() -> None:
+    """Decoding consumes whole frames from the shared receive buffer; what is left is the
+    frame cut short, whose bytes a later call completes."""
+    client = client_subscribed(demand=10)
+    frames = raw(OnNext(1, b"abc"), OnNext(1, b"defg"))
+    client.receive_data(frames[:-2])
+    assert drain(client) == [OnNext(1, b"abc")]
+    assert client.buffered == len(raw(OnNext(1, b"defg"))) - 2
+    client.receive_data(frames[-2:])
+    assert drain(client) == [OnNext(1, b"defg")]
+    assert client.buffered == 0
 
 
 @pytest.mark.parametrize("publisher", ["s", "s?format=value", "s?size=3", "s?format=records"])

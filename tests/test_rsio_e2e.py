@@ -235,6 +235,19 @@ def test_configured_limits_reach_the_listener(
     run(main())
 
 
+def test_the_receive_buffer_takes_a_whole_tube_message() -> None:
+    """Over Tube a whole Tube message reaches RS.io's ``receive_data`` at once, so the receive
+    buffer's read-ahead follows ``tube.max_message_bytes`` (never below its default)."""
+    default = rsio_settings(load_config(None, environ={})).limits
+    assert default.max_read_ahead_bytes == 128 * 1024 * 1024
+    big = load_config(None, {"tube.max_message_bytes": str(256 * 1024 * 1024)}, environ={})
+    limits = rsio_settings(big).limits
+    assert limits.max_read_ahead_bytes == 256 * 1024 * 1024
+    assert limits.max_buffered_bytes > limits.max_element_bytes + 256 * 1024 * 1024
+    small = load_config(None, {"tube.max_message_bytes": "65536"}, environ={})
+    assert rsio_settings(small).limits == default
+
+
 def test_records_format_gives_whole_checked_batches(
     tmp_path: Path, run: Callable[[Coroutine[Any, Any, None]], None]
 ) -> None:

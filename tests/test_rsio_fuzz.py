@@ -54,7 +54,7 @@ from tidewire.protocols.rsio import (
     Subscribed,
     encode,
 )
-from tidewire.protocols.rsio.publisher import decode_envelope
+from tidewire.protocols.rsio.envelopes import decode_envelope
 
 HOST = "127.0.0.1"
 FUZZ_SECONDS = float(os.environ.get("TIDEWIRE_FUZZ_SECONDS", "8"))  # the fuzz loop's budget

@@ -32,7 +32,7 @@ from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
 from tidewire.model import Batch
-from tidewire.protocols.rsio.publisher import envelopes_to_batch
+from tidewire.protocols.rsio.envelopes import envelopes_to_batch
 from tidewire.protocols.rsio_http import (
     ERROR_HEADER,
     FIXED_SIZE,

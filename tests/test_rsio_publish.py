@@ -73,7 +73,7 @@ from tidewire.protocols.rsio import (
 )
 from tidewire.protocols.rsio import Event as RsioEvent
 from tidewire.protocols.rsio.codec import OnNextRun
-from tidewire.protocols.rsio.publisher import encode_envelopes
+from tidewire.protocols.rsio.envelopes import encode_envelopes
 from tidewire.server.rsio import OFFER_WINDOW, RsioSettings, start_rsio_server
 
 PUBLISHING = frozenset({EXT_PUBLISH})

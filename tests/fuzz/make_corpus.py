@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE.parent.parent / "src"))
 
 from tidewire.model import Batch  # noqa: E402
 from tidewire.protocols import rsio, tolliver, tube  # noqa: E402
-from tidewire.protocols.rsio.publisher import encode_envelopes  # noqa: E402
+from tidewire.protocols.rsio.envelopes import encode_envelopes  # noqa: E402
 from tidewire.protocols.rsio.varint import push_varint  # noqa: E402
 
 CORPUS = HERE / "corpus"

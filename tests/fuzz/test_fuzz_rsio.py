@@ -47,6 +47,7 @@ from mutate import (
 )
 
 from tidewire.model import MAX_ID, Batch, LocalProtocolError, RemoteProtocolError
+from tidewire.protocols.buffer import ReceiveBuffer
 from tidewire.protocols.rsio import (
     EXT_AUTH,
     EXT_PUBLISH,
@@ -81,18 +82,14 @@ from tidewire.protocols.rsio import (
     SubscriptionProtocolError,
     encode,
 )
-from tidewire.protocols.rsio.buffer import ReceiveBuffer
-from tidewire.protocols.rsio.publisher import (
-    OfferName,
-    PublisherName,
-    PublisherNameError,
+from tidewire.protocols.rsio.envelopes import (
     decode_envelope,
     decode_envelopes,
     encode_envelopes,
-    envelope_frames,
-    envelope_run_decoder,
     envelopes_to_batch,
 )
+from tidewire.protocols.rsio.names import OfferName, PublisherName, PublisherNameError
+from tidewire.protocols.rsio.runs import envelope_frames, envelope_run_decoder
 from tidewire.protocols.rsio.varint import MAX_LONG, MAX_VARINT, NeedData, pull_varint
 
 # Small limits, so that the fuzzer reaches them (the defaults are 64 KiB and 16 MiB).
@@ -761,8 +758,8 @@ def check_run_decoder(raw: bytes, prefix: bytes, max_count: int, tail: bytes) ->
         buf += prefix + leb128(len(element)) + element
     buf += tail
     decode = envelope_run_decoder(STREAM)
-    received = ReceiveBuffer()
-    received.feed(buf)
+    received = ReceiveBuffer(max(1, len(buf)))
+    received.append(buf)
     batch, count = decode(received, prefix, max_count, LIMITS.max_element_bytes)
     end = received.pos
     if not count:

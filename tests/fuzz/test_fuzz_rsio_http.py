@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from mutate import corpus, decimal, fuzz, inputs, long_decimal, replays, u8, u32be
 
 from tidewire.model import LocalProtocolError, RemoteProtocolError
-from tidewire.protocols.rsio.publisher import PublisherName, PublisherNameError
+from tidewire.protocols.rsio.names import PublisherName, PublisherNameError
 from tidewire.protocols.rsio_http import (
     FIXED_SIZE,
     LENGTH_PREFIXED,

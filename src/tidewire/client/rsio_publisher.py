@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from ..model import Batch
 from ..protocols.rsio import OnComplete, OnNextPacked, Subscribed
-from ..protocols.rsio.publisher import OfferName, encode_envelopes
+from ..protocols.rsio.envelopes import encode_envelopes
+from ..protocols.rsio.names import OfferName
 from .rsio_common import ConnectionLost, Receipt, RsioError
 
 if TYPE_CHECKING:

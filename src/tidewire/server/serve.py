@@ -342,11 +342,15 @@ def rsio_settings(config: ServerConfig) -> RsioSettings:
     v = config.values
     ingest = ingest_limits(config)["rsio"]
     element = int(v["rsio.max_element_bytes"])
+    # Over Tube a whole Tube message reaches RS.io's receive_data at once: its receive buffer
+    # must take one of the largest (over TCP, reads are far smaller than the default).
+    read_ahead = max(int(v["tube.max_message_bytes"]), Limits().max_read_ahead_bytes)
     return RsioSettings(
         Limits(
             max_string_bytes=int(v["rsio.max_string_bytes"]),
             max_element_bytes=element,
             max_packed_bytes=element,
+            max_read_ahead_bytes=read_ahead,
         ),
         max_subscriptions=int(v["rsio.max_subscriptions"]),
         max_offers=int(v["rsio.max_offers"]),

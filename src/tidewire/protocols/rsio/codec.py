@@ -28,6 +28,11 @@ Frames carry no length, so the decoder must know each subscription's element siz
 an ``onNext`` ends: it asks ``element_size(subscriber)`` (the connection knows it from the
 ``subscribed`` it received). A frame cut short is retried only once enough bytes have arrived
 for the field that was missing, so feeding a frame byte by byte stays linear.
+
+The bytes wait in the shared :class:`~tidewire.protocols.buffer.ReceiveBuffer` (the machine
+contract's one receive buffer): frames are parsed in place from its ``view()`` and consumed
+with ``advance_to``, a lone chunk is parsed as it came (no copy), and the parsed prefix is
+dropped by the buffer's own compaction. Its limit is :attr:`Limits.max_buffered_bytes`.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...model import LocalProtocolError, RemoteProtocolError
-from .buffer import ReceiveBuffer
+from ..buffer import BufferFull, ReceiveBuffer
 from .messages import (
     Authenticate,
     Authenticated,
@@ -83,14 +88,38 @@ __all__ = [
 ]
 
 
+_MAX_VARINT_BYTES = 10
+_MAX_FRAME_HEAD_BYTES = 4 * _MAX_VARINT_BYTES  # type, then at most three varints before a body
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Bounds on what a peer may make us buffer; breaking one is a connection-level breach."""
+    """Bounds on what a peer may make us buffer; breaking one is a connection-level breach.
+
+    ``max_read_ahead_bytes`` is the most one ``receive_data`` call hands over (the adapter's
+    read size: 256 KiB over TCP, a whole Tube message over Tube, whose default limit is this
+    default); with the largest frame the other bounds allow it makes
+    :attr:`max_buffered_bytes`."""
 
     max_string_bytes: int = 64 * 1024
     max_element_bytes: int = 16 * 1024 * 1024
     max_packed_bytes: int = 16 * 1024 * 1024
     max_extensions: int = 256
+    max_read_ahead_bytes: int = 128 * 1024 * 1024
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        """The receive buffer's limit: an adapter that decodes everything after each
+        ``receive_data`` holds at most a partial frame (never longer than the largest frame
+        these bounds allow, as each frame is refused once its header shows it too long) plus
+        the next read. More unparsed bytes than this is the peer's breach."""
+        largest = max(
+            self.max_element_bytes,
+            self.max_packed_bytes,
+            self.max_string_bytes,
+            self.max_extensions * _MAX_VARINT_BYTES,
+        )
+        return largest + _MAX_FRAME_HEAD_BYTES + self.max_read_ahead_bytes
 
 
 class SubscriptionProtocolError(RemoteProtocolError):
@@ -222,7 +251,7 @@ def encode(message: Message, element_size: int = 0, out: bytearray | None = None
 
 # --------------------------------------------------------------------------- decoding
 
-Buffer = bytearray
+Buffer = bytes | bytearray  # the receive buffer's store, read in place
 
 
 class Decoder:
@@ -231,6 +260,8 @@ class Decoder:
     :meth:`next_message` returns ``None`` when it needs more bytes; it raises
     :class:`SubscriptionProtocolError` (frame consumed, connection fine) or
     :class:`RemoteProtocolError` (connection-level breach: the decoder is then dead).
+    :meth:`feed` raises :class:`~tidewire.protocols.buffer.BufferFull` (a breach too) when more
+    than ``limits.max_buffered_bytes`` would wait undecoded.
     """
 
     def __init__(
@@ -245,8 +276,8 @@ class Decoder:
     ) -> None:
         self.limits = limits or Limits()
         self.element_size = element_size or (lambda subscriber: 0)
-        self._buf = ReceiveBuffer()
-        self._need = 0  # do not retry the current frame before the buffer is this long
+        self._buf = ReceiveBuffer(self.limits.max_buffered_bytes)
+        self._need = 0  # do not retry the current frame before this many bytes are buffered
         self._dead: RemoteProtocolError | None = None
         self.publishing = publishing  # extension 1 negotiated: decode types 64-66
         self.auth = auth  # extension 2 negotiated: decode types 67-68
@@ -262,36 +293,35 @@ class Decoder:
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._dead is not None:
             raise self._dead
-        self._buf.feed(data)
+        try:
+            self._buf.append(data)
+        except BufferFull as exc:
+            self._dead = exc
+            raise
 
     def next_message(self) -> Decoded | None:
         if self._dead is not None:
             raise self._dead
         buf = self._buf
-        if len(buf.data) < self._need or not buf.buffered:
-            self._compact()
+        buffered = buf.buffered
+        if not buffered or buffered < self._need:  # (chunks waiting are not even joined)
             return None
+        data, pos = buf.view()
         try:
-            message, end = self._parse(buf.data, buf.pos)
+            message, end = self._parse(data, pos)
         except NeedData as need:
-            self._need = need.needed
-            self._compact()
+            self._need = need.needed - pos  # (from the frame's start, which stays put)
             return None
         except _Consumed as consumed:
-            buf.advance(consumed.end)
+            buf.advance_to(consumed.end)
             self._need = 0
             raise consumed.error from None
         except RemoteProtocolError as exc:
             self._dead = exc
             raise
-        buf.advance(end)
+        buf.advance_to(end)
         self._need = 0
         return message
-
-    def _compact(self) -> None:
-        # only while waiting for more: compacting after every frame would copy the rest each time
-        dropped = self._buf.compact()
-        self._need = max(0, self._need - dropped)
 
     def _parse(self, buf: Buffer, pos: int) -> tuple[Decoded, int]:
         limits = self.limits

@@ -113,9 +113,10 @@ class Connection:
 
     The machine contract: :meth:`receive_data` (``b""``: the transport closed),
     :meth:`next_event`, :meth:`data_to_send` / :meth:`chunks_to_send`, and the bounds
-    :attr:`buffered` (received, not yet decoded: at most one frame's worth beyond the
-    :class:`Limits`, since decoding is on demand) and :attr:`pending_output`. RS.io has no
-    timers: there is no ``next_deadline`` / ``handle_timer``."""
+    :attr:`buffered` (received, not yet decoded: a partial frame once the events are
+    drained; more than ``limits.max_buffered_bytes`` is the peer's breach, answered with
+    ``goodbye``) and :attr:`pending_output`. RS.io has no timers: there is no
+    ``next_deadline`` / ``handle_timer``."""
 
     def __init__(
         self,
@@ -140,10 +141,16 @@ class Connection:
         self._decoder = Decoder(
             limits, self._element_size_in, runs=runs, run_decoder=self._run_decoder_in
         )
+        # Three one-shot facts stay flags beside ``state`` rather than states of it: each is on
+        # an axis of its own (our hello: may we send; the transport's end: is more input
+        # coming; authenticate: extension 2), and any of them can be set in OPEN, CLOSING or
+        # CLOSED, so folding them in would multiply the states for no transition the table
+        # does not already hold. (h11 keeps its receive-side end of input as a flag too.)
         self._hello_sent = False
-        self._eof = False
-        self._auth_sent = False  # extension 2: authenticate is sent (received) at most once
-        self._auth_received = False
+        self._eof = False  # the transport ended: close once the buffered input is decoded
+        # authenticate went by: sent (a client) or received (the hub); it goes one way only,
+        # client to hub, so one flag holds both roles' "at most once"
+        self._authenticate_seen = False
 
     # ------------------------------------------------------------------ handshake
 
@@ -258,9 +265,9 @@ class Connection:
                 self._offers.sent(message, self._mine.is_open)
             case Authenticate():
                 self._check_extension(message, EXT_AUTH, Role.CLIENT)
-                if self._auth_sent:
+                if self._authenticate_seen:
                     raise LocalProtocolError("authenticate is sent at most once")
-                self._auth_sent = True
+                self._authenticate_seen = True
             case Authenticated():
                 self._check_extension(message, EXT_AUTH, Role.SERVER)
             case _:
@@ -371,7 +378,10 @@ class Connection:
         if not data:
             self._eof = True
             return
-        self._decoder.feed(data)
+        try:
+            self._decoder.feed(data)
+        except RemoteProtocolError as exc:  # more than limits.max_buffered_bytes undecoded
+            self._breach(str(exc))
 
     def next_event(self) -> Event | None:
         """The next event, or ``None`` when there is none until more data arrives."""
@@ -523,9 +533,9 @@ class Connection:
             case Authenticate():
                 if self.role is not Role.SERVER:
                     raise RemoteProtocolError("authenticate sent to the client")
-                if self._auth_received:
+                if self._authenticate_seen:
                     raise RemoteProtocolError("a second authenticate")
-                self._auth_received = True
+                self._authenticate_seen = True
             case Authenticated():
                 if self.role is not Role.CLIENT:
                     raise RemoteProtocolError("authenticated sent to the hub")

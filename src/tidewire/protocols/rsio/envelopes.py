@@ -20,6 +20,7 @@ is built from decoded columns (shared with the run decoders of :mod:`.runs`).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate
 
@@ -149,7 +150,7 @@ def columns_to_batch(
     stream: str,
     ids: list[int],
     stamps: list[int],
-    values: list[bytes] | list[bytearray],
+    values: Sequence[bytes | bytearray],
     keyed: list[tuple[int, bytes]],
 ) -> Batch:
     if not ids:

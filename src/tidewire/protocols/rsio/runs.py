@@ -5,7 +5,8 @@ the hot paths never build them one message at a time:
 
 * :func:`envelope_frames` encodes a :class:`Batch` as those frames (the hub's delivery);
 * :func:`envelope_run_decoder` decodes consecutive frames of a subscription straight from the
-  :class:`.ReceiveBuffer` into one :class:`Batch` (the client's subscription);
+  shared :class:`~tidewire.protocols.buffer.ReceiveBuffer` (in place, from its ``view()``)
+  into one :class:`Batch` (the client's subscription);
 * :func:`offer_run_decoder` does the same for what a publisher offers (ids 0 are "the hub
   assigns them"), into an :class:`OfferRun` (the hub's ingest), and :func:`join_offer_parts`
   joins those runs into the batch one append stores.
@@ -23,7 +24,7 @@ from itertools import accumulate, chain, repeat
 from operator import add
 
 from ...model import Batch, InvalidBatch, RemoteProtocolError, TidewireError, check_ids
-from .buffer import ReceiveBuffer
+from ..buffer import ReceiveBuffer
 from .envelopes import (
     columns_to_batch,
     decode_envelopes,
@@ -46,8 +47,8 @@ RunDecoder = Callable[[ReceiveBuffer, bytes, int, int], tuple[object, int]]
 """``(buf, prefix, max_count, max_element_bytes) -> (value, count)``: decode up to
 ``max_count`` complete variable-size ``onNext`` frames at ``buf.pos``, each starting with
 ``prefix`` (type and subscriber), into one value of the application's, and advance ``buf`` past
-them; ``count`` 0 means "not even the first" (``buf`` is left as it was, and that frame is then
-decoded as a plain ``OnNext``)."""
+them (``buf.advance_to``); ``count`` 0 means "not even the first" (``buf`` is left as it was,
+and that frame is then decoded as a plain ``OnNext``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ def envelope_frames(subscriber: int, batch: Batch) -> bytes:
 
 def _envelope_frames_to_batch(
     stream: str,
-    buf: bytearray,
+    buf: bytes | bytearray,
     pos: int,
     prefix: bytes,
     max_count: int,
@@ -144,7 +145,7 @@ def _envelope_frames_to_batch(
     start = pos
     ids: list[int] = []
     stamps: list[int] = []
-    values: list[bytearray] = []
+    values: list[bytes | bytearray] = []
     keyed: list[tuple[int, bytes]] = []
     startswith = buf.startswith
     end_buf = len(buf)
@@ -222,7 +223,7 @@ def _envelope_frames_to_batch(
     return batch, pos, count
 
 
-def _header(buf: bytearray, p: int, end: int) -> tuple[int, int, int, bytearray] | None:
+def _header(buf: bytes | bytearray, p: int, end: int) -> tuple[int, int, int, bytearray] | None:
     """The full parse of an envelope's id and timestamp at ``buf[p:]`` (its element ends at
     ``end``): ``(id, timestamp, where the key starts, the id and timestamp expected next)``
     (that last empty when the next id's varint is longer); ``None`` if it is malformed."""
@@ -240,7 +241,7 @@ def _header(buf: bytearray, p: int, end: int) -> tuple[int, int, int, bytearray]
     return event_id, (raw >> 1) ^ -(raw & 1), q, expected
 
 
-def _key(buf: bytearray, q: int, end: int) -> tuple[bytes | None, int] | None:
+def _key(buf: bytes | bytearray, q: int, end: int) -> tuple[bytes | None, int] | None:
     """The key of the envelope whose key field starts at ``buf[q]`` (not a 0 byte) and whose
     element ends at ``end``, and where its value starts; ``None`` if it is malformed."""
     b = buf[q]
@@ -261,7 +262,8 @@ def _key(buf: bytearray, q: int, end: int) -> tuple[bytes | None, int] | None:
 
 
 def _same_frames(
-    buf: bytearray, pos: int, end: int, q: int, max_count: int, values: list[bytearray]
+    buf: bytes | bytearray, pos: int, end: int, q: int, max_count: int,
+    values: list[bytes | bytearray],
 ) -> int:
     """The frames after ``buf[pos:end]`` (an offer's, id 0 and no key, its value at ``q``)
     whose head is byte for byte the same, up to ``max_count`` of them: their values are
@@ -289,11 +291,10 @@ def envelope_run_decoder(stream: str) -> RunDecoder:
     def decode(
         buf: ReceiveBuffer, prefix: bytes, max_count: int, limit: int
     ) -> tuple[Batch | None, int]:
-        value, end, count = _envelope_frames_to_batch(
-            stream, buf.data, buf.pos, prefix, max_count, limit
-        )
+        data, pos = buf.view()
+        value, end, count = _envelope_frames_to_batch(stream, data, pos, prefix, max_count, limit)
         if count:
-            buf.advance(end)
+            buf.advance_to(end)
         return value, count  # type: ignore[return-value]
 
     return decode
@@ -307,11 +308,12 @@ def offer_run_decoder(stream: str) -> RunDecoder:
     def decode(
         buf: ReceiveBuffer, prefix: bytes, max_count: int, limit: int
     ) -> tuple[OfferRun | None, int]:
+        data, pos = buf.view()
         value, end, count = _envelope_frames_to_batch(
-            stream, buf.data, buf.pos, prefix, max_count, limit, offer=True
+            stream, data, pos, prefix, max_count, limit, offer=True
         )
         if count:
-            buf.advance(end)
+            buf.advance_to(end)
         return value, count  # type: ignore[return-value]
 
     return decode

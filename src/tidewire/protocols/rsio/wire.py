@@ -1,35 +1,30 @@
-"""Protobuf's wire primitives as RS.io uses them, with no field tags and no frame length.
+"""Protobuf's wire primitives as RS.io uses them, with no field tags and no frame length,
+built on the one varint of :mod:`.varint` (``Id``, ``varint``; imported from there, not here).
 
-* varint: see :mod:`.varint` (``Id``, ``varint``); re-exported here.
 * ``Long``: a varint restricted to 0..2**63-1.
 * ``String``: varint byte length, then that many bytes of UTF-8.
 * ``bytes``: varint length, then the bytes.
 * ``List[Id]``: varint count, then the ids.
 
 ``pull_*`` read from ``buf`` at ``pos`` and return ``(value, new_pos)``; they raise
-:class:`NeedData` when ``buf`` ends first (the caller waits for more and retries), and
+:class:`.varint.NeedData` when ``buf`` ends first (the caller waits for more and retries), and
 :class:`RemoteProtocolError` when the bytes can never be valid. ``push_*`` append to a bytearray.
 """
 
 from __future__ import annotations
 
 from ...model import RemoteProtocolError
-from .varint import MAX_LONG, MAX_VARINT, NeedData, pull_varint, push_varint, varint_size
+from .varint import MAX_LONG, NeedData, pull_varint, push_varint
 
 __all__ = [
-    "MAX_LONG",
-    "MAX_VARINT",
-    "NeedData",
+    "InvalidUtf8",
     "pull_bytes",
     "pull_id_list",
     "pull_long",
     "pull_string",
-    "pull_varint",
     "push_bytes",
     "push_id_list",
     "push_string",
-    "push_varint",
-    "varint_size",
 ]
 
 
