@@ -236,7 +236,6 @@ OVERSIZED = {
     "tidewire.protocols.rsio.connection",
     "tidewire.protocols.rsio.publisher",
     "tidewire.protocols.seguro.session",
-    "tidewire.server.rsio",
     "tidewire.server.tolliver",
     "tidewire.tolliver.instance",
 }
