@@ -30,7 +30,7 @@ from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.model import Batch, Unauthenticated
 from tidewire.server.app import TUBE_CONNECTIONS_KEY, build_app
 from tidewire.server.guard import Admission, ConnectionLimits
-from tidewire.server.rsio import RsioServer, RsioServerProtocol, start_rsio_server
+from tidewire.server.rsio import RsioServer, RsioSession, start_rsio_server
 
 Transport = Literal["tcp", "tube"]
 TRANSPORTS: list[Transport] = ["tcp", "tube"]
@@ -64,7 +64,7 @@ class Restartable:
         return self.hub
 
     @property
-    def connections(self) -> set[RsioServerProtocol]:
+    def connections(self) -> set[RsioSession]:
         if self._server is not None:
             return self._server.connections
         if self._runner is not None:
@@ -102,9 +102,8 @@ class Restartable:
 
     def cut(self) -> None:
         """Drop every connection without a word (as a reset would); the listener stays."""
-        for protocol in list(self.connections):
-            if protocol.transport is not None:
-                protocol.transport.abort()
+        for session in list(self.connections):
+            session.abort()
 
     async def stored(self, stream: str) -> list[tuple[int, bytes]]:
         """Every event of ``stream`` as the hub holds it: (id, value)."""

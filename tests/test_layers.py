@@ -234,7 +234,6 @@ OVERSIZED = {
     "tidewire.client.resilient",
     "tidewire.client.rsio",
     "tidewire.protocols.seguro.session",
-    "tidewire.server.rsio",
     "tidewire.server.tolliver",
     "tidewire.tolliver.instance",
 }

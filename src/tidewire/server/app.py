@@ -53,8 +53,8 @@ from ..observe.logs import connection_log
 from ..protocols.rsio_http import ERROR_HEADER
 from .admin import add_admin_routes
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
-from .rsio import RsioServerProtocol, RsioSettings
 from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, principal
+from .rsio_session import RsioSession, RsioSettings
 from .tube import TubeSettings, add_tube_route
 
 __all__ = [
@@ -75,7 +75,7 @@ HUB_KEY = web.AppKey("hub", Hub)
 ACCESS_KEY = web.AppKey("access", Access)
 HTTP_SETTINGS_KEY = web.AppKey("http_settings", HttpSettings)
 RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
-TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioServerProtocol])
+TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioSession])
 REALM = 'Bearer realm="tidewire"'
 
 
@@ -108,7 +108,7 @@ def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSetting
     app.router.add_get("/streams", _streams)
     app[RSIO_HTTP_KEY] = subscriptions = RsioHttp(hub, settings, access=access)
     subscriptions.add_routes(app)
-    connections: set[RsioServerProtocol] = set()
+    connections: set[RsioSession] = set()
     app[TUBE_CONNECTIONS_KEY] = connections
     add_tube_route(app, hub, connections, tube, rsio, access=access)
 

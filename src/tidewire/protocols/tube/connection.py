@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import zlib
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -135,6 +136,35 @@ class _Incoming:
     received: int = 0
 
 
+class _Cursor:
+    """Reads a sequence of byte views front to back in pieces: a piece within one view is a
+    view of it; a piece across views is joined (bytes)."""
+
+    __slots__ = ("_i", "_pos", "_views", "left")
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self._views = views
+        self._i = 0
+        self._pos = 0
+        self.left = sum(v.nbytes for v in views)
+
+    def take(self, n: int) -> bytes | memoryview:
+        """The next ``n`` bytes (fewer at the end)."""
+        n = min(n, self.left)
+        self.left -= n
+        pieces: list[memoryview] = []
+        while n:
+            view = self._views[self._i]
+            piece = view[self._pos : self._pos + n]
+            pieces.append(piece)
+            n -= piece.nbytes
+            self._pos += piece.nbytes
+            if self._pos == view.nbytes:
+                self._i += 1
+                self._pos = 0
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 @dataclass(slots=True)
 class Connection:
     role: Role
@@ -145,7 +175,7 @@ class Connection:
     now: float = 0.0  # when the connection started
     state: _State = _State.AWAIT_SIZE
     peer_fragment_size: int | None = None
-    _out: list[bytes] = field(default_factory=list)
+    _out: list[bytes | memoryview] = field(default_factory=list)
     _events: deque[Event] = field(default_factory=deque)
     _incoming: _Incoming | None = None  # the message being reassembled (its fragments: _rx)
     _rx: ReceiveBuffer = field(init=False)
@@ -185,9 +215,16 @@ class Connection:
     def data_to_send(self) -> list[bytes]:
         """Every WebSocket message queued for the peer, in order (``[]``: none)."""
         out, self._out = self._out, []
+        return [m if isinstance(m, bytes) else bytes(m) for m in out]
+
+    def chunks_to_send(self) -> list[bytes | memoryview]:
+        """The same as :meth:`data_to_send`, but a message that lies within one chunk given
+        to :meth:`send_chunks` comes as a view of it, uncopied (what RS.io's
+        ``chunks_to_send`` is to its ``data_to_send``)."""
+        out, self._out = self._out, []
         return out
 
-    def _queue(self, payload: bytes, now: float) -> None:
+    def _queue(self, payload: bytes | memoryview, now: float) -> None:
         self._out.append(payload)
         self._last_sent = now
 
@@ -211,24 +248,59 @@ class Connection:
                 payload, code = packed, CODE_DEFLATE
         self._send_fragments(code, payload, now)
 
+    def send_chunks(self, chunks: Sequence[bytes | memoryview], now: float, *,
+                    compress: bool | None = None) -> None:  # fmt: skip
+        """Send one message whose payload is ``chunks`` back to back, as :meth:`send` would
+        send their join, without the join: a WebSocket message that lies within one chunk is
+        a view of it (:meth:`data_to_send` hands it out uncopied), only the header's message
+        and a fragment that spans chunks are joined. The chunks must not change until sent.
+        Deflate reads them one by one but its output is one new buffer (a join of sorts:
+        compressing cannot be done in place)."""
+        if self.state is not _State.OPEN:
+            raise LocalProtocolError("no message before both fragment sizes are exchanged")
+        views = [memoryview(c).cast("B") for c in chunks]
+        total = sum(v.nbytes for v in views)
+        smart = compress is None and self.compression == "smart"
+        if compress is None:
+            compress = self.compression == "always" or (smart and total >= SMART_MIN_BYTES)
+        if compress and self._deflate_ok:
+            deflater = zlib.compressobj(1)  # (the same stream as zlib.compress(payload, 1))
+            packed = b"".join([*map(deflater.compress, views), deflater.flush()])
+            if not smart or len(packed) <= total - total // 8:  # smart: if it pays
+                self._send_fragments(CODE_DEFLATE, packed, now)
+                return
+        size = self.peer_fragment_size or 0
+        if not size or total + 1 <= size:  # one WebSocket message: header and payload
+            self._queue(b"".join([encode_header(CODE_PLAIN, 1), *views]), now)
+            return
+        count, first = self._layout(CODE_PLAIN, total, size)
+        cursor = _Cursor(views)
+        self._queue(encode_header(CODE_PLAIN, count) + cursor.take(first), now)
+        while cursor.left:
+            self._queue(cursor.take(size), now)
+
+    def _layout(self, code: int, total: int, size: int) -> tuple[int, int]:
+        """``(count, first)``: the fragments of a ``total``-byte payload split at ``size``,
+        and the length of the first (which shares its WebSocket message with the header)."""
+        count = 1
+        while True:
+            head = len(encode_header(code, count))
+            first = size - head
+            rest = total - first
+            needed = 1 + -(-rest // size) if rest > 0 else 1
+            if needed == count:
+                return count, first
+            count = needed
+            if count > MAX_FRAGMENTS:
+                raise LocalProtocolError("a message needs more than 2**31-1 fragments")
+
     def _send_fragments(self, code: int, payload: bytes, now: float) -> None:
         size = self.peer_fragment_size or 0
         if not size or len(payload) + 1 <= size:  # (an empty message: the header alone, 01)
             self._queue(encode_header(code, 1) + payload, now)
             return
-        # The first fragment shares its WebSocket message with the header; find the count
-        # whose header leaves room for a first fragment of the right length.
-        count = 1
-        while True:
-            head = len(encode_header(code, count if count > 1 else 1))
-            first = size - head
-            rest = len(payload) - first
-            needed = 1 + -(-rest // size) if rest > 0 else 1
-            if needed == count:
-                break
-            count = needed
-            if count > MAX_FRAGMENTS:
-                raise LocalProtocolError("a message needs more than 2**31-1 fragments")
+        # The first fragment shares its WebSocket message with the header.
+        count, first = self._layout(code, len(payload), size)
         self._queue(encode_header(code, count) + payload[:first], now)
         for start in range(first, len(payload), size):
             self._queue(payload[start : start + size], now)

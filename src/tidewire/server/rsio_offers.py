@@ -1,0 +1,325 @@
+"""Publishing (RS.io extension 1) on one RS.io session, whatever carries it (TCP or Tube).
+
+For each ``offer`` the hub subscribes to the client's publisher with subscriber id = the offer
+id and a window of ``OFFER_WINDOW`` elements. What arrives is gathered per offer; one committer
+task per offer hands everything gathered so far to the hub's ingest path
+(:mod:`tidewire.hub.ingest`, one pipeline per offer) as one batch (so the log's group commit
+sees big batches), then sends ``committed`` and requests as many elements as it has just
+stored: the disk drives the backpressure. Bytes received and not yet committed are bounded per
+connection by the ingest (``max_pending_bytes``), whose pause signal the session turns into
+"stop reading". A transaction offer (``txn=``) is held whole, within ``max_txn_bytes`` per
+connection, and committed once at its onComplete (``Ingest.submit_txn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from ..hub import Ingest, Pipeline
+from ..model import Batch, TidewireError, now_ms
+from ..observe.logs import ConnectionLog
+from ..protocols.rsio import Cancel, Committed, Connection, OfferEnded, Request, Subscribe
+from ..protocols.rsio.names import OfferName
+from ..protocols.rsio.runs import OfferRun, join_offer_parts, offer_run_decoder
+
+__all__ = ["OFFER_WINDOW", "Inlet", "Offers"]
+
+OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
+
+
+def _retrieve(future: asyncio.Future[Batch]) -> None:
+    if not future.cancelled():
+        future.exception()  # an abandoned append's failure is logged by the log, not here
+
+
+@dataclass(slots=True, eq=False)
+class Inlet:
+    """One offer being received: elements gathered for the next commit."""
+
+    offer: int
+    name: OfferName
+    element_size: int = 0  # from the client's subscribed
+    # elements, packed runs of them, or decoded runs of envelopes
+    parts: list[bytes | OfferRun] = field(default_factory=list)
+    count: int = 0  # elements in parts
+    nbytes: int = 0
+    ended: str | None = None  # None: open; "": onComplete; else the publisher's onError
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    explicit_ids: bool | None = None  # decided by the offer's first envelope batch
+    failed: str | None = None  # the hub gave up on the offer (a transaction too big)
+
+
+class Offers:
+    """The offers of one connection: ``conn`` is its RS.io machine, ``ingest`` the hub's
+    ingest path for it, ``flush`` hands what ``conn`` queued to the carrier. The session calls
+    :meth:`open` for an ``offer`` it allowed and routes the offer subscriptions' events here
+    (:meth:`subscribed`, :meth:`element`, :meth:`packed`, :meth:`run`, :meth:`decoded`,
+    :meth:`end`); :meth:`cancel_all` when the connection ends."""
+
+    def __init__(self, conn: Connection, ingest: Ingest, log: ConnectionLog,
+                 flush: Callable[[], None], *, max_offers: int,
+                 max_txn_bytes: int) -> None:  # fmt: skip
+        self.conn = conn
+        self.ingest = ingest
+        self.log = log  # (the session replaces it once the carrier names the connection)
+        self.flush = flush
+        self.max_offers = max_offers
+        self.max_txn_bytes = max_txn_bytes
+        self.inlets: dict[int, Inlet] = {}
+        self.txn_bytes = 0  # held by this connection's open transaction offers
+
+    # ------------------------------------------------------------------ the session's calls
+
+    def open(self, offer: int, publisher: str, name: OfferName) -> None:
+        """Subscribe to the peer's ``publisher`` (parsed: ``name``) for ``offer`` (the
+        principal may write its stream: the session checked), or refuse it."""
+        if len(self.inlets) >= self.max_offers:
+            limit = self.max_offers
+            self.refuse(offer, f"too many offers on this connection (the limit is {limit})")
+            return
+        if not self.conn.can_subscribe(offer):  # a cancelled subscription's id, unconfirmed
+            self.refuse(offer, f"offer id {offer} is still in use")
+            return
+        self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW))
+        inlet = self.inlets[offer] = Inlet(offer, name)
+        inlet.task = asyncio.create_task(self._commit_loop(inlet))
+
+    def refuse(self, offer: int, reason: str) -> None:
+        self.log.info("offer %d refused: %s", offer, reason)
+        self.conn.send(OfferEnded(offer, reason))
+
+    def cancel_all(self) -> None:
+        for inlet in list(self.inlets.values()):
+            if inlet.task is not None:
+                inlet.task.cancel()  # an append in flight still completes (the log shields it)
+        self.inlets.clear()
+
+    def subscribed(self, subscriber: int, size: int) -> None:
+        """The peer's ``subscribed``: its element size; envelopes get a run decoder."""
+        inlet = self.inlets.get(subscriber)
+        if inlet is not None:
+            inlet.element_size = size
+            if not size and inlet.name.format == "envelope":  # runs into batches
+                self.conn.set_run_decoder(subscriber, offer_run_decoder(inlet.name.stream))
+
+    def end(self, subscriber: int, error: str | None) -> None:
+        """The peer's onComplete (``error`` None) or onError."""
+        inlet = self.inlets.get(subscriber)
+        if inlet is not None:
+            inlet.ended = "" if error is None else error
+            inlet.wake.set()
+
+    def element(self, subscriber: int, data: bytes, count: int = 1) -> None:
+        """One element, or ``count`` packed fixed-size ones."""
+        inlet = self.inlets.get(subscriber)
+        if inlet is None:
+            return
+        if inlet.name.txn is not None:
+            self._gather_txn(inlet, [data], count, len(data))
+            return
+        self._gather(inlet, [data], count, len(data))
+
+    def run(self, subscriber: int, elements: list[bytes]) -> None:
+        """A run of elements taken from one read."""
+        inlet = self.inlets.get(subscriber)
+        if inlet is None:
+            return
+        nbytes = sum(map(len, elements))
+        if inlet.name.txn is not None:
+            self._gather_txn(inlet, elements, len(elements), nbytes)
+            return
+        self._gather(inlet, elements, len(elements), nbytes)
+
+    def decoded(self, subscriber: int, run: OfferRun) -> None:
+        """A run of envelopes decoded straight from the receive buffer (no object per
+        element): gathered as one part, counted by its bytes on the wire."""
+        inlet = self.inlets.get(subscriber)
+        if inlet is None:
+            return
+        if inlet.name.txn is not None:
+            self._gather_txn(inlet, [run], len(run.batch), run.nbytes)
+            return
+        self._gather(inlet, [run], len(run.batch), run.nbytes)
+
+    # ------------------------------------------------------------------ gathering
+
+    def _gather(self, inlet: Inlet, parts: Sequence[bytes | OfferRun], count: int,
+                nbytes: int) -> None:  # fmt: skip
+        inlet.parts += parts
+        inlet.count += count
+        inlet.nbytes += nbytes
+        inlet.wake.set()
+        self.ingest.hold(nbytes)
+
+    def _gather_txn(self, inlet: Inlet, parts: Sequence[bytes | OfferRun], count: int,
+                    nbytes: int) -> None:  # fmt: skip
+        """A transaction's elements are held until its onComplete (then appended at once),
+        within ``max_txn_bytes`` per connection; more are requested as they arrive."""
+        if inlet.failed is not None:
+            return
+        inlet.parts += parts
+        inlet.count += count
+        inlet.nbytes += nbytes
+        self.txn_bytes += nbytes
+        if self.txn_bytes > self.max_txn_bytes:
+            inlet.failed = f"transactions on this connection exceed {self.max_txn_bytes} bytes"
+        elif self.conn.is_subscribed(inlet.offer):
+            self.conn.send(Request(inlet.offer, count))
+        inlet.wake.set()
+
+    def _batch(self, inlet: Inlet, parts: list[bytes | OfferRun]) -> tuple[Batch, bool]:
+        name, size = inlet.name, inlet.element_size
+        if name.format == "value":  # (no run decoder: every part is bytes)
+            values = cast(list[bytes], parts)
+            if size:
+                return Batch.fixed(name.stream, b"".join(values), size, key=name.key), False
+            keys = None if name.key is None else [name.key] * len(values)
+            return Batch.build(name.stream, values, keys=keys), False
+        if size:  # fixed-size envelopes: split the packed runs
+            packed = cast(list[bytes], parts)
+            parts = [p[i : i + size] for p in packed for i in range(0, len(p), size)]
+        return join_offer_parts(name.stream, parts, now_ms())
+
+    def _take(self, inlet: Inlet) -> tuple[list[bytes | OfferRun], int, int]:
+        """The oldest gathered parts, about ``commit_bytes`` of them (at least one)."""
+        size = inlet.element_size
+        chunk = self.ingest.limits.commit_bytes
+        if inlet.nbytes <= chunk:
+            taken = (inlet.parts, inlet.count, inlet.nbytes)
+            inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+            return taken
+        nbytes = count = stop = 0
+        while nbytes < chunk:
+            part = inlet.parts[stop]
+            stop += 1
+            if isinstance(part, OfferRun):
+                nbytes += part.nbytes
+                count += len(part.batch)
+                continue
+            nbytes += len(part)
+            count += len(part) // size if size else 1
+        parts, inlet.parts = inlet.parts[:stop], inlet.parts[stop:]
+        inlet.count -= count
+        inlet.nbytes -= nbytes
+        return parts, count, nbytes
+
+    # ------------------------------------------------------------------ committing
+
+    def _ended(self, offer: int, reason: str, *, cancel: bool) -> None:
+        """Tell the peer the offer is over (``reason`` "" for success)."""
+        if self.conn.closed:
+            return
+        if cancel and self.conn.is_subscribed(offer):
+            self.conn.send(Cancel(offer))
+        self.conn.send(OfferEnded(offer, reason))
+        self.flush()
+
+    def _acknowledge(self, inlet: Inlet,
+                     receipts: deque[tuple[asyncio.Future[Batch], int]]) -> bool:  # fmt: skip
+        """``committed`` (and a request for as many) for each receipt that came, in order;
+        False once the connection is closed."""
+        offer = inlet.offer
+        while receipts and receipts[0][0].done():
+            receipt, count = receipts.popleft()
+            stored = receipt.result()
+            if self.conn.closed:
+                return False
+            self.conn.send(Committed(offer, count, stored.first_id, stored.last_id))
+            if inlet.ended is None and self.conn.is_subscribed(offer):
+                self.conn.send(Request(offer, count))
+            self.flush()
+        return True
+
+    async def _commit_loop(self, inlet: Inlet) -> None:
+        """Append what arrives, in chunks of about ``commit_bytes`` (records stay small enough
+        for subscribers to read without waste), through the offer's ingest pipeline: several
+        appends in flight when the hub assigns the ids (so they share group commits), one at a
+        time when the envelopes carry ids, fenced, receipts in order. Acknowledge in order."""
+        offer = inlet.offer
+        if inlet.name.txn is not None:
+            await self._commit_txn(inlet, inlet.name.txn)
+            return
+        pipeline = self.ingest.pipeline(serial_own_ids=True)
+        receipts: deque[tuple[asyncio.Future[Batch], int]] = deque()
+        try:
+            while True:
+                if not self._acknowledge(inlet, receipts):
+                    return
+                # (while the pipeline is full, elements gather into the next, bigger, batch)
+                if inlet.parts and pipeline.has_room(not inlet.explicit_ids):
+                    self._submit(inlet, pipeline, receipts)
+                    continue
+                if not inlet.parts and not receipts and inlet.ended is not None:
+                    break
+                inlet.wake.clear()
+                await inlet.wake.wait()
+            if inlet.ended and not self.conn.closed:
+                self.log.info("offer %d: the publisher failed: %s", offer, inlet.ended)
+            self._ended(offer, "", cancel=False)
+        except asyncio.CancelledError:
+            raise
+        except (TidewireError, ValueError) as exc:
+            self.log.warning("offer %d into %r failed: %s", offer, inlet.name.stream, exc)
+            self._ended(offer, str(exc), cancel=True)
+        finally:
+            pipeline.close()  # the storage finishes what it has; nothing more is acked
+            for receipt, _ in receipts:
+                receipt.add_done_callback(_retrieve)
+            if self.inlets.get(offer) is inlet:
+                del self.inlets[offer]
+            self.ingest.release(inlet.nbytes)  # gathered, never submitted
+            inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+
+    def _submit(self, inlet: Inlet, pipeline: Pipeline,
+                receipts: deque[tuple[asyncio.Future[Batch], int]]) -> None:  # fmt: skip
+        """The oldest gathered chunk, as one batch, into the pipeline."""
+        parts, count, nbytes = self._take(inlet)
+        try:
+            batch, explicit = self._batch(inlet, parts)
+            if inlet.explicit_ids is None:
+                inlet.explicit_ids = explicit
+            elif explicit != inlet.explicit_ids:
+                raise ValueError("an offer's envelopes either all carry ids or none does")
+        except (TidewireError, ValueError):
+            self.ingest.release(nbytes)
+            raise
+        receipt = pipeline.submit(batch, assign_ids=not explicit, held=nbytes)
+        receipt.add_done_callback(lambda _: inlet.wake.set())
+        receipts.append((receipt, count))
+
+    async def _commit_txn(self, inlet: Inlet, txn: str) -> None:
+        """A transaction offer: everything, once, at onComplete (``Hub.commit``)."""
+        offer = inlet.offer
+        try:
+            while inlet.ended is None and inlet.failed is None:
+                inlet.wake.clear()
+                await inlet.wake.wait()
+            reason = inlet.failed
+            if reason is None and inlet.ended:
+                reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
+            if reason is None and inlet.count:
+                batch, _ = self._batch(inlet, inlet.parts)  # (its own ids do not matter)
+                receipt = await self.ingest.submit_txn(txn, batch)
+                if receipt.already:
+                    self.log.info("transaction %r was committed before: not appended again", txn)
+                if not self.conn.closed:
+                    self.conn.send(Committed(offer, inlet.count, receipt.first_id,
+                                             receipt.last_id))  # fmt: skip
+            if reason is not None:
+                self.log.warning("offer %d (transaction %r) failed: %s", offer, txn, reason)
+            self._ended(offer, reason or "", cancel=True)
+        except asyncio.CancelledError:
+            raise
+        except (TidewireError, ValueError) as exc:
+            self.log.warning("transaction %r into %r failed: %s", txn, inlet.name.stream, exc)
+            self._ended(offer, str(exc), cancel=True)
+        finally:
+            self.txn_bytes -= inlet.nbytes
+            inlet.nbytes = 0
+            if self.inlets.get(offer) is inlet:
+                del self.inlets[offer]
