@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..model import Batch
+from ..registry import PROTOCOLS
 from .txn import TxnReceipt
 
 if TYPE_CHECKING:
@@ -66,16 +67,15 @@ class IngestLimits:
 
 
 INGEST_DEFAULTS: dict[str, IngestLimits] = {
-    "rsio": IngestLimits(8 * MiB, 4, MiB),
-    "tube": IngestLimits(8 * MiB, 4, MiB),  # (RS.io over Tube: the same adapter)
-    "seguro": IngestLimits(16 * MiB, 4, 256 * 1024),
-    # Tolliver appended each received chunk's messages at once, bounded by bytes only: they
-    # are small, and one group commit takes them all together, so many may be in flight.
-    "tolliver": IngestLimits(32 * MiB, 1024, MiB),
-}
-"""Each protocol's limits when the settings do not say (the values each adapter had before
-they shared this path: changing them would change what a peer sees when it floods the hub,
-or how many appends share a group commit)."""
+    p.name: IngestLimits(p.ingest.max_pending_bytes, p.ingest.appends_in_flight,
+                         p.ingest.commit_bytes)
+    for p in PROTOCOLS
+    if p.ingest is not None
+}  # fmt: skip
+"""Each protocol's limits when the settings do not say, from the one protocol registry
+(:mod:`tidewire.registry`: the values each adapter had before they shared this
+path; changing them would change what a peer sees when it floods the hub, or how many appends
+share a group commit)."""
 
 
 class Ingest:

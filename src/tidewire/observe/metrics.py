@@ -38,6 +38,7 @@ from ..hub.traffic import (
     Traffic,
     next_subscription_id,
 )
+from ..registry import PROTOCOLS
 
 __all__ = [
     "CONNECTION_PROTOCOLS",
@@ -53,11 +54,13 @@ __all__ = [
     "subscription_lag",
 ]
 
-CONNECTION_PROTOCOLS = ("rsio", "http", "tube", "tolliver", "seguro")
-"""What a connection speaks: its listener's protocol, or ``tube`` once HTTP upgraded."""
+CONNECTION_PROTOCOLS = tuple(p.connection_label for p in PROTOCOLS if p.connection_label)
+"""What a connection speaks: its listener's protocol, or ``tube`` once HTTP upgraded (from the
+protocol registry, :mod:`tidewire.registry`: rsio, http, tube, tolliver, seguro)."""
 
-SUBSCRIPTION_PROTOCOLS = ("rsio", "rsio-http", "tube", "tolliver")
-"""Who follows streams: RS.io over TCP, over HTTP, over Tube, and Tolliver's remotes."""
+SUBSCRIPTION_PROTOCOLS = tuple(p.subscription_label for p in PROTOCOLS if p.subscription_label)
+"""Who follows streams: RS.io over TCP, over HTTP (rsio-http), over Tube, and Tolliver's
+remotes (from the protocol registry)."""
 
 _registries: weakref.WeakKeyDictionary[Hub, CollectorRegistry] = weakref.WeakKeyDictionary()
 

@@ -14,25 +14,25 @@ import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..config import ConfigError, ServerConfig
-from ..hub import INGEST_DEFAULTS, Hub, IngestLimits
+from ..hub import Hub
 from ..hub.access import Access, Acl, Tokens
-from ..protocols.rsio import Limits
-from ..protocols.seguro import Limits as SeguroLimits
+from ..registry import PROTOCOLS, listeners
 from . import app as http_app
 from .app import build_app
 from .guard import Admission, ConnectionLimits, TlsSettings, server_context
-from .rsio import RsioServer, RsioSettings, start_rsio_server
-from .rsio_http import HttpSettings
-from .seguro import SeguroServer, start_seguro_server
-from .tolliver import TolliverServer, TolliverSettings, start_tolliver_server
-from .tube import TubeSettings
+from .listeners import HTTP_LISTENER, STARTERS, Front, ListenerServer
+from .listeners import http_settings as http_settings
+from .listeners import ingest_limits as ingest_limits
+from .listeners import rsio_settings as rsio_settings
+from .listeners import tolliver_settings as tolliver_settings
+from .listeners import tube_settings as tube_settings
 
 __all__ = ["Endpoint", "run_server", "serve"]
 
@@ -73,9 +73,7 @@ async def serve(
     )  # fmt: skip
     hub.ingest_limits.update(ingest_limits(config))
     runner: web.AppRunner | None = None
-    rsio: RsioServer | None = None
-    seguro: SeguroServer | None = None
-    tolliver: TolliverServer | None = None
+    servers: dict[str, ListenerServer] = {}  # the TCP listeners, in the registry's order
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -87,37 +85,13 @@ async def serve(
         await runner.setup()
         port = await http_app.start_http_site(
             runner, config.host, config.http_port,
-            admission=admission, tls=tls["http"], settings=http_settings(config),
+            admission=admission, tls=tls[HTTP_LISTENER], settings=http_settings(config),
         )  # fmt: skip
-        rsio = await start_rsio_server(
-            hub, config.host, config.rsio_port, rsio_settings(config),
-            access=access, admission=admission, tls=tls["rsio"],
-        )  # fmt: skip
-        tolliver = await start_tolliver_server(
-            hub, config.host, config.tolliver_port, tolliver_settings(config),
-            access=access, admission=admission, tls=tls["tolliver"],
-        )  # fmt: skip
-        seguro = await start_seguro_server(
-            hub, config.host, config.seguro_port,
-            SeguroLimits(max_event_bytes=int(config.values["seguro.max_event_bytes"]),
-                         max_many_count=int(config.values["seguro.max_many_events"])),
-            access=access, admission=admission, tls=tls["seguro"],
-        )  # fmt: skip
-        s = {k: "s" if v is not None else "" for k, v in tls.items()}
-        endpoints = [
-            Endpoint("rsio", f"rsio{s['rsio']}://{config.host}:{rsio.port}", "RS.io over TCP"),
-            Endpoint("tolliver", f"tolliver{s['tolliver']}://{config.host}:{tolliver.port}",
-                     "Tolliver (the hub's instance)"),
-            Endpoint("seguro", f"seguro{s['seguro']}://{config.host}:{seguro.port}",
-                     "Seguro (event log)"),
-            Endpoint("http", f"http{s['http']}://{config.host}:{port}/healthz", "health check"),
-            Endpoint("http", f"http{s['http']}://{config.host}:{port}/streams",
-                     "stream list (JSON)"),
-            Endpoint("http", f"http{s['http']}://{config.host}:{port}/rsio/pub/<stream>",
-                     "RS.io over HTTP (PUT)"),
-            Endpoint("ws", f"ws{s['http']}://{config.host}:{port}/tube",
-                     "RS.io over Tube (WebSocket)"),
-        ]
+        for name in tcp_listeners():
+            front = Front(access, admission, tls[name])
+            servers[name] = await STARTERS[name](hub, config, front)
+        ports = {HTTP_LISTENER: port} | {name: s.port for name, s in servers.items()}
+        endpoints = banner_endpoints(config.host, ports, tls)
         warn_exposure(config, tls, access)
         streams = hub.stream_names()
         print(
@@ -135,8 +109,8 @@ async def serve(
         # The handlers stay until the log is closed: a second signal during the flush is
         # ignored (stop is already set) instead of killing the process mid-flush.
         try:
-            await _wind_down([s for s in (rsio, seguro, tolliver) if s is not None],
-                             runner, float(config.values["shutdown_seconds"]))  # fmt: skip
+            await _wind_down(list(servers.values()), runner,
+                             float(config.values["shutdown_seconds"]))  # fmt: skip
             await hub.close()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -147,16 +121,7 @@ async def serve(
         print("stopped (log.fsync is off: recent events may not be on disk)", file=out, flush=True)
 
 
-class _Draining(Protocol):
-    def quiesce(self) -> None: ...
-
-    @property
-    def busy(self) -> bool: ...
-
-    async def close(self) -> None: ...
-
-
-async def _wind_down(servers: list[_Draining], runner: web.AppRunner | None,
+async def _wind_down(servers: list[ListenerServer], runner: web.AppRunner | None,
                      seconds: float) -> None:  # fmt: skip
     """The graceful part of a shutdown, bounded by ``seconds`` (``shutdown_seconds``):
 
@@ -244,7 +209,32 @@ def run_server(config: ServerConfig) -> None:
         runner.run(serve(config))
 
 
-LISTENERS = ("http", "rsio", "seguro", "tolliver")
+LISTENERS = listeners()
+"""Every listener of the protocol registry (:mod:`tidewire.registry`), alphabetically."""
+
+
+def tcp_listeners() -> list[str]:
+    """The listeners ``serve`` starts after the HTTP one, in the registry's order (rsio,
+    tolliver, seguro)."""
+    out: list[str] = []
+    for p in PROTOCOLS:
+        if p.listener != HTTP_LISTENER and p.listener not in out:
+            out.append(p.listener)
+    return out
+
+
+def banner_endpoints(host: str, ports: dict[str, int],
+                     tls: dict[str, ssl.SSLContext | None]) -> list[Endpoint]:  # fmt: skip
+    """The endpoints ``serve`` prints, from the registry: the TCP listeners' first, then the
+    HTTP listener's (each in the registry's order); a scheme gains an ``s`` under TLS."""
+    out: list[Endpoint] = []
+    for listener in [*tcp_listeners(), HTTP_LISTENER]:
+        s = "s" if tls.get(listener) is not None else ""
+        for p in PROTOCOLS:
+            if p.listener == listener:
+                out.extend(Endpoint(e.label, f"{e.scheme}{s}://{host}:{ports[listener]}{e.path}",
+                                    e.what) for e in p.endpoints)  # fmt: skip
+    return out
 
 
 def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSLContext | None]]:
@@ -273,7 +263,8 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
         try:
             for name in LISTENERS:
                 if v[f"{name}.tls"]:  # Tolliver's origin requires client certificates
-                    auth = "required" if name == "tolliver" else None
+                    needs = any(p.client_certificates for p in PROTOCOLS if p.listener == name)
+                    auth = "required" if needs else None
                     contexts[name] = server_context(tls, client_auth=auth)
         except (OSError, ValueError, ssl.SSLError) as exc:
             raise ConfigError(f"tls: cannot load the certificates: {exc}") from None
@@ -296,66 +287,3 @@ def warn_exposure(config: ServerConfig, tls: dict[str, ssl.SSLContext | None],
     if access.open:
         log.warning("listening on %s without an ACL: every peer may read and write every "
                     "stream (set auth.acl_file)", config.host)
-
-
-def tube_settings(config: ServerConfig) -> TubeSettings:
-    return TubeSettings(max_message_bytes=int(config.values["tube.max_message_bytes"]))
-
-
-def tolliver_settings(config: ServerConfig) -> TolliverSettings:
-    v = config.values
-    return TolliverSettings(max_message_bytes=int(v["tolliver.max_message_bytes"]),
-                            max_subscriptions=int(v["tolliver.max_subscriptions"]))  # fmt: skip
-
-
-def http_settings(config: ServerConfig) -> HttpSettings:
-    """RS.io over HTTP's bounds from the ``http.*`` settings."""
-    v = config.values
-    return HttpSettings(
-        poll_seconds=float(v["http.poll_seconds"]),
-        idle_seconds=float(v["http.idle_seconds"]),
-        max_subscriptions=int(v["http.max_subscriptions"]),
-        max_response_bytes=int(v["http.max_response_bytes"]),
-        header_seconds=float(v["http.header_seconds"]),
-        body_seconds=float(v["http.body_seconds"]),
-        max_body_bytes=int(v["http.max_body_bytes"]),
-    )
-
-
-def ingest_limits(config: ServerConfig) -> dict[str, IngestLimits]:
-    """Per protocol, the inbound limits from the ``ingest.*`` settings (0: the protocol's
-    default, :data:`~tidewire.hub.INGEST_DEFAULTS`)."""
-    v = config.values
-    out = {}
-    for via, default in INGEST_DEFAULTS.items():
-        pending = int(v["ingest.max_pending_bytes"]) or default.max_pending_bytes
-        if via in ("rsio", "tube") and int(v["rsio.max_inlet_bytes"]):
-            pending = int(v["rsio.max_inlet_bytes"])
-        out[via] = IngestLimits(pending,
-                                int(v["ingest.appends_in_flight"]) or default.appends_in_flight,
-                                int(v["ingest.commit_bytes"]) or default.commit_bytes)  # fmt: skip
-    return out
-
-
-def rsio_settings(config: ServerConfig) -> RsioSettings:
-    """The listener's bounds from the ``rsio.*`` settings (and ``ingest.*``)."""
-    v = config.values
-    ingest = ingest_limits(config)["rsio"]
-    element = int(v["rsio.max_element_bytes"])
-    # Over Tube a whole Tube message reaches RS.io's receive_data at once: its receive buffer
-    # must take one of the largest (over TCP, reads are far smaller than the default).
-    read_ahead = max(int(v["tube.max_message_bytes"]), Limits().max_read_ahead_bytes)
-    return RsioSettings(
-        Limits(
-            max_string_bytes=int(v["rsio.max_string_bytes"]),
-            max_element_bytes=element,
-            max_packed_bytes=element,
-            max_read_ahead_bytes=read_ahead,
-        ),
-        max_subscriptions=int(v["rsio.max_subscriptions"]),
-        max_offers=int(v["rsio.max_offers"]),
-        max_inlet_bytes=ingest.max_pending_bytes,
-        max_txn_bytes=int(v["rsio.max_txn_bytes"]),
-        appends_in_flight=ingest.appends_in_flight,
-        commit_bytes=ingest.commit_bytes,
-    )
