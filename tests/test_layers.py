@@ -11,8 +11,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 FLOOR = (
     "tidewire.model",
     "tidewire.record",
@@ -231,17 +229,6 @@ def test_every_error_is_a_tidewire_error() -> None:
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 100
 
-OVERSIZED = {
-    # Modules being split by the other parts of issue 19; the coordinator tightens this list
-    # (and removes the xfail) once they are merged.
-    "tidewire.client.resilient",
-    "tidewire.client.rsio",
-    "tidewire.protocols.seguro.session",
-    "tidewire.server.tolliver",
-    "tidewire.tolliver.instance",
-}
-
-
 def oversized() -> list[str]:
     """Modules over ``MAX_MODULE_LINES`` lines and functions over ``MAX_FUNCTION_LINES``."""
     found = []
@@ -258,14 +245,6 @@ def oversized() -> list[str]:
     return found
 
 
-def test_sizes_outside_the_known_offenders() -> None:
-    """No module over 600 lines nor function over 100, except the modules listed in
-    ``OVERSIZED`` (being split elsewhere)."""
-    assert [f for f in oversized() if f.partition(":")[0].rpartition(".")[0] not in OVERSIZED
-            and f.partition(":")[0] not in OVERSIZED] == []  # fmt: skip
-
-
-@pytest.mark.xfail(strict=False, reason=f"known offenders, split elsewhere: {sorted(OVERSIZED)}")
 def test_sizes() -> None:
     """No module over 600 lines, no function over 100 (issue 19, item 10)."""
     assert oversized() == []
