@@ -1,6 +1,6 @@
 """Shared fixtures. ``spark``: one local SparkSession for the whole run, with the ``tidewire``
-data source registered (tests/test_spark.py). PySpark is imported only when a test asks for it,
-so the rest of the suite runs without the ``spark`` extra."""
+data source registered (tests/spark/test_spark.py). PySpark is imported only when a test asks
+for it, so the rest of the suite runs without the ``spark`` extra."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -20,9 +21,20 @@ from loops import LOOPS
 from tidewire.hub import Hub
 from tidewire.server.rsio import RsioServer, RsioSettings, start_rsio_server
 
-__all__ = ["HOST", "hub_server", "run", "until"]
+__all__ = ["HOST", "TESTS", "child_env", "hub_server", "run", "until"]
 
 T = TypeVar("T")
+
+TESTS = Path(__file__).resolve().parent
+"""The tests' root folder: where the shared helpers (this module, loops.py, ...) live."""
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a test module run again as a child process (``sys.executable
+    __file__ ...``): the shared helpers importable from any test folder."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
+    return env
 
 HOST = "127.0.0.1"
 

@@ -17,7 +17,7 @@ A protocol is registered here once, as plain data (this module imports nothing, 
 
 How a listener is started (its settings from the configuration, its ``start_*_server``) is
 code, one function per listener in :mod:`tidewire.server.listeners`, keyed by the names used
-here; ``tests/test_protocols_registry.py`` checks that the two, the settings and the command
+here; ``tests/test_registry.py`` checks that the two, the settings and the command
 line agree. docs/architecture.md ("Adding a protocol") lists what a new protocol provides.
 """
 

@@ -109,7 +109,7 @@ STARTERS: dict[str, StartListener] = {
     "tolliver": start_tolliver,
     "seguro": start_seguro,
 }
-"""Per TCP listener of the registry, how to start it (tests/test_protocols_registry.py checks
+"""Per TCP listener of the registry, how to start it (tests/test_registry.py checks
 that every listener the registry names is here or is :data:`HTTP_LISTENER`)."""
 
 

@@ -1,6 +1,6 @@
 """The command line against a running hub's admin API (``tidewire streams``, ``tidewire
 stats``), the load generator ``tidewire bench``, and the progress bars (stderr only, stdout
-stays the data). The hub is a real ``tidewire serve`` process on 127.0.0.1 (tests/test_cli.py's
+stays the data). The hub is a real ``tidewire serve`` process on 127.0.0.1 (tests/cli/test_cli.py's
 ``server``); the commands run in-process with click's CliRunner."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 
 import tidewire
 from certs import Pki
-from test_cli import endpoint, fill, read_until, server
+from serveproc import endpoint, fill, read_until, server
 from tidewire.cli import main
 from tidewire.client.admin import AdminClient, AdminError
 from tidewire.server.guard import client_context

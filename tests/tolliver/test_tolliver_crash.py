@@ -1,6 +1,6 @@
 """Crash tests of Tolliver through the hub, with real processes: a ``tidewire serve`` hub and
-instances in child processes (tests/tolliver_child.py), each with its own SQLite file, SIGKILLed
-and restarted on the same files (so with the same UUIDs).
+instances in child processes (tests/tolliver/tolliver_child.py), each with its own SQLite
+file, SIGKILLed and restarted on the same files (so with the same UUIDs).
 
 * A receiver killed in the middle of a burst of reliable messages, then restarted: the hub
   resumes where the receiver's acks stopped and sends it the rest; no message may be lost
@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 
 def body(i: int) -> bytes:
-    return b"m%05d" % i  # as tests/tolliver_child.py sends them
+    return b"m%05d" % i  # as tests/tolliver/tolliver_child.py sends them
 
 
 def bounded(coro: Coroutine[Any, Any, T]) -> T:

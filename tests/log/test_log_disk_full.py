@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from crash_child import CONFIG as CRASH_CONFIG
 from crash_child import STREAM as CRASH_STREAM
 from crash_child import make_batch
-from helpers import run
+
+from helpers import child_env, run
 from smallfs import SmallFs, Unavailable
 from tidewire.log import Log, LogConfig, StreamSettings
 from tidewire.model import Batch, StorageFullError
@@ -344,7 +344,7 @@ MAX_BATCHES = 50_000  # the child's safety net: the parent kills it long before
 
 
 def child(directory: str, seed: int) -> None:
-    """Append tokens' batches (tests/crash_child.py) with four appenders until killed: ``SEND
+    """Append tokens' batches (tests/log/crash_child.py) with four appenders until killed: ``SEND
     <token>`` before each append, ``ACK <token> <first> <last>`` once durable, ``REFUSED
     <token>`` for a StorageFullError (then a new token: a refused one is never sent again)."""
 
@@ -411,7 +411,7 @@ def run_round(fs: SmallFs, directory: Path, rng: random.Random, ledger: Ledger,
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, __file__, "child", str(directory), str(rng.getrandbits(64))],
-            stdout=subprocess.PIPE, stderr=stderr,
+            stdout=subprocess.PIPE, stderr=stderr, env=child_env(),
         )  # fmt: skip
     lines: queue.Queue[bytes | None] = queue.Queue()
 

@@ -5,7 +5,7 @@ only; and the access rule: with an ACL, ``/metrics`` and ``/api/*`` need a princ
 ``monitor``: 403, all with ``X-Rsio-Error: true``), while the dashboard and its scripts stay
 open. ``monitor`` in the ACL file must be a boolean.
 
-The hub with every listener comes from tests/test_metrics.py (:func:`stack`).
+The hub with every listener comes from tests/stacks.py (:func:`stack`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import tidewire
 from helpers import until
 from loops import Run
-from test_metrics import HOST, RawRemote, Samples, Stack, stack
+from stacks import HOST, RawRemote, Samples, Stack, stack
 from tidewire.client.admin import AdminClient, AdminError
 from tidewire.client.rsio import RsioClient, RsioError
 from tidewire.config import ConfigError, load_config

@@ -23,10 +23,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 from playwright.async_api import async_playwright
-
-from certs import Pki
-from helpers import until
-from loops import Run, logged
 from test_security_http import (
     ALICE,
     BOB,
@@ -36,6 +32,10 @@ from test_security_http import (
     policy,
     secure_hub,
 )
+
+from certs import Pki
+from helpers import until
+from loops import Run, logged
 from tidewire.client import tube
 from tidewire.client.rsio import RsioClient, RsioError
 from tidewire.client.tube import TubeStream

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 import tidewire
-from helpers import hub_server
+from helpers import child_env, hub_server
 from tidewire.client.rsio import Receipt, RsioError
 from tidewire.hub import Hub
 from tidewire.hub.txn import TXN_STREAM, TxnReceipt, fingerprint
@@ -615,7 +615,7 @@ def run_crash_child(directory: Path, seed: int, kill_after: int, stderr_path: Pa
         proc = subprocess.Popen(
             [sys.executable, __file__, "crash-child", str(directory), str(seed)],
             stdout=subprocess.PIPE,
-            stderr=stderr,
+            stderr=stderr, env=child_env(),
         )
     lines: queue.Queue[bytes | None] = queue.Queue()
 

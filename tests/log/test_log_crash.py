@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from crash_child import CONFIG, STREAM, make_batch
+
 from tidewire.log import Log
 from tidewire.model import Batch, Event
 

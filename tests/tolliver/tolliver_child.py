@@ -1,5 +1,5 @@
-"""The child process of tests/test_tolliver_crash.py: a Tolliver instance, connected to a hub,
-that the parent SIGKILLs and restarts on the same SQLite file.
+"""The child process of tests/tolliver/test_tolliver_crash.py: a Tolliver instance, connected
+to a hub, that the parent SIGKILLs and restarts on the same SQLite file.
 
 Usage::
 

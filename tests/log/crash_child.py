@@ -1,4 +1,4 @@
-"""The child process of tests/test_log_crash.py: appends to a log until it is killed.
+"""The child process of tests/log/test_log_crash.py: appends to a log until it is killed.
 
 Usage: ``python crash_child.py DIRECTORY SEED``
 

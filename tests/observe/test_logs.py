@@ -10,7 +10,7 @@
   token, a 401, a 400, a 413) carries the connection's context, whose ``conn`` is the id that
   ``/api/connections`` showed for that socket.
 
-The hub with every listener comes from tests/test_metrics.py (:func:`stack`).
+The hub with every listener comes from tests/stacks.py (:func:`stack`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import pytest
 from click.testing import CliRunner
 
 from loops import Run
-from test_cli import read_until, server
-from test_metrics import HOST, Stack, eventually, local_port, read_rsio, stack
+from serveproc import read_until, server
+from stacks import HOST, Stack, eventually, local_port, read_rsio, stack
 from tidewire.cli import main as cli
 from tidewire.config import ConfigError, load_config
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
