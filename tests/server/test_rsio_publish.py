@@ -284,10 +284,10 @@ def test_offer_needs_both_hellos_to_list_the_extension() -> None:
         client, hub = pub_pair(client_ext, hub_ext)
         assert not client.publishing
         assert not hub.publishing
-        before = client.pending_output
+        before = client.pending
         with pytest.raises(LocalProtocolError, match="publishing extension"):
             client.send(Offer(1, "s"))
-        assert client.pending_output == before
+        assert client.pending == before
         assert client.can_offer(1)  # the refused send left no trace
         hub.send(Subscribe("s", 1, 1))  # the base protocol still works
         move(hub, client)
@@ -322,7 +322,7 @@ def test_each_message_is_sent_by_its_own_side_only() -> None:
     for message in (Committed(1, 1, 1, 1), OfferEnded(1, "")):
         with pytest.raises(LocalProtocolError, match="only the server sends"):
             client.send(message)
-    assert hub.pending_output == client.pending_output == 0
+    assert hub.pending == client.pending == 0
 
 
 def test_hub_never_commits_more_than_was_delivered() -> None:
@@ -335,7 +335,7 @@ def test_hub_never_commits_more_than_was_delivered() -> None:
     assert hub.offer_delivered(1) == 2
     with pytest.raises(LocalProtocolError, match="more than was delivered"):
         hub.send(Committed(1, 3, 1, 3))
-    assert hub.pending_output == 0  # refused sends queue nothing and change nothing
+    assert hub.pending == 0  # refused sends queue nothing and change nothing
     hub.send(Committed(1, 1, 1, 1))
     with pytest.raises(LocalProtocolError, match="more than was delivered"):
         hub.send(Committed(1, 2, 2, 3))  # cumulative: 1 + 2 > 2
@@ -365,7 +365,7 @@ def test_hub_cannot_end_an_offer_while_its_subscription_is_open() -> None:
         hub.send(OfferEnded(1, "no"))  # active now
     with pytest.raises(LocalProtocolError, match="offer not open"):
         hub.send(OfferEnded(2, "no"))
-    assert hub.pending_output == 0
+    assert hub.pending == 0
     # failure path: cancel, then offerEnded(reason)
     hub.send(Cancel(1))
     hub.send(OfferEnded(1, "disk full"))
@@ -609,10 +609,10 @@ class PublishMachine(RuleBasedStateMachine):
         offer = data.draw(st.sampled_from(OFFER_IDS), label="offer id")
         assert self.client.can_offer(offer) == (offer not in self.c)
         if offer in self.c:
-            before = self.client.pending_output
+            before = self.client.pending
             with pytest.raises(LocalProtocolError, match="in use"):
                 self.client.send(Offer(offer, f"s{offer}"))
-            assert self.client.pending_output == before
+            assert self.client.pending == before
             return
         self.client.send(Offer(offer, f"s{offer}"))
         self.c[offer] = ClientOffer()
@@ -626,10 +626,10 @@ class PublishMachine(RuleBasedStateMachine):
         bulk = data.draw(st.booleans(), label="bulk")
         if n > demand:
             if bulk:  # refused as a whole: nothing goes out
-                before = self.client.pending_output
+                before = self.client.pending
                 with pytest.raises(LocalProtocolError, match="exceed its demand"):
                     self.client.send_elements(offer, elements)
-                assert self.client.pending_output == before
+                assert self.client.pending == before
                 return
             for element in elements[:demand]:
                 self.client.send(OnNext(offer, element))
@@ -693,10 +693,10 @@ class PublishMachine(RuleBasedStateMachine):
         count = data.draw(st.integers(1, uncommitted + 2), label="count")
         first, last = self.next_id, self.next_id + count - 1
         if count > uncommitted:
-            before = self.hub.pending_output
+            before = self.hub.pending
             with pytest.raises(LocalProtocolError, match="more than was delivered"):
                 self.hub.send(Committed(offer, count, first, last))
-            assert self.hub.pending_output == before
+            assert self.hub.pending == before
             return
         self.hub.send(Committed(offer, count, first, last))
         state.committed += count
@@ -843,7 +843,7 @@ class PublishMachine(RuleBasedStateMachine):
                 if state.state == "active":
                     self.client.send(OnComplete(offer))
                     state.state = "completed"
-            if not self.c and not self.h and not self.client.pending_output:
+            if not self.c and not self.h and not self.client.pending:
                 break
         assert self.c == {}
         assert self.h == {}

@@ -410,10 +410,10 @@ def test_publisher_never_sends_more_than_requested() -> None:
     assert server.demand(1) == 1
     server.send(OnNext(1, b"b"))
     assert server.demand(1) == 0
-    before = server.pending_output
+    before = server.pending
     with pytest.raises(LocalProtocolError):
         server.send(OnNext(1, b"c"))
-    assert server.pending_output == before  # nothing queued for the refused element
+    assert server.pending == before  # nothing queued for the refused element
 
     client.send(Request(1, 5))
     shuttle(client, server)
@@ -890,7 +890,7 @@ def test_orderly_goodbye_exchange() -> None:
     subscribe(client, server, 1, demand=3)
     subscribe(server, client, 1, demand=3)
     client.send(Goodbye("done"))
-    assert client.pending_output == len(b"\x02\x04done")
+    assert client.pending == len(b"\x02\x04done")
     for message in (
         Request(1, 1),
         Cancel(1),
@@ -1273,7 +1273,7 @@ class PairMachine(RuleBasedStateMachine):
             self.server_forbidden(sid)
             return
         is_open = sid in self.open_ids()
-        before = self.client.pending_output
+        before = self.client.pending
         if kind == "subscribe" and is_open:
             with pytest.raises(LocalProtocolError):
                 self.client.send(Subscribe("dup", sid))
@@ -1283,11 +1283,11 @@ class PairMachine(RuleBasedStateMachine):
         elif kind in ("request", "cancel") and not is_open:
             with pytest.raises(LocalProtocolError):
                 self.client.send(Request(sid, 1) if kind == "request" else Cancel(sid))
-        assert self.client.pending_output == before
+        assert self.client.pending == before
 
     def server_forbidden(self, sid: int) -> None:
         sub = self.m.server.get(sid)
-        before = self.server.pending_output
+        before = self.server.pending
         if sub is None:
             for message in (Subscribed(sid), OnNext(sid, b"x"), OnComplete(sid)):
                 with pytest.raises(LocalProtocolError):
@@ -1301,7 +1301,7 @@ class PairMachine(RuleBasedStateMachine):
         else:
             with pytest.raises(LocalProtocolError):
                 self.server.send(Subscribed(sid))
-        assert self.server.pending_output == before
+        assert self.server.pending == before
 
     # ----------------------------------------------------------- the wire
 
@@ -1444,6 +1444,6 @@ def test_send_batch_encodes_as_the_subscription_asks(publisher: str, value_size:
         expected = raw(*(OnNext(1, e) for e in elements))
     chunks = server.chunks_to_send()
     assert b"".join(chunks) == expected
-    assert server.pending_output == 0
+    assert server.pending == 0
     if value_size >= BIG_ELEMENT and name.format == "envelope":  # big values: not copied
         assert any(isinstance(c, memoryview) for c in chunks)

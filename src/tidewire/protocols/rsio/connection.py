@@ -115,7 +115,7 @@ class Connection:
     :meth:`next_event`, :meth:`data_to_send` / :meth:`chunks_to_send`, and the bounds
     :attr:`buffered` (received, not yet decoded: a partial frame once the events are
     drained; more than ``limits.max_buffered_bytes`` is the peer's breach, answered with
-    ``goodbye``) and :attr:`pending_output`. RS.io has no timers: there is no
+    ``goodbye``) and :attr:`pending`. RS.io has no timers: there is no
     ``next_deadline`` / ``handle_timer``."""
 
     def __init__(
@@ -191,13 +191,8 @@ class Connection:
         return self._out.chunks()
 
     @property
-    def pending_output(self) -> int:
-        """Bytes queued for the peer and not yet taken."""
-        return self._out.pending
-
-    @property
     def pending(self) -> int:
-        """The same as :attr:`pending_output` (the machine contract's name)."""
+        """Bytes queued for the peer and not yet taken."""
         return self._out.pending
 
     @property
