@@ -244,3 +244,65 @@ def test_the_settings_make_one_family_of_limits() -> None:
     assert ingest_limits(only_rsio)["seguro"] == INGEST_DEFAULTS["seguro"]
     with pytest.raises(ConfigError, match="below 4096"):
         load_config(None, {"ingest.max_pending_bytes": "100"}, environ={})
+
+
+def test_append_runs_inline_when_it_may_start_and_keeps_the_order_of_receipts() -> None:
+    async def main() -> None:
+        storage = MemoryStorage(hold=True)
+        pipeline = ingest_on(storage).pipeline()
+        first = pipeline.submit(batch(b"a"), assign_ids=True)
+        second = asyncio.ensure_future(pipeline.append(batch(b"b"), assign_ids=True))
+        await turns()
+        assert storage.appends == 2  # both in flight: the append did not wait for the first
+        assert pipeline.in_flight == 2
+        storage.complete(1)  # the append's own write is durable first
+        await turns()
+        assert not second.done()  # ... but its receipt waits for the earlier one
+        storage.complete(0)
+        await turns()
+        assert first.result().first_id == 1
+        assert second.result().first_id == 2
+        assert (pipeline.in_flight, len(pipeline)) == (0, 0)
+
+    run(main())
+
+
+def test_append_waits_in_the_pipeline_when_no_append_may_start() -> None:
+    async def main() -> None:
+        storage = MemoryStorage(hold=True)
+        pipeline = ingest_on(storage, IngestLimits(10_000, 1, 100)).pipeline()
+        first = pipeline.submit(batch(b"a"), assign_ids=True)
+        second = asyncio.ensure_future(pipeline.append(batch(b"b"), assign_ids=True))
+        await turns()
+        assert storage.appends == 1  # one in flight at most
+        storage.complete(0)
+        await turns()
+        assert first.done()
+        assert storage.appends == 2
+        storage.complete(0)
+        await turns()
+        assert second.result().first_id == 2
+
+    run(main())
+
+
+def test_a_refused_inline_append_raises_and_refuses_what_waits_behind_it() -> None:
+    async def main() -> None:
+        storage = MemoryStorage(hold=True)
+        ingest = ingest_on(storage, IngestLimits(10_000, 1, 100))
+        pipeline = ingest.pipeline()
+        ingest.hold(2)
+        lone = asyncio.ensure_future(pipeline.append(batch(b"a"), assign_ids=True, held=1))
+        await turns()
+        ingest.hold(1)
+        behind = pipeline.submit(batch(b"b"), assign_ids=True, held=1)
+        storage.refuse(0)  # the disk is full
+        await turns()
+        with pytest.raises(StorageFullError):
+            lone.result()
+        with pytest.raises(StorageFullError):
+            behind.result()
+        assert storage.appends == 1  # what waited was refused, not appended
+        assert ingest.pending_bytes == 1  # the two appends' bytes are released
+
+    run(main())

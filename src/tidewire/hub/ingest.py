@@ -133,6 +133,11 @@ class Ingest:
         return await self.hub.commit(txn, batch, via=self.via)
 
 
+def _retrieved(future: asyncio.Future[Batch]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass(slots=True, eq=False)
 class _Item:
     batch: Batch
@@ -186,6 +191,36 @@ class Pipeline:
         self._advance()
         return receipt
 
+    async def append(self, batch: Batch, *, assign_ids: bool = False, held: int = 0) -> Batch:
+        """:meth:`submit` ``batch`` and wait for its receipt (the same order, fences and
+        bytes). When it may start at once, its append runs in the caller's task: no task of
+        its own and no extra turn of the loop, which is what a lone append waits for (a
+        Seguro ``SAVE``, a Tolliver chunk); when an earlier append is still in flight, it
+        then waits for that one's receipt before returning its own."""
+        if self._closed or len(self._items) > self._started or not self._may_start(assign_ids):
+            return await self.submit(batch, assign_ids=assign_ids, held=held)
+        loop = asyncio.get_running_loop()
+        item = _Item(batch, assign_ids, held, loop.create_future(), loop.create_future())
+        item.receipt.add_done_callback(_retrieved)  # (an error is raised here, not there)
+        self._items.append(item)
+        fence = self._begin(item)
+        done = item.append
+        assert done is not None
+        try:
+            stored = await self.ingest.hub.append(
+                batch, assign_ids=assign_ids, via=self.ingest.via, fence=fence)  # fmt: skip
+        except asyncio.CancelledError:
+            done.cancel()  # (the storage still finishes the write: as with submit)
+            self._advance()
+            raise
+        except Exception as exc:
+            done.set_exception(exc)
+            self._advance()
+            raise
+        done.set_result(stored)
+        self._advance()
+        return stored if item.receipt.done() else await item.receipt
+
     def close(self) -> None:
         """The flow is over (its connection went): batches not handed to the storage yet are
         dropped (their receipts cancelled, their bytes released); those in flight complete."""
@@ -220,20 +255,29 @@ class Pipeline:
         for item in items:
             if item.append is not None:
                 continue
-            if self._started and self.serial_own_ids and (self._explicit or not item.assign_ids):
-                break
-            if self._started >= self.ingest.limits.appends_in_flight:
+            if not self._may_start(item.assign_ids):
                 break
             self._start(item)
 
-    def _start(self, item: _Item) -> None:
-        ingest = self.ingest
+    def _may_start(self, assign_ids: bool) -> bool:
+        """Whether an append may start now (behind those in flight)."""
+        if self._started and self.serial_own_ids and (self._explicit or not assign_ids):
+            return False
+        return self._started < self.ingest.limits.appends_in_flight
+
+    def _begin(self, item: _Item) -> int:
+        """Count ``item`` as in flight; the fence its append carries."""
         if not self._started:  # everything before is settled: a refusal from now on counts
-            self._fence = ingest.hub.fence()
+            self._fence = self.ingest.hub.fence()
         self._started += 1
         self._explicit = self._explicit or (self.serial_own_ids and not item.assign_ids)
+        return self._fence
+
+    def _start(self, item: _Item) -> None:
+        ingest = self.ingest
+        fence = self._begin(item)
         item.append = asyncio.ensure_future(ingest.hub.append(
-            item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=self._fence))  # fmt: skip
+            item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=fence))  # fmt: skip
         item.append.add_done_callback(self._advance)
 
     def _fail_waiting(self, failure: BaseException) -> None:

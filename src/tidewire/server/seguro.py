@@ -250,7 +250,7 @@ class _Protocol(asyncio.Protocol):
         assert self.point is not None
         batch = Batch.build(self.point, [data], ids=[event_id])
         self.ingest.hold(len(data))
-        await self.pipeline.submit(batch, held=len(data))
+        await self.pipeline.append(batch, held=len(data))
         if self._waited("COMMITTED"):
             self.session.committed()
 

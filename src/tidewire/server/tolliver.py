@@ -135,7 +135,7 @@ class _Link(HubLink):
             except BaseException:
                 self.ingest.release(nbytes)
                 raise
-            stored = await self.pipeline.submit(batch, assign_ids=True, held=nbytes)
+            stored = await self.pipeline.append(batch, assign_ids=True, held=nbytes)
             self._came(channel, stored)
         except TidewireError as exc:
             self.log.warning("(%s) %d message(s) on %r refused: %s",
