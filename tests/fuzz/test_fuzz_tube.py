@@ -273,6 +273,8 @@ def test_a_deflated_message_inflates_or_is_a_breach(deflated: bytes, size: int) 
     sender = Connection(Role.CLIENT, fragment_size=0)
     sender.receive_data(push_varint(size), 0.0)
     sender.data_to_send()
+    # Private on purpose: no public call sends bytes as they are under a compression id (a user
+    # could only send what the peer cannot decode); this one splits them as the sender would.
     sender._send_fragments(1, deflated, 0.0)  # the bytes as they are, under id 1
     for message in sender.data_to_send():
         receiver.receive_data(message, 0.0)

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from subscribing import assert_pending, collect, count, settle
 from tidewire.hub import MAX_DEMAND, EmbeddedStorage, Hub
-from tidewire.log import LogConfig, StreamLog, StreamSettings
+from tidewire.log import GroupItems, GroupWritten, LogConfig, StreamLog, StreamSettings
 from tidewire.model import Batch
 
 S = "ticks"
@@ -140,11 +140,9 @@ class HeldCommit:
         self._armed = True
         assert isinstance(hub.storage, EmbeddedStorage)  # (the embedded log's writer thread)
         log = hub.storage.log
-        original = log._write
+        original = log.write_group
 
-        def write(
-            stream: StreamLog, items: list[tuple[Batch, int | None]]
-        ) -> tuple[list[Batch], list[Batch], float | None]:
+        def write(stream: StreamLog, items: GroupItems) -> GroupWritten:
             result = original(stream, items)
             if self._armed:
                 self._armed = False
@@ -152,7 +150,7 @@ class HeldCommit:
                 self.release.wait(10)
             return result
 
-        monkeypatch.setattr(log, "_write", write)
+        monkeypatch.setattr(log, "write_group", write)
 
     async def wait_written(self) -> None:
         loop = asyncio.get_running_loop()

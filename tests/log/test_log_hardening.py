@@ -27,7 +27,15 @@ import pytest
 import tidewire.log.segment as segmod
 from helpers import run
 from tidewire.hub import EmbeddedStorage, Hub
-from tidewire.log import Log, LogConfig, StreamLog, StreamSettings
+from tidewire.log import (
+    GroupItems,
+    GroupWriter,
+    GroupWritten,
+    Log,
+    LogConfig,
+    StreamLog,
+    StreamSettings,
+)
 from tidewire.model import (
     MAX_ID,
     Batch,
@@ -43,9 +51,6 @@ HOLD = 10.0
 NO_LIMIT = 2**63 - 1
 STREAM = "s"
 STAGING_PREFIX = ".creating-"  # tidewire.log.stream.STAGING_PREFIX (spelled out: the contract)
-
-WriteItems = list[tuple[Batch, int | None]]
-WriteResult = tuple[list[Batch], list[Batch], float | None]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -90,16 +95,16 @@ def raw_batch(
 
 
 class HeldWrite:
-    """Stands in for ``Log._write`` on one log: the group commit enters the worker thread,
+    """Stands in for ``Log.write_group`` on one log: the group commit enters the worker thread,
     signals ``entered`` and waits for ``release`` before it encodes and writes."""
 
     def __init__(self, log: Log) -> None:
-        self.original: Callable[[StreamLog, WriteItems], WriteResult] = log._write
+        self.original: GroupWriter = log.write_group
         self.entered = threading.Event()
         self.release = threading.Event()
         self.done = threading.Event()
 
-    def __call__(self, stream: StreamLog, items: WriteItems) -> WriteResult:
+    def __call__(self, stream: StreamLog, items: GroupItems) -> GroupWritten:
         self.entered.set()
         if not self.release.wait(HOLD):
             raise RuntimeError("the test never released the held write")
@@ -111,7 +116,7 @@ class HeldWrite:
 
 def hold_writes(log: Log, monkeypatch: pytest.MonkeyPatch) -> HeldWrite:
     held = HeldWrite(log)
-    monkeypatch.setattr(log, "_write", held)
+    monkeypatch.setattr(log, "write_group", held)
     return held
 
 
@@ -470,7 +475,7 @@ def test_cancelled_committer_fails_the_stream(
                 log.append(Batch.build(STREAM, [b"A-payload"]), assign_ids=True)
             )
             await wait_event(gate.entered)
-            committer = log._writers[STREAM].task
+            committer = log.committer(STREAM)
             assert committer is not None
             committer.cancel()
             async with asyncio.timeout(WAIT):
@@ -537,7 +542,7 @@ def test_close_after_cancelled_committer_waits_for_the_write_in_flight(
                 log.append(Batch.build(STREAM, [b"A-payload"]), assign_ids=True)
             )
             await wait_event(gate.entered)
-            committer = log._writers[STREAM].task
+            committer = log.committer(STREAM)
             assert committer is not None
             committer.cancel()
             async with asyncio.timeout(WAIT):
@@ -753,8 +758,8 @@ def test_invalid_stream_name_file_is_corruption(tmp_path: Path, content: bytes) 
 
 
 def test_cancelled_waits_leave_no_tail_entry(tmp_path: Path) -> None:
-    """/tmp/tw/f_tails_leak.py: ``Log._tails`` used to keep one entry per stream name ever
-    waited on, dropped only by a commit to that stream."""
+    """/tmp/tw/f_tails_leak.py: the log's tail waiters (``Log.tail_waits``) used to keep one
+    entry per stream name ever waited on, dropped only by a commit to that stream."""
 
     async def scenario() -> None:
         log = Log.open(str(tmp_path))
@@ -765,7 +770,7 @@ def test_cancelled_waits_leave_no_tail_entry(tmp_path: Path) -> None:
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiter
-        assert len(log._tails) == 0
+        assert log.tail_waits == 0
 
         # Waiters of one stream share the tail: one leaving does not strand the other, which
         # is woken by the next commit; then nothing is left behind either.
@@ -779,7 +784,7 @@ def test_cancelled_waits_leave_no_tail_entry(tmp_path: Path) -> None:
         await log.append(Batch.build(STREAM, [b"x"]), assign_ids=True)
         async with asyncio.timeout(WAIT):
             await stay
-        assert len(log._tails) == 0
+        assert log.tail_waits == 0
         await log.close()
 
     run(scenario())
@@ -797,7 +802,7 @@ def test_cancelled_subscriptions_leave_no_tail_entry(tmp_path: Path) -> None:
             async with asyncio.timeout(WAIT):
                 assert await task is None
         assert isinstance(hub.storage, EmbeddedStorage)
-        assert len(hub.storage.log._tails) == 0
+        assert hub.storage.log.tail_waits == 0
         await hub.close()
 
     run(scenario())

@@ -297,7 +297,7 @@ def test_a_publisher_keeps_nothing_of_what_it_sent(
                 pub = await client.publisher("s")
             for i in range(50):
                 await pub.send([b"%08d" % (i * 10 + j) for j in range(10)])
-            assert (len(pub._queue), len(pub._queue_counts), pub._queued_bytes) == (0, 0, 0)
+            assert (pub.queued_entries, pub.queued_bytes) == (0, 0)
             await pub.close()
 
     run(main())

@@ -1490,10 +1490,10 @@ def test_backpressure_small_queue_delivers_everything_in_order(
                 if j % 50 == 49:  # now and then one bigger than the whole queue
                     values = [b"%08d" % (10_000_000 + j * 100 + i) for i in range(20)]
                 nbytes = queued_size(values)
-                before = pub._queued_bytes
+                before = pub.queued_bytes
                 waits += before > 0 and before + nbytes > limit  # submit must wait for room
                 futures.append(await pub.submit(values))
-                assert pub._queued_bytes <= max(limit, nbytes)
+                assert pub.queued_bytes <= max(limit, nbytes)
                 groups.append(values)
             receipts = [await f for f in futures]
             await pub.close()

@@ -61,7 +61,7 @@ def test_a_sender_restarted_with_unacked_messages_delivers_them_when_back(
         await a.connect("127.0.0.1", port)
         for i in range(4):
             await a.send("jobs", "", b"job%d" % i)
-        await until(lambda: b._inbox.full())
+        await until(lambda: b.inbox.full())
         await a.close()
         a = Instance(str(tmp_path / "a.db"), resend_interval=0.05)
         got: list[bytes] = []
@@ -74,7 +74,7 @@ def test_a_sender_restarted_with_unacked_messages_delivers_them_when_back(
         try:
             assert a.instance_id == a_id
             assert a.store.unacked() == 4
-            b._inbox.limit = 100  # room for everything now
+            b.inbox.limit = 100  # room for everything now
             await a.connect("127.0.0.1", port)  # the pending ones are resent at once
             # Every one arrives (some twice: an ack that went out on the old connection, or
             # none), and a forgets each once b's application has taken it.
@@ -104,7 +104,7 @@ def test_unacked_messages_are_resent_at_the_interval_and_deduplicated_on_request
             (y,) = await take(b, 1)  # arrives by a resend
             assert (x.body, y.body) == (b"x", b"y")
             await until(lambda: a.store.unacked() == 0)
-            assert b._inbox.empty()  # with dedupe, no copy of x or y came out again
+            assert b.inbox.empty()  # with dedupe, no copy of x or y came out again
         finally:
             await a.close()
             await b.close()

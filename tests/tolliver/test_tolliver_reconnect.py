@@ -498,7 +498,7 @@ def test_dedupe_drops_what_the_application_finished_also_after_a_restart(
             peer.send(8, b"eight")  # its ack was lost, say: resent; finished: acked, dropped
             assert await peer.acked(3) == [7, 8, 8]
             assert receiver.duplicates == 1
-            assert receiver._inbox.empty()
+            assert receiver.inbox.empty()
             peer.send(9, b"nine")
             deliveries = receiver.messages()
             assert (await anext(deliveries)).body == b"nine"  # the first the restart hands over
@@ -525,7 +525,7 @@ def test_resends_follow_the_injected_clock(tmp_path: Path, run: Run) -> None:
             await sender.send("t", "", b"held")
             await sender.send("t", "", b"refused")  # the inbox is full: not acked
             conn = sender.links[receiver.instance_id].conn
-            await until(lambda: receiver._inbox.full())
+            await until(lambda: receiver.inbox.full())
             resends = conn.resends
             clock.now += 4.9
             sender.handle_timer()

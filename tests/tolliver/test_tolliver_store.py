@@ -58,13 +58,17 @@ def test_messages_are_kept_until_every_remote_acked_and_survive_a_restart(
 
 
 def test_ids_skip_the_unreliable_marker_and_wrap(tmp_path: Path) -> None:
-    store = Store.open(str(tmp_path / "t.db"))
+    path = str(tmp_path / "t.db")
+    store = Store.open(path, next_id=UNRELIABLE - 1)
     a = uuid7()
-    store._next = UNRELIABLE - 1
     ids = [store.add("c", "", b"x", [a]) for _ in range(3)]
     assert ids == [UNRELIABLE - 1, UNRELIABLE + 1, UNRELIABLE + 2]
-    store._next = 2**32 - 1
+    store.close()
+    store = Store.open(path, next_id=2**32 - 1)
     assert [store.add("c", "", b"y", [a]) for _ in range(2)] == [2**32 - 1, 0]
+    store.close()
+    store = Store.open(path)  # the store kept where the ids went on from
+    assert store.add("c", "", b"z", [a]) == 1
     store.close()
 
 

@@ -36,7 +36,7 @@ async def hub_app(path: Path) -> AsyncIterator[tuple[Hub, web.Application, str]]
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]  # (host, port) of the one site
     try:
         yield hub, app, f"http://127.0.0.1:{port}"
     finally:

@@ -63,6 +63,20 @@ class Publisher:
         self.ended.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pump = asyncio.create_task(self._pump_loop())
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes submitted but not yet sent to the hub (envelopes, or packed values): at most
+        ``max_queue_bytes``, or one batch's bytes when that batch alone is larger (a submit
+        waits while anything is queued and the batch would not fit)."""
+        return self._queued_bytes
+
+    @property
+    def queued_entries(self) -> int:
+        """Entries the publisher holds for data not yet sent (queued elements or packed runs,
+        and with ``size`` the event count of each run): 0 once all it was given is sent, so a
+        long-lived offer keeps nothing per element."""
+        return len(self._queue) + len(self._queue_counts)
+
     # called by the client's dispatcher
     def _on_subscribed(self) -> None:
         self.subscribed = True

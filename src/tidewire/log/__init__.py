@@ -6,7 +6,16 @@ coalesces concurrent appenders into one write + fsync (:mod:`.store`). See docs/
 """
 
 from .config import LogConfig, StreamSettings
-from .store import Log
+from .store import GroupItems, GroupWriter, GroupWritten, Log
 from .stream import StreamLog, StreamStats
 
-__all__ = ["Log", "LogConfig", "StreamLog", "StreamSettings", "StreamStats"]
+__all__ = [
+    "GroupItems",
+    "GroupWriter",
+    "GroupWritten",
+    "Log",
+    "LogConfig",
+    "StreamLog",
+    "StreamSettings",
+    "StreamStats",
+]

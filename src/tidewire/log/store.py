@@ -52,7 +52,7 @@ from .config import LogConfig
 from .segment import ReadBudget
 from .stream import NAME_FILE, STAGING_PREFIX, StreamLog, StreamStats, read_name
 
-__all__ = ["Log"]
+__all__ = ["GroupItems", "GroupWriter", "GroupWritten", "Log"]
 
 log = logging.getLogger("tidewire.log")
 
@@ -66,6 +66,14 @@ RECENT_BATCH_OVERHEAD = 1024
 views, the record's header and buffer (measured: about 1.1 KB). ``recent_bytes`` counts it, so
 that it bounds the memory held and not only the payload: without it, a stream of one-event
 appends (the hub's own state records, ten a second) kept about ten times its bound."""
+
+
+GroupItems = list[tuple[Batch, int | None]]
+"""A group to commit: each batch with the first id the log assigns it (``None``: its own)."""
+GroupWritten = tuple[list[Batch], list[Batch], float | None]
+"""A group written: the batch stored per item, the records' batches, the fsync's seconds."""
+GroupWriter = Callable[[StreamLog, GroupItems], GroupWritten]
+"""What :attr:`Log.write_group` is: encode a group and write it durably, or raise."""
 
 
 @dataclass(slots=True)
@@ -120,6 +128,9 @@ class Log:
         # each group commit's fsync.
         self.on_append: Callable[[float], None] | None = None
         self.on_fsync: Callable[[float], None] | None = None
+        # The one step that touches the disk (inline for small groups, else in a worker
+        # thread): an attribute so that a test can wrap it to simulate a slow or failing disk.
+        self.write_group: GroupWriter = self._write
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -219,6 +230,18 @@ class Log:
 
     def __contains__(self, name: object) -> bool:
         return name in self._streams
+
+    def committer(self, name: str) -> asyncio.Task[None] | None:
+        """The task group-committing ``name``'s queued appends while there are any (else
+        ``None``). Cancelled mid-write, it fails the stream, as a crash there would."""
+        writer = self._writers.get(name)
+        return writer.task if writer is not None else None
+
+    @property
+    def tail_waits(self) -> int:
+        """Streams someone waits on (:meth:`wait_for`), one shared entry each: 0 once every
+        wait has ended, so that abandoned waits keep nothing."""
+        return len(self._tails)
 
     def accepted_latest(self, name: str) -> int:
         """The stream's last id accepted for appending (queued appends included): an append
@@ -387,11 +410,13 @@ class Log:
                 if writer.inflight_bytes <= self.config.inline_commit_bytes:
                     write = writer.writing = loop.create_future()  # small: on this thread
                     try:
-                        write.set_result(self._write(stream, items))
+                        write.set_result(self.write_group(stream, items))
                     except Exception as exc:
                         write.set_exception(exc)
                 else:
-                    write = writer.writing = loop.run_in_executor(None, self._write, stream, items)
+                    write = writer.writing = loop.run_in_executor(
+                        None, self.write_group, stream, items
+                    )
                 try:
                     # Shielded: the thread writes on whatever happens to this task, so this
                     # task must never act as if the write had not happened.
@@ -461,18 +486,14 @@ class Log:
                 break
         return budget.out
 
-    def _write(
-        self, stream: StreamLog, items: list[tuple[Batch, int | None]]
-    ) -> tuple[list[Batch], list[Batch], float | None]:
+    def _write(self, stream: StreamLog, items: GroupItems) -> GroupWritten:
         """Encode a group (in a worker thread) and write it durably. Returns the batch stored for
         each item, the batches of the records written, and how long the fsync took."""
         records, stored = self._encode_group(items)
         fsync_seconds = stream.write(records, fsync=self.config.fsync)
         return stored, [r.batch for r in records], fsync_seconds
 
-    def _encode_group(
-        self, items: list[tuple[Batch, int | None]]
-    ) -> tuple[list[EncodedRecord], list[Batch]]:
+    def _encode_group(self, items: GroupItems) -> tuple[list[EncodedRecord], list[Batch]]:
         """Records for a group: runs of small batches merge into one record each (so many small
         appends cost one record, not one each); a larger batch is a record of its own."""
         limit = min(MERGE_MAX_BYTES, self.config.max_record_bytes - HEADER_SIZE - 64)

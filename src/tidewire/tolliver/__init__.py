@@ -4,7 +4,7 @@ remote (``connect(..., retry=...)``), and its durable store (:class:`Store`). Th
 instance is :mod:`tidewire.server.tolliver` (docs/protocols/tolliver.md); both drive each
 connection with the one asyncio adapter in :mod:`.link`."""
 
-from .instance import Delivery, HandshakeFailed, Instance, Supervisor
+from .instance import Delivery, HandshakeFailed, Inbox, Instance, Supervisor
 from .store import Store, uuid7
 
-__all__ = ["Delivery", "HandshakeFailed", "Instance", "Store", "Supervisor", "uuid7"]
+__all__ = ["Delivery", "HandshakeFailed", "Inbox", "Instance", "Store", "Supervisor", "uuid7"]

@@ -28,7 +28,11 @@ class Delivery:
 
 class Inbox:
     """Deliveries with the connection each came on (its ack goes there), oldest first; at most
-    ``limit`` of them and ``limit_bytes`` of bodies (one always fits)."""
+    ``limit`` of them and ``limit_bytes`` of bodies (one always fits).
+
+    ``limit`` and ``limit_bytes`` may be changed while it runs: they are checked at each
+    arrival, so raising them lets the senders' next resends in. ``nbytes`` is the bodies'
+    bytes held now."""
 
     def __init__(self, limit: int, limit_bytes: int) -> None:
         self.limit = limit
@@ -37,10 +41,17 @@ class Inbox:
         self._items: deque[tuple[Delivery, InstanceLink]] = deque()
         self._ready = asyncio.Event()
 
+    def __len__(self) -> int:
+        """The deliveries held now."""
+        return len(self._items)
+
     def full(self) -> bool:
+        """Whether a bound is reached: the next arrival is refused (not acked) unless the
+        inbox is empty."""
         return len(self._items) >= self.limit or self.nbytes >= self.limit_bytes
 
     def empty(self) -> bool:
+        """Whether no delivery is held."""
         return not self._items
 
     def put_nowait(self, item: tuple[Delivery, InstanceLink]) -> None:

@@ -50,7 +50,7 @@ from .link import HandshakeFailed
 from .store import Store
 from .supervisor import Supervisor
 
-__all__ = ["Delivery", "HandshakeFailed", "Instance", "Supervisor"]
+__all__ = ["Delivery", "HandshakeFailed", "Inbox", "Instance", "Supervisor"]
 
 
 log = logging.getLogger("tidewire.tolliver")
@@ -111,6 +111,17 @@ class Instance:
     def instance_id(self) -> uuid.UUID:
         """This instance's UUIDv7 (kept in its store across restarts)."""
         return self.store.instance
+
+    @property
+    def inbox(self) -> Inbox:
+        """What arrived and the application has not taken yet (bounded by ``inbox_limit`` and
+        ``inbox_bytes``): a message that finds it full is not acked, so its sender resends it."""
+        return self._inbox
+
+    @property
+    def committing(self) -> bool:
+        """Whether a group commit of the store (new messages, acks) is running in its thread."""
+        return self._commit is not None
 
     @property
     def reconnects(self) -> int:

@@ -54,7 +54,13 @@ CREATE TABLE IF NOT EXISTS seen (
 
 
 class Store:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """An instance's durable state in one SQLite database: its UUID, the reliable messages kept
+    until every remote acks them, and the (sender, id) pairs finished (dedupe)."""
+
+    def __init__(self, db: sqlite3.Connection, *, next_id: int | None = None) -> None:
+        """``next_id``: where reliable message ids go on from (kept in the store; default: where
+        the store left off). Ids are 32-bit and wrap, so any start works: tests start near the
+        wrap-around (2**32) or the unreliable marker (2**31-1) to reach them quickly."""
         self.db = db
         row = db.execute("SELECT value FROM meta WHERE name = 'instance'").fetchone()
         if row is None:
@@ -65,6 +71,10 @@ class Store:
             self.instance = uuid.UUID(bytes=bytes(row[0]))
         row = db.execute("SELECT value FROM meta WHERE name = 'next_id'").fetchone()
         self._next = int(row[0]) if row is not None else 0
+        if next_id is not None:
+            if not 0 <= next_id < 2**32:
+                raise ValueError(f"next_id must be a 32-bit id, not {next_id}")
+            self._next = next_id
         self._last_acked = 0
         count, nbytes = db.execute(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) FROM outbox").fetchone()  # fmt: skip
@@ -72,12 +82,14 @@ class Store:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str) -> Store:
+    def open(cls, path: str, *, next_id: int | None = None) -> Store:
+        """Open (creating it if needed) the store in the SQLite file ``path``; ``next_id`` as in
+        the constructor."""
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(_SCHEMA)
-        return cls(db)
+        return cls(db, next_id=next_id)
 
     def close(self) -> None:
         with self._lock:

@@ -760,6 +760,9 @@ def test_string_that_is_not_utf8_encodable_is_a_local_protocol_error(
 
 
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    # Wraps the private parse step on purpose: "never re-scan the buffer" is a property of the
+    # algorithm, seen only as how often it parses; a public counter would serve tests alone,
+    # and timing it instead would be flaky.
     calls = [0]
     original = Decoder._parse
 

@@ -1200,14 +1200,14 @@ def test_reconnect_while_the_dropped_session_is_still_being_written(
             gate.set()
             assert isinstance(hub.storage, EmbeddedStorage)  # (its writer thread)
             log = hub.storage.log
-            write = log._write
+            write = log.write_group
 
             def held_write(*args: Any) -> Any:
                 if threading.current_thread() is not threading.main_thread():
                     gate.wait(20)
                 return write(*args)
 
-            monkeypatch.setattr(log, "_write", held_write)
+            monkeypatch.setattr(log, "write_group", held_write)
             point = "~sampel-palnet"
             raw = await Raw.open(server.port)
             try:

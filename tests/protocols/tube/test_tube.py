@@ -712,6 +712,7 @@ def wire_of(items: Sequence[Item], alone: bool) -> list[bytes]:
             sender.send(payload, 0.0)
             sent = sender.data_to_send()
         elif kind == "unknown":  # compression id 3, split at 16 bytes as this side splits
+            # (private on purpose: no public call sends under an id the peer cannot decode)
             sender._send_fragments(3, bytes(payload), 0.0)
             sent = sender.data_to_send()
         elif kind == "ping":
