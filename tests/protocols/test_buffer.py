@@ -135,3 +135,25 @@ def test_lines_split_anywhere_read_the_same(data: bytes, cuts: list[int]) -> Non
         got.append(line)
     assert got == expected
     assert thin.buffered == whole.buffered
+
+
+@given(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=30),
+       st.lists(st.integers(0, 50), min_size=1, max_size=30))  # fmt: skip
+def test_a_streaming_buffer_hands_out_the_same_bytes_as_one_that_is_not(
+    chunks: list[bytes], takes: list[int]
+) -> None:
+    """``streaming=True`` only changes where the bytes are kept (one store, copied in as they
+    come), never which bytes a parser gets."""
+    got: list[list[bytes | None]] = []
+    for streaming in (False, True):
+        buf = ReceiveBuffer(10_000, streaming=streaming)
+        out: list[bytes | None] = []
+        for chunk, n in zip(chunks, takes * len(chunks), strict=False):
+            buf.append(chunk)
+            data, pos = buf.view()  # (joins: the store is a bytearray from here on)
+            out.append(bytes(data[pos:pos + n]) if len(data) - pos >= n else None)
+            if len(data) - pos >= n:
+                buf.advance_to(pos + n)
+        out.append(buf.take_all())
+        got.append(out)
+    assert got[0] == got[1]

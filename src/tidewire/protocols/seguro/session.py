@@ -70,7 +70,7 @@ class Session:
 
     def __init__(self, limits: Limits | None) -> None:
         self.limits = limits or Limits()
-        self._rx = ReceiveBuffer(self.limits.buffer_limit)
+        self._rx = ReceiveBuffer(self.limits.buffer_limit, streaming=True)
         self._out = bytearray()
         self._events: deque[Event] = deque()
         self.state = State.GREETING
@@ -351,32 +351,36 @@ class ServerSession(Session):
         ids: list[int] = []
         datas: list[bytes] = []
         seen, last = self._many_seen, self._many_last
-        while buf.startswith(b"EVENT ", pos) and len(ids) < 65536:
-            nl = buf.find(b"\n", pos, pos + max_line + 1)
-            if nl < 0:
-                break
-            fields = bytes(buf[pos + 6 : nl]).split(b" ")
-            if len(fields) != 2 or not all(f.isdigit() and f.isascii() and len(f) <= 20
-                                           for f in fields):  # fmt: skip
-                break  # the frame by frame path says why (or takes long leading zeros)
-            event_id, size = int(fields[0]), int(fields[1])
-            if event_id > MAX_U64 or size > max_event:
-                break
-            end = nl + 1 + size
-            if end + 2 > end_buf:
-                break
-            if (
-                (seen == 0 and event_id != many.start)
-                or (seen and event_id <= last)
-                or (event_id > many.end or seen + 1 > many.count)
-            ):
-                break
-            if buf[end : end + 2] != b"\n\n":
-                break
-            ids.append(event_id)
-            datas.append(bytes(buf[nl + 1 : end]))
-            seen, last = seen + 1, event_id
-            pos = end + 2
+        view = memoryview(buf)
+        try:
+            while buf.startswith(b"EVENT ", pos) and len(ids) < 65536:
+                nl = buf.find(b"\n", pos, pos + max_line + 1)
+                if nl < 0:
+                    break
+                fields = bytes(buf[pos + 6 : nl]).split(b" ")
+                if len(fields) != 2 or not all(f.isdigit() and f.isascii() and len(f) <= 20
+                                               for f in fields):  # fmt: skip
+                    break  # the frame by frame path says why (or takes long leading zeros)
+                event_id, size = int(fields[0]), int(fields[1])
+                if event_id > MAX_U64 or size > max_event:
+                    break
+                end = nl + 1 + size
+                if end + 2 > end_buf:
+                    break
+                if (
+                    (seen == 0 and event_id != many.start)
+                    or (seen and event_id <= last)
+                    or (event_id > many.end or seen + 1 > many.count)
+                ):
+                    break
+                if buf[end : end + 2] != b"\n\n":
+                    break
+                ids.append(event_id)
+                datas.append(bytes(view[nl + 1 : end]))  # (one copy: no slice first)
+                seen, last = seen + 1, event_id
+                pos = end + 2
+        finally:
+            view.release()  # (the store may grow again)
         if not ids:
             return None
         rx.advance_to(pos)
