@@ -1,7 +1,7 @@
 """The hub core: streams, appends, reads, and subscriptions with demand over the durable log."""
 
 from .hub import RESERVED_PREFIX, Hub, Start
-from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline
+from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline, abandon
 from .ledger import Ledger
 from .storage import EmbeddedStorage, Storage, StreamStats
 from .subscription import MAX_DEMAND, RecordSubscription, Subscription
@@ -24,4 +24,5 @@ __all__ = [
     "StreamStats",
     "Subscription",
     "TxnReceipt",
+    "abandon",
 ]

@@ -43,7 +43,7 @@ from .txn import TxnReceipt
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["INGEST_DEFAULTS", "Ingest", "IngestLimits", "Pipeline"]
+__all__ = ["INGEST_DEFAULTS", "Ingest", "IngestLimits", "Pipeline", "abandon"]
 
 MiB = 1024 * 1024
 
@@ -136,6 +136,12 @@ class Ingest:
 def _retrieved(future: asyncio.Future[Batch]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def abandon(receipt: asyncio.Future[Batch]) -> None:
+    """No one will await ``receipt`` (its connection went): its append still completes, and a
+    failure, which the storage logs, is not reported again as never retrieved."""
+    receipt.add_done_callback(_retrieved)
 
 
 @dataclass(slots=True, eq=False)

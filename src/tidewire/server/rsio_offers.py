@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from ..hub import Ingest, Pipeline
+from ..hub import Ingest, Pipeline, abandon
 from ..model import Batch, TidewireError, now_ms
 from ..observe.logs import ConnectionLog
 from ..protocols.rsio import Cancel, Committed, Connection, OfferEnded, Request, Subscribe
@@ -30,10 +30,6 @@ __all__ = ["OFFER_WINDOW", "Inlet", "Offers"]
 
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
 
-
-def _retrieve(future: asyncio.Future[Batch]) -> None:
-    if not future.cancelled():
-        future.exception()  # an abandoned append's failure is logged by the log, not here
 
 
 @dataclass(slots=True, eq=False)
@@ -269,7 +265,7 @@ class Offers:
         finally:
             pipeline.close()  # the storage finishes what it has; nothing more is acked
             for receipt, _ in receipts:
-                receipt.add_done_callback(_retrieve)
+                abandon(receipt)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
             self.ingest.release(inlet.nbytes)  # gathered, never submitted

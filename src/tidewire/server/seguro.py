@@ -33,7 +33,7 @@ import ssl
 from collections import deque
 from typing import cast
 
-from ..hub import INGEST_DEFAULTS, Hub
+from ..hub import INGEST_DEFAULTS, Hub, abandon
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
 from ..model import Batch, TidewireError
 from ..observe.logs import connection_log
@@ -62,10 +62,6 @@ MAX_PENDING_BYTES = INGEST_DEFAULTS["seguro"].max_pending_bytes
 READ_BATCH_BYTES = 1024 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 
-
-def _retrieve(receipt: asyncio.Future[Batch]) -> None:
-    if not receipt.cancelled():
-        receipt.exception()  # an abandoned append's failure is logged by the log, not here
 
 
 class _Protocol(asyncio.Protocol):
@@ -324,7 +320,7 @@ class _Protocol(asyncio.Protocol):
         finally:
             self.ingest.release(size)  # (a breach: what was not handed over is discarded)
             for receipt, _ in receipts:  # (stored all the same; the next WELCOME says so)
-                receipt.add_done_callback(_retrieve)
+                abandon(receipt)
         if self._waited("COMMITTED MANY"):
             self.session.committed_many()
 
