@@ -5,27 +5,13 @@ subscribers get it), and two hubs linked to each other relay nothing in a loop."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
 
+from helpers import run, until
 from tidewire.hub import Hub
 from tidewire.model import Batch
 from tidewire.server.tolliver import TolliverServer, start_tolliver_server
 from tidewire.tolliver import Delivery, Instance
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(30):
-            await coro
-
-    asyncio.run(bounded())
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    while not condition():  # noqa: ASYNC110 - polling state, bounded by run()'s timeout
-        await asyncio.sleep(0.005)
 
 
 async def values(hub: Hub, stream: str) -> list[bytes]:
