@@ -5,21 +5,12 @@ short, the on-reconnect hook, and what counts as a stable connection."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
 
 import pytest
 
+from helpers import run
 from tidewire.client.backoff import Backoff, GaveUp, Retry
 from tidewire.client.reconnect import Closed, Reconnector
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(10):
-            await coro
-
-    asyncio.run(bounded())
 
 
 class FakeTime:

@@ -10,19 +10,12 @@ import asyncio
 
 import pytest
 
+from helpers import run
 from memory_storage import MemoryStorage
 from tidewire.config import ConfigError, load_config
 from tidewire.hub import INGEST_DEFAULTS, Hub, Ingest, IngestLimits
 from tidewire.model import Batch, IdOrderError, StorageFullError
 from tidewire.server.serve import ingest_limits, rsio_settings
-
-
-def run(coro: object) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(10):
-            await coro  # type: ignore[misc]
-
-    asyncio.run(bounded())
 
 
 def batch(*values: bytes, stream: str = "s", ids: list[int] | None = None) -> Batch:

@@ -13,18 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run
 from memory_storage import MemoryStorage
 from tidewire.hub import EmbeddedStorage, Hub, Ledger, Storage
 from tidewire.log import LogConfig, StreamSettings
 from tidewire.model import Batch, DataLossError, InvalidStreamName
-
-
-def run(coro: object) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(10):
-            await coro  # type: ignore[misc]
-
-    asyncio.run(bounded())
 
 
 def test_both_implementations_satisfy_the_protocol(tmp_path: Path) -> None:

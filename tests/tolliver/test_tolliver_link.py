@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from helpers import run
 from tidewire.hub import Hub
 from tidewire.model import Batch
 from tidewire.protocols.tolliver import (
@@ -24,14 +23,6 @@ from tidewire.protocols.tolliver import (
 )
 from tidewire.server.tolliver import TolliverServer, start_tolliver_server
 from tidewire.tolliver import HandshakeFailed, Instance
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(30):
-            await coro
-
-    asyncio.run(bounded())
 
 
 async def frames_until_eof(reader: asyncio.StreamReader) -> list[Frame]:
