@@ -93,11 +93,19 @@ def test_bad_environment_and_flags() -> None:
 
 
 VALID_TEXT = {"tls.client_auth": ("none", "none"), "tls.min_version": ("1.3", "1.3"),
-              "log_format": ("json", "json")}
+              "log_format": ("json", "json"),
+              "memory.budget_bytes": ("4294967296", 2**32),
+              "memory.principal_bytes": ("134217728", 2**27),
+              "memory.connection_bytes": ("8388608", 2**23)}
 COMPANIONS = {  # settings that are only valid together
     "tls.cert_file": ("tls.key_file", "tls.ca_file"),
     "tls.key_file": ("tls.cert_file", "tls.ca_file"),
 }
+
+
+def test_memory_shares_must_nest() -> None:
+    with pytest.raises(ConfigError, match="connection_bytes <= principal_bytes"):
+        load_config(None, environ={"TIDEWIRE_MEMORY_CONNECTION_BYTES": str(2**30)})
 
 
 def test_every_setting_has_an_environment_variable() -> None:

@@ -66,6 +66,13 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "txn.expiration_ms": (int, -1,
                           "forget a transaction id this long after its commit (-1: only once "
                           "retention removed its events)"),
+    "memory.budget_bytes": (int, 1024 * 1024 * 1024,
+                            "every byte waiting in the hub for a peer, all connections together "
+                            "(docs/security.md)"),
+    "memory.principal_bytes": (int, 256 * 1024 * 1024,
+                               "the share of one principal, all its connections together "
+                               "(anonymous peers are one principal)"),
+    "memory.connection_bytes": (int, 96 * 1024 * 1024, "the share of one connection"),
     "tls.cert_file": (str, "", "the hub's certificate chain (PEM); set: every listener is TLS"),
     "tls.key_file": (str, "", "the private key of tls.cert_file (PEM)"),
     "tls.ca_file": (str, "", "CA certificates (PEM) that client certificates must chain to"),
@@ -240,6 +247,9 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "txn.expiration_ms": (-1, 2**62),
     "rsio.max_txn_bytes": (4096, 2**40),
     "log.max_record_bytes": (4096, 2**32 - 4096),
+    "memory.budget_bytes": (1024 * 1024, 2**50),
+    "memory.principal_bytes": (1024 * 1024, 2**50),
+    "memory.connection_bytes": (1024 * 1024, 2**50),
     "limits.max_connections": (1, 2**24),
     "limits.max_connections_per_peer": (1, 2**24),
     "limits.handshake_seconds": (0, 10**6),
@@ -270,6 +280,9 @@ def _check(values: Mapping[str, Any]) -> None:
     for key in ("rsio.max_inlet_bytes", "ingest.max_pending_bytes", "ingest.commit_bytes"):
         if 0 < values[key] < 4096:
             raise ConfigError(f"{key}: {values[key]} is below 4096 (0: the default)")
+    if not (values["memory.connection_bytes"] <= values["memory.principal_bytes"]
+            <= values["memory.budget_bytes"]):
+        raise ConfigError("memory: need connection_bytes <= principal_bytes <= budget_bytes")
     for key in ("log.retention_bytes", "log.retention_ms"):
         _check_retention(key, values[key])
     if values["tls.client_auth"] not in ("none", "optional", "required"):

@@ -1,5 +1,6 @@
 """The hub core: streams, appends, reads, and subscriptions with demand over the durable log."""
 
+from .budget import Budget, BudgetLimits, Share
 from .hub import RESERVED_PREFIX, Hub, Start
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline, abandon
 from .ledger import Ledger
@@ -12,6 +13,8 @@ __all__ = [
     "MAX_DEMAND",
     "RESERVED_PREFIX",
     "TXN_STREAM",
+    "Budget",
+    "BudgetLimits",
     "EmbeddedStorage",
     "Hub",
     "Ingest",
@@ -19,6 +22,7 @@ __all__ = [
     "Ledger",
     "Pipeline",
     "RecordSubscription",
+    "Share",
     "Start",
     "Storage",
     "StreamStats",

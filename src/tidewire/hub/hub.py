@@ -18,6 +18,7 @@ from typing import Literal
 
 from ..log import Log, LogConfig
 from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
+from .budget import Budget
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
 from .storage import EmbeddedStorage, Storage, StreamStats
@@ -74,6 +75,9 @@ class Hub:
         """Per protocol (``via``), the limits :meth:`ingest` gives (``serve`` sets them from
         the ``ingest.*`` settings); a protocol not named gets :class:`IngestLimits()`."""
         self.txns = Transactions(self, expiration_ms=txn_expiration_ms)
+        self.budget = Budget()
+        """The memory budget every connection's :class:`~.budget.Share` draws on
+        (``serve`` sets its limits from the ``memory.*`` settings)."""
         self.txns.load()
 
     @classmethod

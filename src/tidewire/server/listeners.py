@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import ServerConfig
-from ..hub import INGEST_DEFAULTS, Hub, IngestLimits
+from ..hub import INGEST_DEFAULTS, BudgetLimits, Hub, IngestLimits
 from ..hub.access import Access
 from ..protocols.rsio import Limits
 from ..protocols.seguro import Limits as SeguroLimits
@@ -161,6 +161,14 @@ def ingest_limits(config: ServerConfig) -> dict[str, IngestLimits]:
                                 int(v["ingest.appends_in_flight"]) or default.appends_in_flight,
                                 int(v["ingest.commit_bytes"]) or default.commit_bytes)  # fmt: skip
     return out
+
+
+def budget_limits(config: ServerConfig) -> BudgetLimits:
+    """The hub's memory budget from the ``memory.*`` settings."""
+    v = config.values
+    return BudgetLimits(total=int(v["memory.budget_bytes"]),
+                        principal=int(v["memory.principal_bytes"]),
+                        connection=int(v["memory.connection_bytes"]))  # fmt: skip
 
 
 def rsio_settings(config: ServerConfig) -> RsioSettings:

@@ -23,11 +23,13 @@ from .. import __version__
 from ..config import ConfigError, ServerConfig
 from ..hub import Hub
 from ..hub.access import Access, Acl, Tokens
+from ..hub.budget import Budget
 from ..registry import PROTOCOLS, listeners
 from . import app as http_app
 from .app import build_app
 from .guard import Admission, ConnectionLimits, TlsSettings, server_context
 from .listeners import HTTP_LISTENER, STARTERS, Front, ListenerServer
+from .listeners import budget_limits as budget_limits
 from .listeners import http_settings as http_settings
 from .listeners import ingest_limits as ingest_limits
 from .listeners import rsio_settings as rsio_settings
@@ -72,6 +74,7 @@ async def serve(
         txn_expiration_ms=None if expiration < 0 else expiration,
     )  # fmt: skip
     hub.ingest_limits.update(ingest_limits(config))
+    hub.budget = Budget(budget_limits(config))
     runner: web.AppRunner | None = None
     servers: dict[str, ListenerServer] = {}  # the TCP listeners, in the registry's order
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
