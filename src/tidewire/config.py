@@ -92,6 +92,12 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "limits.write_stall_seconds": (float, 60.0,
                                    "a peer that reads none of its pending output this long: "
                                    "dropped (0: never)"),
+    "limits.message_seconds": (float, 60.0,
+                               "an inbound message begun and unfinished this long: the "
+                               "connection is closed (0: never)"),
+    "limits.max_refusals": (int, 100,
+                            "requests refused in a row (no success between) that end a "
+                            "connection"),
     "http.header_seconds": (float, 10.0, "a request's headers must arrive within it (slowloris)"),
     "http.body_seconds": (float, 60.0, "a request's body must arrive within it"),
     "http.max_body_bytes": (int, 16 * 1024 * 1024, "largest request body (RS.io HTTP publish)"),
@@ -255,6 +261,8 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "limits.handshake_seconds": (0, 10**6),
     "limits.idle_seconds": (0, 10**9),
     "limits.write_stall_seconds": (0, 10**9),
+    "limits.message_seconds": (0, 10**9),
+    "limits.max_refusals": (1, 2**31),
     "http.header_seconds": (0.01, 10**6),
     "http.body_seconds": (0.01, 10**6),
     "http.max_body_bytes": (1024, 2**31),

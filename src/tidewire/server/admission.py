@@ -20,6 +20,8 @@ class ConnectionLimits:
     handshake_seconds: float = 10.0
     idle_seconds: float = 3600.0
     write_stall_seconds: float = 60.0
+    message_seconds: float = 60.0
+    """An inbound message begun (its header read) and unfinished this long: closed."""
 
 
 class Admission:

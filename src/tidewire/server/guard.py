@@ -55,6 +55,7 @@ __all__ = [
     "Expirable",
     "GuardedConnection",
     "Listener",
+    "Receiving",
     "TlsSettings",
     "client_context",
     "established",
@@ -71,6 +72,16 @@ class Expirable(Protocol):
     """A wrapped protocol that can end its connection in its own words."""
 
     def expire(self, reason: str) -> None: ...
+
+
+@runtime_checkable
+class Receiving(Protocol):
+    """A wrapped protocol that knows when the inbound message it is receiving began."""
+
+    def receiving_since(self) -> float | None:
+        """``loop.time()`` when the unfinished inbound message's first byte (or header)
+        arrived; ``None`` when no message is unfinished."""
+        ...
 
 
 class _State(enum.Enum):
@@ -392,6 +403,12 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
             return
         if limits.idle_seconds > 0 and now - self.last_active >= limits.idle_seconds:
             self._expire(f"idle for {limits.idle_seconds:g}s")
+            return
+        since = self.inner.receiving_since() if isinstance(self.inner, Receiving) else None
+        if since is not None and limits.message_seconds > 0 and (
+            now - since >= limits.message_seconds
+        ):
+            self._expire(f"a message unfinished for {limits.message_seconds:g}s")
 
     def _expire(self, reason: str) -> None:
         self.log.warning("closing: %s", reason)

@@ -258,6 +258,7 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
         handshake_seconds=float(v["limits.handshake_seconds"]),
         idle_seconds=float(v["limits.idle_seconds"]),
         write_stall_seconds=float(v["limits.write_stall_seconds"]),
+        message_seconds=float(v["limits.message_seconds"]),
     ))  # fmt: skip
     contexts: dict[str, ssl.SSLContext | None] = dict.fromkeys(LISTENERS)
     if v["tls.cert_file"]:
