@@ -12,6 +12,9 @@ attacker's work in the test's loop cannot be mistaken for the hub's. Every value
 time it was sent; the largest send-to-receive time is the **stall** a hub pause would show.
 The hub runs with ``log.fsync = false`` unless a test says otherwise: the disk's latency is
 not what these tests are about.
+
+Test modules in ``tests/security/`` import it as ``from harness import real_hub, bystander``
+(pytest puts a test's folder on the path, as for ``tests/log/crash_child.py``).
 """
 
 from __future__ import annotations

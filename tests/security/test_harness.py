@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
 from helpers import run
-from security.harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
 
 
 def test_a_quiet_hub_serves_the_bystander_without_stalls(tmp_path: Path) -> None:
