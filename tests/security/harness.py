@@ -7,8 +7,8 @@ budget promises to bound; its log is a file (:meth:`RealHub.log_text`).
 
 :func:`bystander` is the client whose service the attacks must not take away: it publishes
 small batches over RS.io as fast as a window of four in flight allows and subscribes to what it
-publishes on a second connection, in a thread of its own with its own event loop, so that the
-attacker's work in the test's loop cannot be mistaken for the hub's. Every value carries the
+publishes on a second connection, in a process of its own (``bystander_child.py``), so that the
+attacker's work in the test's process cannot be mistaken for the hub's. Every value carries the
 time it was sent; the largest send-to-receive time is the **stall** a hub pause would show.
 The hub runs with ``log.fsync = false`` unless a test says otherwise: the disk's latency is
 not what these tests are about.
@@ -20,24 +20,20 @@ Test modules in ``tests/security/`` import it as ``from harness import real_hub,
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
-import struct
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tidewire
 from certs import Pki
 from helpers import child_env
 from serveproc import read_until
-from tidewire.client.rsio import Receipt
 from tidewire.config import env_name
 from tidewire.hub.access import mint_token
 
@@ -201,74 +197,25 @@ class BystanderReport:
         return self.events / self.seconds if self.seconds else 0.0
 
 
-_STAMP = struct.Struct(">d")
-_BATCH = 100
-_VALUE = 100
-
-
 async def bystander(hub: RealHub, seconds: float, *, token: str | None = None,
                     stream: str | None = None) -> BystanderReport:  # fmt: skip
-    """Publish and subscribe over RS.io for ``seconds`` (in a thread with its own loop)."""
+    """Publish and subscribe over RS.io for ``seconds``, in a child process of its own
+    (``bystander_child.py``: the attacker's work in this process holds no lock it needs);
+    the child is stopped by its pid if this is cancelled."""
     name = stream or f"bystander.{uuid.uuid4().hex[:8]}"
-    return await asyncio.to_thread(_in_thread, hub.rsio_url, seconds, token, name)
-
-
-def _in_thread(url: str, seconds: float, token: str | None, stream: str) -> BystanderReport:
-    report = BystanderReport(seconds, 0, 0.0, [])
-    result: list[BystanderReport] = []
-
-    def main() -> None:
-        with asyncio.Runner() as runner:
-            try:
-                runner.run(asyncio.wait_for(_run(url, seconds, token, stream, report),
-                                            seconds + 30))  # fmt: skip
-            except Exception as exc:  # the report says what went wrong
-                report.errors.append(repr(exc))
-        result.append(report)
-
-    thread = threading.Thread(target=main, name="bystander", daemon=True)
-    thread.start()
-    thread.join(seconds + 60)
-    if not result:
-        report.errors.append("the bystander did not finish")
-    return report
-
-
-async def _run(url: str, seconds: float, token: str | None, stream: str,
-               report: BystanderReport) -> None:  # fmt: skip
-    pad = b"\x00" * (_VALUE - _STAMP.size)
-    async with await tidewire.connect(url, token=token) as pub_hub, \
-            await tidewire.connect(url, token=token) as sub_hub:  # fmt: skip
-        await pub_hub.publish(stream, [_STAMP.pack(time.monotonic()) + pad])
-        done = asyncio.Event()
-
-        async def subscribe() -> None:
-            async for batch in sub_hub.subscribe(stream):
-                now = time.monotonic()
-                for i in (0, len(batch) - 1):
-                    (sent,) = _STAMP.unpack_from(batch.value(i))
-                    report.max_stall_s = max(report.max_stall_s, now - sent)
-                report.events += len(batch)
-                if done.is_set():
-                    return
-
-        async def publish() -> None:
-            pub = await pub_hub.publisher(stream, format="value")
-            window: list[asyncio.Future[Receipt]] = []
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                values = [_STAMP.pack(time.monotonic()) + pad] * _BATCH
-                window.append(await pub.submit(values))
-                if len(window) >= 4:
-                    await window.pop(0)
-            for receipt in window:
-                await receipt
-            await pub.close()
-
-        reader = asyncio.create_task(subscribe())
-        started = time.monotonic()
-        await publish()
-        done.set()
-        await pub_hub.publish(stream, [_STAMP.pack(time.monotonic()) + pad])  # wakes the reader
-        await asyncio.wait_for(reader, 30)
-        report.seconds = time.monotonic() - started
+    env = {**child_env(), "BYSTANDER_TOKEN": token or ""}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("bystander_child.py")), hub.rsio_url,
+        str(seconds), name, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), seconds + 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    try:
+        fields = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return BystanderReport(seconds, 0, 0.0, [f"the bystander failed: {err.decode()[-2000:]}"])
+    return BystanderReport(**fields)
