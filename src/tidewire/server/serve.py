@@ -259,6 +259,8 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
         idle_seconds=float(v["limits.idle_seconds"]),
         write_stall_seconds=float(v["limits.write_stall_seconds"]),
         message_seconds=float(v["limits.message_seconds"]),
+        peer_prefix_v4=int(v["limits.peer_prefix_v4"]),
+        peer_prefix_v6=int(v["limits.peer_prefix_v6"]),
     ))  # fmt: skip
     contexts: dict[str, ssl.SSLContext | None] = dict.fromkeys(LISTENERS)
     if v["tls.cert_file"]:
