@@ -119,8 +119,11 @@ def validate_stream_name(name: str) -> str:
     the same cannot both exist (look-alikes across scripts, Latin ``a`` and Cyrillic ``а``,
     remain distinct names: see docs/security.md).
 
-    Streams created before this rule whose names break only its Unicode
-    part still open: :func:`validate_stored_stream_name` is the log's rule for a name on disk.
+    "Unassigned" is as of the Unicode version of the running Python's :mod:`unicodedata`
+    (a character newer than it is refused until the hub runs on a newer Python).
+
+    Streams created before this rule whose names break only its Unicode part still open:
+    :func:`validate_stored_stream_name` is the log's rule for a name on disk.
     """
     if not isinstance(name, str):
         raise InvalidStreamName(f"stream name must be str, not {type(name).__name__}")
