@@ -12,7 +12,7 @@ import pytest
 from tidewire.config import ConfigError, ServerConfig, load_config
 from tidewire.hub.access import Access, mint_token
 from tidewire.model import Forbidden, Unauthenticated
-from tidewire.server.serve import reload_access, security
+from tidewire.server.serve import parser_reason, reload_access, security
 
 ACL_ALL = '[principal."token:*"]\nread = ["*"]\nwrite = ["*"]\n'
 ACL_READ = '[principal."token:*"]\nread = ["*"]\n'
@@ -90,3 +90,20 @@ def test_a_missing_file_keeps_the_old_policy(tmp_path: Path) -> None:
 def test_a_bad_file_at_start_is_still_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tokens\.toml"):
         _policy(tmp_path, "not toml [", None)
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("Invalid header value char:\n\n  b'Authorization: Bearer ci.S\\x01'\n      ^",
+         "Invalid header value char"),
+        ("Got more than 8190 bytes when reading: b'GET /?token=ci.S...'.",
+         "Got more than 8190 bytes when reading"),
+        ('Invalid method encountered:\n\n  b"GE\\x00T"\n    ^', "Invalid method encountered"),
+        ("Got more than ...bytearray(b'/x?token=ci.S')", "Got more than"),
+        ("Data after `Connection: close`", "Data after `Connection: close`"),
+        ("b'ci.S'", "a malformed request"),
+    ],
+)
+def test_a_parser_error_is_logged_without_the_bytes_it_quotes(message: str, reason: str) -> None:
+    assert parser_reason(message) == reason

@@ -174,18 +174,31 @@ async def _wind_down(servers: list[ListenerServer], runner: web.AppRunner | None
 class _QuietBadRequests(logging.Filter):
     """aiohttp logs a request its parser refuses (a line too long, a malformed header) as an
     ERROR with a traceback, after answering it 400: any client could fill the log with them.
-    Such a record becomes one warning line naming the peer and the reason."""
+    Such a record becomes one warning line naming the peer and the reason, without the bytes
+    the parser quotes after it (the refused line: it may hold a token, in a URL or in an
+    ``Authorization`` header, and tokens are never logged)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
             what = record.getMessage()
             record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg = "%s (answered %s): %s"
-            record.args = (what, exc.code, str(exc.message).strip()[:200])
+            record.msg = "%s (answered %s): %s: %s"
+            record.args = (what, exc.code, type(exc).__name__, parser_reason(str(exc.message)))
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+def parser_reason(message: str) -> str:
+    """The reason of an HTTP parser error without the request bytes it quotes: llhttp's
+    ``Invalid header value char:\n\n  b'Authorization: Bearer ...'`` and aiohttp's
+    ``Got more than 8190 bytes when reading: b'...'`` (or ``...bytearray(b'...')``) keep
+    what is before the quote."""
+    reason = message.strip()
+    for quote in ("\n", "b'", 'b"', "bytearray(", "'", '"'):  # where quoted bytes begin
+        reason = reason.split(quote, 1)[0]
+    return reason.rstrip(" :.")[:200] or "a malformed request"
 
 
 def quiet_bad_requests() -> None:
