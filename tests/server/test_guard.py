@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -225,6 +226,43 @@ def test_an_ipv4_prefix_counts_neighbours_together(run: Run) -> None:
             for w in clients:
                 w.close()
             await until(lambda: listener.admission.total == 0)
+
+    run(main())
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+def test_an_ipv6_peer_over_real_sockets_is_its_64(run: Run) -> None:
+    """A listener on ::1 (the loopback): its peer is ``::/64``, named so in the refusal."""
+    limits = ConnectionLimits(max_connections_per_peer=1)
+
+    async def main() -> None:
+        listener = Listener("test", lambda: Echo([]), Admission(limits),
+                            refuse=lambda r: f"NO {r}\n".encode())  # fmt: skip
+        await listener.start("::1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("::1", listener.port)
+            assert await echo(reader, writer) == b"ping"
+            assert listener.admission.per_peer == {"::/64": 1}
+            refused_reader, refused_writer = await asyncio.open_connection("::1", listener.port)
+            assert await read_to_end(refused_reader) == (
+                b"NO too many connections from ::/64 (the limit is 1)\n")  # fmt: skip
+            refused_writer.close()
+            writer.close()
+            await until(lambda: listener.admission.total == 0)
+        finally:
+            listener.close()
+            for conn in list(listener.connections):
+                conn.abort()
+            await listener.wait_closed()
 
     run(main())
 
