@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tidewire.hub import Hub
 from tidewire.log import Log, LogConfig
 from tidewire.log.stream import NAME_FILE, directory_name
 from tidewire.model import Batch, InvalidStreamName, validate_stream_name
@@ -44,3 +45,13 @@ def test_a_stream_with_a_name_refused_today_still_opens(tmp_path: Path, legacy: 
             await log.close()
 
     assert asyncio.run(reopen()) == [b"a", b"b", b"c"]
+
+    async def serve() -> list[str]:
+        hub = Hub.open(str(tmp_path), LogConfig(fsync=False))
+        await hub.start()
+        try:
+            return [s.name for s in hub.streams()]
+        finally:
+            await hub.close()
+
+    assert asyncio.run(serve()) == [legacy]  # the hub starts and lists it too
