@@ -88,18 +88,9 @@ MAX_STREAM_NAME_BYTES = 255
 # Default_Ignorable_Code_Point (Unicode's DerivedCoreProperties.txt) outside the Cf category,
 # which is refused as a whole: characters that render as nothing (fillers, variation
 # selectors, the combining grapheme joiner), so two names that look the same differ in bytes.
-_INVISIBLE = (
-    (0x034F, 0x034F),
-    (0x115F, 0x1160),
-    (0x17B4, 0x17B5),
-    (0x180B, 0x180F),
-    (0x3164, 0x3164),
-    (0xFE00, 0xFE0F),
-    (0xFFA0, 0xFFA0),
-    (0xFFF0, 0xFFF8),
-    (0x1D173, 0x1D17A),
-    (0xE0000, 0xE0FFF),
-)
+_INVISIBLE = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+              (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+              (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))  # fmt: skip
 
 
 def _invisible(ch: str) -> bool:
