@@ -85,7 +85,8 @@ def serve(
     tolliver_port: int | None,
     sets: tuple[str, ...],
 ) -> None:
-    """Run the hub: config file < TIDEWIRE_* variables < flags."""
+    """Run the hub: config file < TIDEWIRE_* variables < flags. SIGHUP reloads the tokens
+    and ACL files (auth.tokens_file, auth.acl_file)."""
     from .server import run_server
 
     overrides: dict[str, Any] = {

@@ -85,7 +85,7 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "auth.tokens_file": (str, "", "bearer tokens the hub accepts (TOML; `tidewire token create`)"),
     "auth.acl_file": (str, "", "who may read and write which streams (TOML); unset: everyone"),
     "limits.max_connections": (int, 10_000, "connections at once, every listener together"),
-    "limits.max_connections_per_peer": (int, 256, "connections at once from one IP address"),
+    "limits.max_connections_per_peer": (int, 256, "connections at once from one peer network"),
     "limits.handshake_seconds": (float, 10.0,
                                  "TLS plus the protocol's handshake must finish within it"),
     "limits.idle_seconds": (float, 3600.0, "nothing received or sent this long: closed (0: never)"),
@@ -98,6 +98,11 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "limits.max_refusals": (int, 100,
                             "requests refused in a row (no success between) that end a "
                             "connection"),
+    # identity (issue 20): what one peer of limits.max_connections_per_peer is
+    "limits.peer_prefix_v4": (int, 32,
+                              "IPv4 addresses in one prefix this long are one peer (32: each)"),
+    "limits.peer_prefix_v6": (int, 64,
+                              "IPv6 addresses in one prefix this long are one peer (a /64)"),
     "http.header_seconds": (float, 10.0, "a request's headers must arrive within it (slowloris)"),
     "http.body_seconds": (float, 60.0, "a request's body must arrive within it"),
     "http.max_body_bytes": (int, 16 * 1024 * 1024, "largest request body (RS.io HTTP publish)"),
@@ -263,6 +268,9 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "limits.write_stall_seconds": (0, 10**9),
     "limits.message_seconds": (0, 10**9),
     "limits.max_refusals": (1, 2**31),
+    # identity (issue 20)
+    "limits.peer_prefix_v4": (0, 32),
+    "limits.peer_prefix_v6": (0, 128),
     "http.header_seconds": (0.01, 10**6),
     "http.body_seconds": (0.01, 10**6),
     "http.max_body_bytes": (1024, 2**31),

@@ -69,6 +69,7 @@ __all__ = [
     "Unauthenticated",
     "UnknownStream",
     "now_ms",
+    "validate_stored_stream_name",
     "validate_stream_name",
 ]
 
@@ -84,18 +85,53 @@ MAX_STREAM_NAME_BYTES = 255
 # --------------------------------------------------------------------------- names and time
 
 
+# Default_Ignorable_Code_Point (Unicode's DerivedCoreProperties.txt) outside the Cf category,
+# which is refused as a whole: characters that render as nothing (fillers, variation
+# selectors, the combining grapheme joiner), so two names that look the same differ in bytes.
+_INVISIBLE = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+              (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+              (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))  # fmt: skip
+
+
+def _invisible(ch: str) -> bool:
+    code = ord(ch)
+    return any(low <= code <= high for low, high in _INVISIBLE)
+
+
 def validate_stream_name(name: str) -> str:
     """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
 
-    A name is 1-255 bytes of UTF-8 with no whitespace and no control characters.
+    A name is 1-255 bytes of UTF-8, in Unicode normalisation form NFC, with no whitespace,
+    no control characters (Cc), no format characters (Cf: zero-width characters, the bidi
+    controls, the soft hyphen), no other invisible characters (variation selectors, fillers),
+    no unassigned code points (Cn) and no private-use ones (Co). Names are bytes on every wire
+    and in every ACL pattern, so a name that is not NFC is refused rather than normalised: a
+    peer never gets a stream under bytes other than the ones it sent, and two names that render
+    the same cannot both exist (look-alikes across scripts, Latin ``a`` and Cyrillic ``а``,
+    remain distinct names: see docs/security.md).
+
+    "Unassigned" is as of the Unicode version of the running Python's :mod:`unicodedata`
+    (a character newer than it is refused until the hub runs on a newer Python).
+
+    Streams created before this rule whose names break only its Unicode part still open:
+    :func:`validate_stored_stream_name` is the log's rule for a name on disk.
     """
     if not isinstance(name, str):
         raise InvalidStreamName(f"stream name must be str, not {type(name).__name__}")
     return _validate_stream_name(name)
 
 
+def validate_stored_stream_name(name: str) -> str:
+    """The older, looser rule (1-255 bytes of UTF-8, no whitespace, no control characters)
+    that a stream name already on disk must meet: the log recovers such a stream, lists it,
+    reads it and applies retention, though no peer can name it any more."""
+    if not isinstance(name, str):
+        raise InvalidStreamName(f"stream name must be str, not {type(name).__name__}")
+    return _validate_stored_stream_name(name)
+
+
 @lru_cache(maxsize=4096)
-def _validate_stream_name(name: str) -> str:
+def _validate_stored_stream_name(name: str) -> str:
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError as exc:
@@ -112,6 +148,28 @@ def _validate_stream_name(name: str) -> str:
                 f"stream name {name!r} holds whitespace or a control character "
                 f"(U+{ord(ch):04X} at position {position})"
             )
+    return name
+
+
+@lru_cache(maxsize=4096)
+def _validate_stream_name(name: str) -> str:
+    _validate_stored_stream_name(name)
+    if name.isascii():  # (the common case: printable ASCII is all of the rule below)
+        return name
+    for position, ch in enumerate(name):
+        category = unicodedata.category(ch)
+        if category in ("Cf", "Cn", "Co") or _invisible(ch):
+            what = {"Cf": "an invisible or bidi-control", "Cn": "an unassigned",
+                    "Co": "a private-use"}.get(category, "an invisible")  # fmt: skip
+            raise InvalidStreamName(
+                f"stream name {name!a} holds {what} character "
+                f"(U+{ord(ch):04X} at position {position})"
+            )
+    if not unicodedata.is_normalized("NFC", name):
+        raise InvalidStreamName(
+            f"stream name {name!a} is not in Unicode normalisation form NFC (its NFC form "
+            f"is {unicodedata.normalize('NFC', name)!a})"
+        )
     return name
 
 

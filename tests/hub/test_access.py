@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidewire.hub import RESERVED_PREFIX
 from tidewire.hub.access import (
     ANONYMOUS,
     Access,
@@ -50,6 +51,15 @@ read = ["team.[ab]?", "lit[*]"]
 
 [principal."token:?"]
 write = ["short"]
+
+[principal."token:ops"]
+read = ["_tidewire.txns"]
+
+[principal."token:root"]
+read = ["*", "_tidewire*"]
+
+[principal."token:under"]
+read = ["_*"]
 """
 
 # (principal, action, stream, allowed)
@@ -85,6 +95,17 @@ CASES: list[tuple[str, Action, str, bool]] = [
     # no table matches: refused
     ("token:nobody", "read", "public.news", False),
     ("tokenci", "read", "x", False),
+    # "*" is every client stream, not the hub's own (_tidewire.*) unless a pattern names them
+    ("token:ci", "read", "_tidewire.txns", False),
+    ("token:ci", "read", "_tidewire.tolliver", False),
+    ("token:ci", "read", "_tidewire", True),  # (no dot: not the reserved prefix)
+    ("token:ci", "read", "_other", True),
+    ("token:ops", "read", "_tidewire.txns", True),
+    ("token:ops", "read", "_tidewire.tolliver", False),
+    ("token:root", "read", "_tidewire.tolliver", True),
+    ("token:root", "read", "orders", True),
+    ("token:under", "read", "_tidewire.txns", False),  # "_*" does not name the prefix
+    ("token:under", "read", "_x", True),
 ]
 
 
@@ -351,9 +372,10 @@ def test_certificate_names() -> None:
 # --------------------------------------------------------------------------- properties
 
 names = st.text(min_size=1, max_size=40)
+client_streams = names.filter(lambda s: not s.startswith(RESERVED_PREFIX))
 
 
-@given(principal=names, stream=names)
+@given(principal=names, stream=client_streams)
 def test_everything_and_nothing(principal: str, stream: str) -> None:
     everything = Acl.parse('[principal."*"]\nread = ["*"]\nwrite = ["*"]\n')
     nothing = Acl.parse("")
@@ -385,3 +407,112 @@ def test_mint_refuses_or_round_trips_control_characters(name: str) -> None:
     except ValueError:
         return  # refusing the name is fine too
     assert Tokens.parse(table).authenticate(token, NOW) == Principal(f"token:{name}")
+
+
+@given(principal=names, rest=st.text(max_size=20))
+def test_a_star_never_reaches_the_hubs_own_streams(principal: str, rest: str) -> None:
+    everything = Acl.parse('[principal."*"]\nread = ["*", "?*", "[_]*", "*.*"]\n')
+    named = Acl.parse('[principal."*"]\nread = ["_tidewire.*"]\n')
+    stream = RESERVED_PREFIX + rest
+    assert not everything.allows(Principal(principal), "read", stream)
+    assert named.allows(Principal(principal), "read", stream)
+    assert Access(everything).streams(Principal(principal), [stream, "x"]) == ["x"]
+
+
+# --------------------------------------------------------------------------- expiry and reload
+
+
+def _access(*tables: str, clock: list[float]) -> Access:
+    return Access(Acl.parse('[principal."token:*"]\nread = ["*"]\nwrite = ["*"]\n'),
+                  Tokens.parse("\n".join(tables)), clock=lambda: clock[0])  # fmt: skip
+
+
+def test_a_token_that_expires_while_in_use_is_refused_at_the_next_decision() -> None:
+    token, table = mint_token("ci", days=1, now=NOW)
+    clock = [NOW]
+    access = _access(table, clock=clock)
+    who = access.authenticate(token)
+    assert who == Principal("token:ci")  # the remembered token is not part of equality
+    assert hash(who) == hash(Principal("token:ci"))
+    assert "sha256" not in repr(who)
+    access.check(who, "read", "orders")
+    assert access.may(who, "write", "orders")
+    clock[0] = NOW + 86400  # the expiry instant: refused from here on
+    for decide in (
+        lambda: access.check(who, "read", "orders"),
+        lambda: access.may(who, "write", "orders"),
+        lambda: access.streams(who, ["orders"]),
+        lambda: access.check_monitor(who),
+    ):
+        with pytest.raises(Unauthenticated, match=r"^token:ci: its token expired$"):
+            decide()
+    # anonymous and certificate principals carry no token: nothing to re-validate
+    assert not access.may(ANONYMOUS, "read", "orders")
+    assert not access.may(Principal("cert:x"), "read", "orders")
+
+
+def test_a_revoked_token_is_refused_at_the_next_decision() -> None:
+    ci, ci_table = mint_token("ci")
+    etl, etl_table = mint_token("etl")
+    clock = [NOW]
+    access = _access(ci_table, etl_table, clock=clock)
+    ci_who, etl_who = access.authenticate(ci), access.authenticate(etl)
+    access.replace(access.acl, Tokens.parse(etl_table))  # ci removed from the file: a reload
+    with pytest.raises(Unauthenticated, match=r"^token:ci: its token was revoked$"):
+        access.check(ci_who, "read", "orders")
+    with pytest.raises(Unauthenticated, match="invalid token"):
+        access.authenticate(ci)
+    access.check(etl_who, "read", "orders")  # the others carry on
+    # a new token under the same name does not revive the old one
+    _, new_table = mint_token("ci")
+    access.replace(access.acl, Tokens.parse(new_table + etl_table))
+    with pytest.raises(Unauthenticated, match="revoked"):
+        access.may(ci_who, "read", "orders")
+
+
+def test_a_reload_can_extend_or_shorten_an_expiry() -> None:
+    _, table = mint_token("ci", days=1, now=NOW)
+    digest = Tokens.parse(table).by_name["ci"].sha256.hex()
+    clock = [NOW + 2 * 86400]
+    access = _access(table, clock=clock)
+    expired = Principal("token:ci", Tokens.parse(table).by_name["ci"])
+    with pytest.raises(Unauthenticated, match="expired"):
+        access.check(expired, "read", "orders")
+    access.replace(access.acl, Tokens.parse(f'[token."ci"]\nsha256 = "{digest}"\n'))
+    access.check(expired, "read", "orders")  # no expiry any more
+    access.replace(access.acl, Tokens.parse(
+        f'[token."ci"]\nsha256 = "{digest}"\nexpires = 2020-01-01T00:00:00Z\n'))  # fmt: skip
+    with pytest.raises(Unauthenticated, match="expired"):
+        access.check(expired, "read", "orders")
+
+
+def test_a_reload_replaces_the_acl_for_open_connections() -> None:
+    token, table = mint_token("ci")
+    access = _access(table, clock=[NOW])
+    who = access.authenticate(token)
+    access.check(who, "write", "orders")
+    access.replace(Acl.parse('[principal."token:ci"]\nread = ["orders"]\n'), access.tokens)
+    access.check(who, "read", "orders")
+    with pytest.raises(Forbidden):
+        access.check(who, "write", "orders")
+    access.replace(None, access.tokens)  # no ACL file any more: open
+    assert access.open
+    access.check(who, "write", "orders")
+
+
+@pytest.mark.parametrize(
+    ("presented", "shown"),
+    [
+        ("nobody.secret", "claimed token:nobody)"),
+        ("ci.SECRETSECRET.oops", "not shown"),  # <name>.<secret> pasted with more after it
+        ("x" * 65 + ".secret", "not shown"),
+        ("x" * 64 + ".secret", "claimed token:" + "x" * 64 + ")"),
+        ("nosecret", "a malformed token"),
+    ],
+)
+def test_a_refusal_never_repeats_a_secret(presented: str, shown: str) -> None:
+    _, table = mint_token("ci")
+    with pytest.raises(Unauthenticated) as info:
+        Tokens.parse(table).authenticate(presented, NOW)
+    assert shown in str(info.value)
+    assert "SECRETSECRET" not in str(info.value)

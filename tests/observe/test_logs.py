@@ -173,7 +173,8 @@ def test_json_lines_are_one_object_each() -> None:
         first, second, third, fourth = (json.loads(line) for line in lines)
         assert all(isinstance(x, dict) for x in (first, second, third, fourth))
         assert first == {"time": first["time"], "level": "WARNING",
-                         "logger": "tidewire.test.json", "message": "closing: bad\nbytes ü \"q\"",
+                         "logger": "tidewire.test.json",
+                         "message": "closing: bad\\nbytes ü \"q\"",  # the newline escaped
                          "conn": 17, "protocol": "rsio", "peer": "127.0.0.1:50312"}  # fmt: skip
         assert TIME.match(first["time"]), first["time"]
         assert "ü" in lines[0]  # not escaped (ensure_ascii=False)

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -154,11 +155,116 @@ def test_admission_total_and_per_peer() -> None:
     assert admission.admit("10.0.0.3") == "too many connections (the limit is 4)"
     assert admission.total == 4  # a refusal counts nothing
     admission.release("10.0.0.1")
-    assert admission.per_peer == {"10.0.0.1": 1, "10.0.0.2": 1, "::1": 1}
+    assert admission.per_peer == {"10.0.0.1": 1, "10.0.0.2": 1, "::/64": 1}
     assert admission.admit("10.0.0.3") is None
     for host in ("10.0.0.1", "10.0.0.2", "::1", "10.0.0.3"):
         admission.release(host)
     assert (admission.total, admission.per_peer) == (0, {})
+
+
+def test_an_ipv6_peer_is_its_64_by_default() -> None:
+    """A host handed a /64 cannot multiply its share by changing address within it."""
+    admission = Admission(ConnectionLimits(max_connections_per_peer=2))
+    assert admission.admit("2001:db8:1:2::1") is None
+    assert admission.admit("2001:db8:1:2:ffff:ffff:ffff:ffff") is None
+    assert admission.admit("2001:db8:1:2::7") == (
+        "too many connections from 2001:db8:1:2::/64 (the limit is 2)"
+    )
+    assert admission.admit("2001:db8:1:3::1") is None  # the next /64 is another peer
+    assert admission.per_peer == {"2001:db8:1:2::/64": 2, "2001:db8:1:3::/64": 1}
+    for host in ("2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:3::1"):
+        admission.release(host)
+    assert (admission.total, admission.per_peer) == (0, {})
+
+
+@pytest.mark.parametrize(
+    ("host", "v4", "v6", "peer"),
+    [
+        ("192.0.2.77", 32, 64, "192.0.2.77"),
+        ("192.0.2.77", 24, 64, "192.0.2.0/24"),
+        ("192.0.2.77", 0, 64, "0.0.0.0/0"),
+        ("::ffff:192.0.2.77", 24, 64, "192.0.2.0/24"),  # IPv4-mapped: counted as IPv4
+        ("2001:db8::1", 32, 48, "2001:db8::/48"),
+        ("2001:db8::1", 32, 128, "2001:db8::1"),
+        ("fe80::1%eth0", 32, 64, "fe80::/64"),  # the zone is not part of the peer
+        ("::1", 32, 64, "::/64"),
+        ("?", 32, 64, "?"),  # not an address: itself
+        ("/run/hub.sock", 32, 64, "/run/hub.sock"),
+    ],
+)
+def test_peer_networks(host: str, v4: int, v6: int, peer: str) -> None:
+    limits = ConnectionLimits(peer_prefix_v4=v4, peer_prefix_v6=v6)
+    assert Admission(limits).peer(host) == peer
+
+
+def test_peer_prefixes_are_checked() -> None:
+    with pytest.raises(ValueError, match="peer_prefix_v4"):
+        ConnectionLimits(peer_prefix_v4=33)
+    with pytest.raises(ValueError, match="peer_prefix_v6"):
+        ConnectionLimits(peer_prefix_v6=-1)
+
+
+def test_an_ipv4_prefix_counts_neighbours_together(run: Run) -> None:
+    """Real sockets from 127.0.0.1, .2 and .3 (all loopback) to a listener on 127.0.0.1:
+    with ``peer_prefix_v4 = 24`` they are one peer."""
+    limits = ConnectionLimits(max_connections_per_peer=2, peer_prefix_v4=24)
+
+    async def main() -> None:
+        async with listening(limits, refuse=lambda r: f"NO {r}\n".encode()) as (listener, _):
+            port = listener.port
+            clients = []
+            for source in ("127.0.0.1", "127.0.0.2"):
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=(source, 0))  # fmt: skip
+                assert await echo(reader, writer) == b"ping"
+                clients.append(writer)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port,
+                                                           local_addr=("127.0.0.3", 0))  # fmt: skip
+            assert await read_to_end(reader) == (
+                b"NO too many connections from 127.0.0.0/24 (the limit is 2)\n")  # fmt: skip
+            writer.close()
+            for w in clients:
+                w.close()
+            await until(lambda: listener.admission.total == 0)
+
+    run(main())
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+def test_an_ipv6_peer_over_real_sockets_is_its_64(run: Run) -> None:
+    """A listener on ::1 (the loopback): its peer is ``::/64``, named so in the refusal."""
+    limits = ConnectionLimits(max_connections_per_peer=1)
+
+    async def main() -> None:
+        listener = Listener("test", lambda: Echo([]), Admission(limits),
+                            refuse=lambda r: f"NO {r}\n".encode())  # fmt: skip
+        await listener.start("::1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("::1", listener.port)
+            assert await echo(reader, writer) == b"ping"
+            assert listener.admission.per_peer == {"::/64": 1}
+            refused_reader, refused_writer = await asyncio.open_connection("::1", listener.port)
+            assert await read_to_end(refused_reader) == (
+                b"NO too many connections from ::/64 (the limit is 1)\n")  # fmt: skip
+            refused_writer.close()
+            writer.close()
+            await until(lambda: listener.admission.total == 0)
+        finally:
+            listener.close()
+            for conn in list(listener.connections):
+                conn.abort()
+            await listener.wait_closed()
+
+    run(main())
 
 
 def test_admission_is_shared_by_listeners_and_refuses_in_the_protocols_words(

@@ -29,10 +29,22 @@ every table whose key (itself a glob) matches its name::
     [principal."token:prometheus"]
     monitor = true                # /metrics and the admin API (/api/...)
 
+A pattern matches the hub's own streams (``_tidewire.*``, :data:`~tidewire.hub.RESERVED_PREFIX`)
+only when it names them: it starts with ``_tidewire``. So ``read = ["*"]`` is every stream a
+client writes, and ``read = ["*", "_tidewire.*"]`` adds the hub's transaction registry and
+Tolliver state.
+
 Without an ACL file (``auth.acl_file`` unset) every principal may do everything: the
 development default, for a hub bound to 127.0.0.1. With one, what it does not grant is
 refused. The checks run in the protocol adapters, which turn :class:`~tidewire.model.Forbidden`
 and :class:`~tidewire.model.Unauthenticated` into each protocol's own error.
+
+A principal proved by a token remembers the token; every decision (:meth:`Access.check`,
+:meth:`Access.may`, ...) re-validates it against the tokens the hub holds *now* and the clock,
+so a token that expires, or that a reload (:meth:`Access.replace`, ``SIGHUP`` in ``tidewire
+serve``) removed, is refused at the connection's next decision with
+:class:`~tidewire.model.Unauthenticated`, not only at its next connection. Tokens are never
+logged nor put in an error: only the name they claim (docs/security.md).
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from ..model import Forbidden, TidewireError, Unauthenticated
+from .hub import RESERVED_PREFIX
 
 __all__ = [
     "ANONYMOUS",
@@ -75,9 +88,14 @@ class AccessFileError(TidewireError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a peer is: ``anonymous``, ``token:<name>`` or ``cert:<common name>``."""
+    """Who a peer is: ``anonymous``, ``token:<name>`` or ``cert:<common name>``.
+
+    ``token`` is the tokens-file entry that proved a ``token:`` principal (``None`` for any
+    other): :class:`Access` re-validates it at each decision. Two principals are equal when
+    their names are (the entry is not compared, hashed nor shown)."""
 
     name: str
+    token: Token | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.name
@@ -138,6 +156,8 @@ class Acl:
         return cls.parse(_read(path), path)
 
     def allows(self, principal: Principal, action: Action, stream: str) -> bool:
+        """Whether a grant of ``principal`` has a pattern for ``action`` matching ``stream``
+        (a pattern matches a ``_tidewire.*`` stream only if it starts with ``_tidewire``)."""
         key = (principal.name, action, stream)
         allowed = self._cache.get(key)
         if allowed is None and action == "monitor":
@@ -145,16 +165,22 @@ class Acl:
                           if fnmatchcase(principal.name, grant.principal))  # fmt: skip
             self._cache[key] = allowed
         elif allowed is None:
+            reserved = stream.startswith(RESERVED_PREFIX)
             allowed = any(
                 fnmatchcase(stream, pattern)
                 for grant in self.grants
                 if fnmatchcase(principal.name, grant.principal)
                 for pattern in (grant.read if action == "read" else grant.write)
+                if not reserved or pattern.startswith(_RESERVED_STEM)
             )
             if len(self._cache) >= 65536:  # principals x streams is unbounded: stay bounded
                 self._cache.clear()
             self._cache[key] = allowed
         return allowed
+
+
+_RESERVED_STEM = RESERVED_PREFIX.rstrip(".")
+"""A pattern naming the hub's own streams starts with this (``_tidewire``)."""
 
 
 def _patterns(source: str, name: str, rights: Mapping[str, Any], action: str) -> tuple[str, ...]:
@@ -191,6 +217,22 @@ def _digest(token: str) -> bytes:
 def _token_name(token: str) -> str | None:
     name, dot, secret = token.rpartition(".")
     return name if dot and name and secret else None
+
+
+MAX_SHOWN_NAME = 64
+"""The longest claimed token name that a refusal repeats (longer ones are not shown)."""
+
+
+def _claimed(name: str | None, known: bool) -> str:
+    """What a refused token claimed, fit for an error and a log line (whose formatters escape
+    control characters). An unknown name with a dot is not shown: ``<name>.<secret>.<more>``
+    pasted by mistake claims ``<name>.<secret>``, and a refusal must never carry a secret. A
+    name of the tokens file is shown, dots and all: it is no secret."""
+    if name is None:
+        return "a malformed token"
+    if not known and ("." in name or len(name) > MAX_SHOWN_NAME):
+        return "a token whose name is not shown (unknown, with a dot or too long)"
+    return f"token:{name}"
 
 
 def mint_token(name: str, days: float | None = None, now: float | None = None) -> tuple[str, str]:
@@ -250,18 +292,38 @@ class Tokens:
         # Compare even when the name is unknown, so timing tells nothing about which names exist.
         expected = entry.sha256 if entry is not None else bytes(32)
         if not hmac.compare_digest(_digest(token), expected) or entry is None:
-            claimed = f"token:{name}" if name is not None else "a malformed token"
-            raise Unauthenticated(f"invalid token (claimed {claimed})")
+            raise Unauthenticated(f"invalid token (claimed {_claimed(name, entry is not None)})")
         if entry.expires is not None and now >= entry.expires:
             raise Unauthenticated(f"token:{entry.name} expired")
-        return Principal(f"token:{entry.name}")
+        return Principal(f"token:{entry.name}", entry)
+
+    def revalidate(self, principal: Principal, now: float) -> None:
+        """Raise :class:`Unauthenticated` if the token that proved ``principal`` is no longer
+        one of these (revoked: removed, or its hash changed) or has expired at ``now`` (by the
+        expiry these tokens give it: a reload may extend or shorten it). A principal not
+        proved by a token passes."""
+        proof = principal.token
+        if proof is None:
+            return
+        entry = self.by_name.get(proof.name)
+        if entry is None or not hmac.compare_digest(entry.sha256, proof.sha256):
+            raise Unauthenticated(f"{principal}: its token was revoked")
+        if entry.expires is not None and now >= entry.expires:
+            raise Unauthenticated(f"{principal}: its token expired")
 
 
 # --------------------------------------------------------------------------- the whole policy
 
 
 class Access:
-    """The hub's policy: the tokens it accepts and the ACL it enforces (``None``: open)."""
+    """The hub's policy: the tokens it accepts and the ACL it enforces (``None``: open).
+
+    One object is shared by every listener; :meth:`replace` swaps the policy in place (a
+    reload), so every connection's next decision uses the new one. Each decision method
+    re-validates a token principal first (:meth:`Tokens.revalidate`) and raises
+    :class:`~tidewire.model.Unauthenticated` for a token expired or revoked since the
+    connection authenticated; :meth:`may` and :meth:`streams` raise it too, rather than
+    answer ``False`` (which would read as "forbidden")."""
 
     def __init__(
         self,
@@ -277,6 +339,17 @@ class Access:
     def open(self) -> bool:
         """No ACL: every principal may read and write every stream."""
         return self.acl is None
+
+    def replace(self, acl: Acl | None, tokens: Tokens) -> None:
+        """Use ``acl`` and ``tokens`` from now on (a reload: ``SIGHUP``). Connections keep
+        their principals; each one's next decision re-validates its token against
+        ``tokens`` and asks ``acl``."""
+        self.acl = acl
+        self.tokens = tokens
+
+    def revalidate(self, principal: Principal) -> None:
+        """:class:`Unauthenticated` if ``principal``'s token expired or was revoked."""
+        self.tokens.revalidate(principal, self.clock())
 
     def authenticate(self, token: str | None) -> Principal:
         """``None`` is anonymous; anything else must be a valid, unexpired token."""
@@ -294,21 +367,32 @@ class Access:
         return self.authenticate(value.strip())
 
     def check(self, principal: Principal, action: Action, stream: str) -> None:
-        """Raise :class:`Forbidden` unless ``principal`` may ``action`` ``stream``."""
+        """Raise :class:`Forbidden` unless ``principal`` may ``action`` ``stream``, and
+        :class:`Unauthenticated` if its token expired or was revoked."""
+        self.revalidate(principal)
         if self.acl is not None and not self.acl.allows(principal, action, stream):
             raise Forbidden(f"{principal} may not {action} stream {stream!r}")
 
     def may(self, principal: Principal, action: Action, stream: str) -> bool:
+        """Whether ``principal`` may ``action`` ``stream``; :class:`Unauthenticated` if its
+        token expired or was revoked."""
+        self.revalidate(principal)
         return self.acl is None or self.acl.allows(principal, action, stream)
 
     def check_monitor(self, principal: Principal) -> None:
-        """Raise :class:`Forbidden` unless ``principal`` may see the metrics and admin API."""
+        """Raise :class:`Forbidden` unless ``principal`` may see the metrics and admin API
+        (:class:`Unauthenticated` if its token expired or was revoked)."""
+        self.revalidate(principal)
         if self.acl is not None and not self.acl.allows(principal, "monitor", ""):
             raise Forbidden(f"{principal} may not monitor the hub (ACL: monitor = true)")
 
     def streams(self, principal: Principal, names: Iterable[str]) -> list[str]:
-        """The ``names`` that ``principal`` may read (for listings)."""
-        return [n for n in names if self.may(principal, "read", n)]
+        """The ``names`` that ``principal`` may read (for listings); :class:`Unauthenticated`
+        if its token expired or was revoked."""
+        self.revalidate(principal)
+        acl = self.acl
+        return list(names) if acl is None else [
+            n for n in names if acl.allows(principal, "read", n)]  # fmt: skip
 
 
 def certificate_name(peercert: Mapping[str, Any] | None) -> str | None:

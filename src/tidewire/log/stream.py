@@ -28,7 +28,7 @@ from ..model import (
     LogClosedError,
     LogError,
     StorageFullError,
-    validate_stream_name,
+    validate_stored_stream_name,
 )
 from ..record import EncodedRecord
 from .config import StreamSettings
@@ -53,7 +53,7 @@ def read_name(directory: str) -> str:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        return validate_stream_name(raw.decode())
+        return validate_stored_stream_name(raw.decode())
     except (UnicodeDecodeError, InvalidStreamName) as exc:
         raise CorruptLogError(path, 0, f"not a valid stream name: {exc}") from None
 

@@ -16,6 +16,16 @@ and in JSON (keys ``conn``, ``protocol``, ``peer``, ``principal`` only on connec
 
 The standard library's :mod:`logging` carries it all (an adapter and two formatters): no
 logging library is needed for this.
+
+**Hygiene.** Messages and connection contexts carry what peers sent (a claimed token name, a
+stream name, a reason): both formatters pass the message and each context field through
+:func:`escape`, once, here, so no peer string can end a line, forge another, or drive the
+terminal (ANSI ``ESC [`` sequences, bidi overrides). Every non-printable character (C0 and
+C1 controls, DEL, line and paragraph separators, format characters such as the bidi controls
+and zero-width ones, lone surrogates) becomes a Python-style escape (``\n``, ``\x1b``,
+``\u202e``); backslashes are left as they are (an escape in a line is thus either the
+formatter's or the peer's literal text, never a real control character). Tracebacks keep their
+line breaks (they are the hub's, in text lines; one JSON string in JSON lines).
 """
 
 from __future__ import annotations
@@ -34,10 +44,33 @@ __all__ = [
     "JsonFormatter",
     "TextFormatter",
     "connection_log",
+    "escape",
     "setup_logging",
 ]
 
 LOG_FORMATS = ("text", "json")
+
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(ch: str) -> str:
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    if ch in _SHORT:
+        return _SHORT[ch]
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def escape(text: str) -> str:
+    """``text`` with every non-printable character (:meth:`str.isprintable`: controls, DEL,
+    line/paragraph separators, format characters, surrogates; a space stays) written as a
+    Python-style escape, so it fits on one log line and cannot drive a terminal."""
+    if text.isprintable():  # (the common case: one pass in C)
+        return text
+    return "".join(_escaped(ch) for ch in text)
 
 
 @dataclass(slots=True)
@@ -50,9 +83,10 @@ class ConnectionContext:
     principal: str | None = None
 
     def prefix(self) -> str:
+        """``[protocol #conn peer principal] `` (escaped: the principal may be a peer's)."""
         conn = "" if self.conn is None else f" #{self.conn}"
-        who = "" if self.principal is None else f" {self.principal}"
-        return f"[{self.protocol}{conn} {self.peer}{who}] "
+        who = "" if self.principal is None else f" {escape(self.principal)}"
+        return f"[{escape(self.protocol)}{conn} {escape(self.peer)}{who}] "
 
 
 class ConnectionLog(logging.LoggerAdapter[logging.Logger]):
@@ -93,12 +127,14 @@ def connection_log(logger: logging.Logger, transport: Any, protocol: str) -> Con
 
 
 class TextFormatter(logging.Formatter):
-    """``time LEVEL logger: [protocol #conn peer principal] message``."""
+    """``time LEVEL logger: [protocol #conn peer principal] message``, the message and the
+    context escaped (:func:`escape`); a traceback follows on its own lines."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.message)
         context = getattr(record, "connection", None)
         if isinstance(context, ConnectionContext):
             record.message = context.prefix() + record.message
@@ -108,7 +144,9 @@ class TextFormatter(logging.Formatter):
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time`` (UTC, ms), ``level``, ``logger``, ``message``, the
     connection's ``conn``, ``protocol``, ``peer`` and ``principal`` when the line is about
-    one, ``exception`` with the traceback when there is one."""
+    one, ``exception`` with the traceback when there is one. The message and the context's
+    strings are escaped (:func:`escape`) as in text lines, so both formats show the same
+    text and a JSON consumer printing a field cannot be driven by a peer either."""
 
     def format(self, record: logging.LogRecord) -> str:
         seconds = time.gmtime(record.created)
@@ -116,15 +154,15 @@ class JsonFormatter(logging.Formatter):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", seconds) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": escape(record.getMessage()),
         }
         context = getattr(record, "connection", None)
         if isinstance(context, ConnectionContext):
             out["conn"] = context.conn
-            out["protocol"] = context.protocol
-            out["peer"] = context.peer
+            out["protocol"] = escape(context.protocol)
+            out["peer"] = escape(context.peer)
             if context.principal is not None:
-                out["principal"] = context.principal
+                out["principal"] = escape(context.principal)
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

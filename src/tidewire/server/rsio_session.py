@@ -396,6 +396,9 @@ class RsioSession:
         except Forbidden as exc:
             self.conn.send(OfferEnded(offer, self._refused(exc)))
             return
+        except Unauthenticated as exc:  # its token expired or was revoked since it authenticated
+            self.conn.send(OfferEnded(offer, f"unauthenticated: {exc}"))
+            return
         self.offers.open(offer, publisher, name)
 
     # ------------------------------------------------------------------ writing

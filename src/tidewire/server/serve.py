@@ -1,5 +1,10 @@
 """``tidewire serve``: open the hub, start every listener, print every endpoint, run until
 SIGINT/SIGTERM, then shut down gracefully (listeners closed, queued appends flushed and fsynced).
+
+SIGHUP reloads the access policy: ``auth.tokens_file`` and ``auth.acl_file`` are read again
+(:func:`reload_access`); open connections keep their principals, and each one's next decision
+uses the new tokens and ACL (a revoked token is refused there). A file that does not load
+keeps the whole old policy, with an error line. Other settings need a restart.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from .. import __version__
 from ..config import ConfigError, ServerConfig
 from ..hub import Hub
-from ..hub.access import Access, Acl, Tokens
+from ..hub.access import Access, AccessFileError, Acl, Tokens
 from ..hub.budget import Budget
 from ..registry import PROTOCOLS, listeners
 from . import app as http_app
@@ -36,7 +41,7 @@ from .listeners import rsio_settings as rsio_settings
 from .listeners import tolliver_settings as tolliver_settings
 from .listeners import tube_settings as tube_settings
 
-__all__ = ["Endpoint", "run_server", "serve"]
+__all__ = ["Endpoint", "reload_access", "run_server", "serve"]
 
 log = logging.getLogger("tidewire.server")
 
@@ -79,6 +84,7 @@ async def serve(
     servers: dict[str, ListenerServer] = {}  # the TCP listeners, in the registry's order
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_access, access, config)
     try:
         await hub.start()
         app = build_app(hub, http_settings(config), tube_settings(config),
@@ -116,7 +122,7 @@ async def serve(
                              float(config.values["shutdown_seconds"]))  # fmt: skip
             await hub.close()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
     if config.log.fsync:
         print("stopped: every acknowledged event is on disk", file=out, flush=True)
@@ -168,18 +174,31 @@ async def _wind_down(servers: list[ListenerServer], runner: web.AppRunner | None
 class _QuietBadRequests(logging.Filter):
     """aiohttp logs a request its parser refuses (a line too long, a malformed header) as an
     ERROR with a traceback, after answering it 400: any client could fill the log with them.
-    Such a record becomes one warning line naming the peer and the reason."""
+    Such a record becomes one warning line naming the peer and the reason, without the bytes
+    the parser quotes after it (the refused line: it may hold a token, in a URL or in an
+    ``Authorization`` header, and tokens are never logged)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
             what = record.getMessage()
             record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg = "%s (answered %s): %s"
-            record.args = (what, exc.code, str(exc.message).strip()[:200])
+            record.msg = "%s (answered %s): %s: %s"
+            record.args = (what, exc.code, type(exc).__name__, parser_reason(str(exc.message)))
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+def parser_reason(message: str) -> str:
+    """The reason of an HTTP parser error without the request bytes it quotes: llhttp's
+    ``Invalid header value char:\n\n  b'Authorization: Bearer ...'`` and aiohttp's
+    ``Got more than 8190 bytes when reading: b'...'`` (or ``...bytearray(b'...')``) keep
+    what is before the quote."""
+    reason = message.strip()
+    for quote in ("\n", "b'", 'b"', "bytearray(", "'", '"'):  # where quoted bytes begin
+        reason = reason.split(quote, 1)[0]
+    return reason.rstrip(" :.")[:200] or "a malformed request"
 
 
 def quiet_bad_requests() -> None:
@@ -246,11 +265,8 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
     Raises ``ConfigError`` for files that cannot be read or certificates that do not load."""
     v = config.values
     try:
-        access = Access(
-            Acl.load(v["auth.acl_file"]) if v["auth.acl_file"] else None,
-            Tokens.load(v["auth.tokens_file"]) if v["auth.tokens_file"] else None,
-        )
-    except ValueError as exc:
+        access = Access(*load_policy(config))
+    except AccessFileError as exc:
         raise ConfigError(str(exc)) from None
     admission = Admission(ConnectionLimits(
         max_connections=int(v["limits.max_connections"]),
@@ -259,6 +275,8 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
         idle_seconds=float(v["limits.idle_seconds"]),
         write_stall_seconds=float(v["limits.write_stall_seconds"]),
         message_seconds=float(v["limits.message_seconds"]),
+        peer_prefix_v4=int(v["limits.peer_prefix_v4"]),
+        peer_prefix_v6=int(v["limits.peer_prefix_v6"]),
     ))  # fmt: skip
     contexts: dict[str, ssl.SSLContext | None] = dict.fromkeys(LISTENERS)
     if v["tls.cert_file"]:
@@ -273,6 +291,28 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
         except (OSError, ValueError, ssl.SSLError) as exc:
             raise ConfigError(f"tls: cannot load the certificates: {exc}") from None
     return access, admission, contexts
+
+
+def load_policy(config: ServerConfig) -> tuple[Acl | None, Tokens]:
+    """The ACL (``None``: no ``auth.acl_file``, open) and the tokens of the ``auth.*``
+    settings, read now; :class:`AccessFileError` names a file that does not load."""
+    v = config.values
+    acl = Acl.load(v["auth.acl_file"]) if v["auth.acl_file"] else None
+    return acl, Tokens.load(v["auth.tokens_file"]) if v["auth.tokens_file"] else Tokens()
+
+
+def reload_access(access: Access, config: ServerConfig) -> bool:
+    """Read the tokens and ACL files again into ``access`` (SIGHUP); ``False``, with an error
+    line and the old policy kept whole (tokens and ACL), if either does not load."""
+    try:
+        acl, tokens = load_policy(config)
+    except AccessFileError as exc:
+        log.error("SIGHUP: not reloaded, the policy in force stays: %s", exc)
+        return False
+    access.replace(acl, tokens)
+    rules = "no ACL (open)" if acl is None else f"{len(acl.grants)} ACL table(s)"
+    log.info("SIGHUP: reloaded the access policy: %d token(s), %s", len(tokens.by_name), rules)
+    return True
 
 
 def warn_exposure(config: ServerConfig, tls: dict[str, ssl.SSLContext | None],

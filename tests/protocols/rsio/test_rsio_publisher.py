@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidewire.model import MAX_ID, Batch
+from tidewire.model import MAX_ID, Batch, InvalidStreamName, validate_stream_name
 from tidewire.protocols.rsio import Decoder, OnNext, OnNextDecoded, RunDecoder, encode
 from tidewire.protocols.rsio.envelopes import (
     decode_envelope,
@@ -68,11 +68,19 @@ def test_refused(text: str, why: str) -> None:
         PublisherName.parse(text)
 
 
+def _valid_stream(name: str) -> bool:
+    try:
+        validate_stream_name(name)
+    except InvalidStreamName:
+        return False
+    return True
+
+
 names = st.builds(
     PublisherName,
     stream=st.text(
         st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=20
-    ).filter(lambda s: not any(c.isspace() for c in s)),
+    ).filter(lambda s: _valid_stream(s)),
     start=st.one_of(st.just("earliest"), st.just("latest"), st.integers(0, MAX_ID)),
     until=st.none() | st.integers(0, MAX_ID),
     key=st.none() | st.binary(max_size=8),
