@@ -26,6 +26,7 @@ import pytest
 
 from helpers import run, until
 from loops import logged
+from memory_storage import MemoryStorage
 from tidewire.client.seguro import SeguroClient, SeguroError, connect
 from tidewire.hub import Budget, BudgetLimits, Hub
 from tidewire.hub.access import Access, Acl
@@ -267,5 +268,54 @@ def test_bytes_read_past_the_share_pause_reading_instead_of_dropping(tmp_path: P
                 assert ship.latest == 2000
             await until(lambda: s.hub.budget.used == 0, "everything given back")
             assert s.hub.latest("~zod") == 2000
+
+    run(main())
+
+
+def test_a_declaration_waits_for_the_flows_own_appends_before_it_is_judged(
+    tmp_path: Path,
+) -> None:
+    """In a SAVE MANY, an EVENT that fits only once the events before it are durable is not
+    refused while the log is slow: the flow waits for its appends (their bytes are given
+    back), then takes it. Appends complete when the test says (MemoryStorage)."""
+
+    async def main() -> None:
+        storage = MemoryStorage(hold=True)
+        hub = Hub(storage)
+        hub.budget = Budget(BudgetLimits(total=8 * MiB, principal=4 * MiB, connection=2 * MiB))
+        server = await start_seguro_server(hub, HOST, 0)
+        try:
+            async with asyncio.timeout(20):
+                reader, writer = await asyncio.open_connection(HOST, server.port)
+                await handshake(reader, writer, "~zod")
+                assert await reader.readline() == b"WELCOME ~zod\n"
+                (protocol,) = server.connections
+                size = MiB + MiB // 4
+                writer.write(b"SAVE MANY 2 1 2\nEVENT 1 %d\n" % size + b"a" * size + b"\n\n")
+                await until(lambda: len(storage.pending) == 1, "event 1 on its way to the log")
+                assert protocol.share.gauge("ingest") == size
+                writer.write(b"EVENT 2 %d\nbb" % size)  # with event 1's bytes: over the share
+                await until(lambda: protocol.session.awaiting_data == size, "event 2 declared")
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                assert protocol.transport is not None
+                assert not protocol.transport.is_closing()
+                assert protocol.share.gauge("inbound") < size  # not taken yet
+                assert protocol.receiving_since() is None  # the hub keeps it waiting
+                storage.complete(0)
+                assert await reader.readline() == b"LATEST 1\n"
+                await until(lambda: protocol.share.gauge("inbound") == size + 2, "event 2 taken")
+                writer.write(b"b" * (size - 2) + b"\n\nSTREAMED MANY 2 1 2\n")
+                await until(lambda: len(storage.pending) == 1, "event 2 on its way to the log")
+                storage.complete(0)
+                said = await reader.readline()
+                if said == b"LATEST 2\n":
+                    said = await reader.readline()
+                assert said == b"COMMITTED MANY 2 1 2\n"
+                writer.close()
+                assert hub.latest("~zod") == 2
+        finally:
+            await server.close()
+            await hub.close()
 
     run(main())

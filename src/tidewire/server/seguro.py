@@ -23,8 +23,10 @@ the session holds or was promised (:attr:`ServerSession.inbound_bytes`) is its `
 gauge, checked with ``try_hold`` when a header declares an event's length, before the data is
 read: a declaration that does not fit is refused like a breach (the connection dropped). Bytes
 already read that do not fit (a ``SAVE MANY`` streaming while the log is slow) pause reading
-instead. What waits for the log is the ``"ingest"`` gauge (the ingest path keeps it), output
-not yet written the ``"outbound"`` gauge. An event begun and not finished has a deadline
+instead. What waits for the log is the ``"ingest"`` gauge (the ingest path keeps it); while a
+``READ`` is answered, its output not yet written is the ``"outbound"`` gauge (after it, what is
+left is under the high-water mark and drains by itself; a gauge nothing refreshes would
+otherwise keep the principal's share taken). An event begun and not finished has a deadline
 (:meth:`_Protocol.receiving_since`, the guard's ``limits.message_seconds``).
 
 Security (docs/protocols/seguro.md, "Security and limits"): the socket is a
@@ -199,7 +201,6 @@ class _Protocol(asyncio.Protocol):
         data = self.session.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
-            self.share.hold("outbound", self.transport.get_write_buffer_size())
 
     def receiving_since(self) -> float | None:
         """(:class:`~tidewire.server.guard.Receiving`) ``loop.time()`` when the inbound message
@@ -226,8 +227,6 @@ class _Protocol(asyncio.Protocol):
         if event is not None or session.awaiting_data is None or session.closed:
             self.share.hold("inbound", session.inbound_bytes)  # (lower: parsed, handed out)
             return event
-        if self.transport is not None:  # (output it has not read yet counts too)
-            self.share.hold("outbound", self.transport.get_write_buffer_size())
         if self.share.try_hold("inbound", session.inbound_bytes):
             return None
         if may_wait:
@@ -414,18 +413,24 @@ class _Protocol(asyncio.Protocol):
     async def _read(self, start: int, limit: int) -> None:
         assert self.point is not None
         next_id, left = start, limit
-        while left > 0 and self.hub.has_stream(self.point):
-            first = max(next_id, self.hub.start_id(self.point))  # "or the first above it"
-            batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left, via="seguro")
-            if not batches:
-                break
-            for batch in batches:
-                for i in range(len(batch)):
-                    self.session.send_event(batch.ids[i], batch.value(i))
-                left -= len(batch)
-                next_id = batch.last_id + 1
-            self._flush()
-            await self._writable.wait()
+        try:
+            while left > 0 and self.hub.has_stream(self.point):
+                first = max(next_id, self.hub.start_id(self.point))  # "or the first above it"
+                batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left,
+                                              via="seguro")  # fmt: skip
+                if not batches:
+                    break
+                for batch in batches:
+                    for i in range(len(batch)):
+                        self.session.send_event(batch.ids[i], batch.value(i))
+                    left -= len(batch)
+                    next_id = batch.last_id + 1
+                self._flush()
+                if self.transport is not None:  # (already in memory: recorded, not refused)
+                    self.share.hold("outbound", self.transport.get_write_buffer_size())
+                await self._writable.wait()
+        finally:
+            self.share.release("outbound")
         if self._waited("SENT"):
             self.session.sent()
 
