@@ -30,6 +30,7 @@ from memory_storage import MemoryStorage
 from tidewire.client.seguro import SeguroClient, SeguroError, connect
 from tidewire.hub import Budget, BudgetLimits, Hub
 from tidewire.hub.access import Access, Acl
+from tidewire.observe.throttle import LogThrottle
 from tidewire.protocols.seguro import Sent
 from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.seguro import SeguroServer, start_seguro_server
@@ -317,5 +318,36 @@ def test_a_declaration_waits_for_the_flows_own_appends_before_it_is_judged(
         finally:
             await server.close()
             await hub.close()
+
+    run(main())
+
+
+def test_drop_lines_of_refusals_are_rate_limited_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer refused in a loop writes ``burst`` lines per interval, then one line counting
+    the rest when the next interval begins (the throttle's clock is the test's)."""
+    caplog.set_level(logging.WARNING, logger="tidewire.seguro")
+    now = [0.0]
+
+    async def main() -> None:
+        async with seguro_hub(tmp_path) as s, connect(s.url, "~zod") as owner:
+            s.server.refusals_log = LogThrottle(burst=3, interval=10.0, clock=lambda: now[0])
+            for _ in range(6):
+                reader, writer = await asyncio.open_connection(HOST, s.server.port)
+                await handshake(reader, writer, "~zod")  # the point has a session
+                assert await closed(reader) == b""
+                writer.close()
+            await until(lambda: s.server.listener.admission.total == 1, "the drops are done")
+            lines = [r.getMessage() for r in caplog.records if r.name == "tidewire.seguro"]
+            assert len(lines) == 3
+            now[0] = 11.0
+            reader, writer = await asyncio.open_connection(HOST, s.server.port)
+            await handshake(reader, writer, "~zod")
+            assert await closed(reader) == b""
+            writer.close()
+            line = await logged(caplog, "tidewire.seguro", "3 more like")
+            assert "dropping the connection" in line
+            await still_works(owner, 1)
 
     run(main())

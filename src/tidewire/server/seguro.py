@@ -50,6 +50,7 @@ from ..hub import INGEST_DEFAULTS, Hub, abandon
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
 from ..model import Batch, TidewireError
 from ..observe.logs import connection_log
+from ..observe.throttle import LogThrottle
 from ..protocols.seguro import (
     Breach,
     Limits,
@@ -74,6 +75,7 @@ CHUNK_BYTES = INGEST_DEFAULTS["seguro"].commit_bytes  # small: writes overlap th
 MAX_PENDING_BYTES = INGEST_DEFAULTS["seguro"].max_pending_bytes
 READ_BATCH_BYTES = 1024 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+REFUSAL_LINES = 20  # per 10 s, every connection together; the rest counted in one line
 WAIT_FOR_LOG = object()
 """(:meth:`_Protocol._event`) the declared event fits once this flow's appends are durable."""
 
@@ -237,9 +239,16 @@ class _Protocol(asyncio.Protocol):
                        "connection)")  # fmt: skip
         return session.next_event()
 
-    def drop(self, reason: str) -> None:
-        self.log.warning("(%s) dropping the connection: %s", self.point or "no point yet",
-                         reason)  # fmt: skip
+    def drop(self, reason: str, *, refusal: bool = True) -> None:
+        """Abort the connection, logged. ``refusal``: the peer's doing (a breach, a refusal,
+        a point taken): logged through the server's :class:`LogThrottle`, since a peer that
+        reconnects in a loop must not write a line each time; else (the hub failed, a point
+        taken by its writer) always logged."""
+        text = f"({self.point or 'no point yet'}) dropping the connection: {reason}"
+        if refusal:
+            self.server.refusals_log.log(self.log, logging.WARNING, text)
+        else:
+            self.log.warning(text)
         if self.transport is not None:
             self.transport.abort()
 
@@ -282,7 +291,7 @@ class _Protocol(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
-            self.drop(f"the hub failed: {exc}")
+            self.drop(f"the hub failed: {exc}", refusal=False)
 
     async def _point(self, point: str) -> None:
         if self.cert_name is not None and self.cert_name != point:
@@ -304,7 +313,7 @@ class _Protocol(asyncio.Protocol):
             # a read-only principal never keeps a point from its owner (issue 20).
             other.drop(f"{self.principal}, which may write stream {point!r}, takes the point "
                        f"from this session of {other.principal}, which may only read it "
-                       f"({self.peer})")  # fmt: skip
+                       f"({self.peer})", refusal=False)  # fmt: skip
         self.point = point
         self.may_write = may_write
         self.server.points[point] = self
@@ -452,6 +461,9 @@ class SeguroServer:
         self.access = access if access is not None else Access()
         self.connections: set[_Protocol] = set()
         self.points: dict[str, _Protocol] = {}
+        self.refusals_log = LogThrottle(burst=REFUSAL_LINES, interval=10.0)
+        """Drop lines of refusals and breaches: ``REFUSAL_LINES`` per 10 s, then one line
+        counting the rest (issue 20: a peer refused in a loop must not flood the log)."""
         self.listener = Listener(
             "seguro",
             lambda: _Protocol(self),
