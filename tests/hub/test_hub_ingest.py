@@ -212,6 +212,52 @@ def test_transactions_through_the_ingest_path_are_stored_once() -> None:
     run(main())
 
 
+def test_transactions_are_the_principals_and_the_principal_follows_the_share() -> None:
+    """``submit_txn`` commits as :attr:`Ingest.principal` (transactions are keyed by
+    principal, stream and id); with a share, that is the share's principal, and setting it
+    rebinds the share (the peer authenticated)."""
+
+    async def main() -> None:
+        storage = MemoryStorage()
+        hub = Hub(storage)
+        alone = hub.ingest(via="test", principal="token:a")
+        assert not (await alone.submit_txn("q/1", batch(b"a"))).already
+        share = hub.budget.share("anonymous", "peer")
+        ingest = hub.ingest(via="test", share=share)
+        assert ingest.principal == "anonymous"
+        assert not (await ingest.submit_txn("q/1", batch(b"b"))).already
+        ingest.principal = "token:a"
+        assert share.principal == "token:a"
+        assert (await ingest.submit_txn("q/1", batch(b"a"))).already
+        share.rebind("token:b")
+        assert ingest.principal == "token:b"
+        assert not (await ingest.submit_txn("q/1", batch(b"c"))).already
+        assert storage.latest("s") == 3
+
+    run(main())
+
+
+def test_bytes_held_are_the_shares_ingest_gauge() -> None:
+    async def main() -> None:
+        storage = MemoryStorage(hold=True)
+        hub = Hub(storage)
+        share = hub.budget.share("token:a", "peer")
+        ingest = hub.ingest(via="test", limits=IngestLimits(1000, 4, 100), share=share)
+        ingest.hold(300)
+        assert share.gauge("ingest") == 300
+        assert hub.budget.used_by("token:a") == 300
+        receipt = ingest.pipeline().submit(batch(b"x" * 300), assign_ids=True, held=300)
+        await turns()
+        assert share.gauge("ingest") == 300  # in flight: still waiting for the log
+        storage.complete(0)
+        await turns()
+        assert receipt.done()
+        assert share.gauge("ingest") == 0
+        assert hub.budget.used == 0
+
+    run(main())
+
+
 def test_the_hub_gives_each_protocol_its_limits() -> None:
     hub = Hub(MemoryStorage())
     assert hub.ingest(via="rsio").limits.max_pending_bytes == 8 * 1024 * 1024

@@ -92,17 +92,29 @@ async def txn_records(hub: Hub) -> list[dict[str, Any]]:
     return [json.loads(e.value) for b in await hub.read(TXN_STREAM, 1, 1 << 30) for e in b]
 
 
-async def write_intent(hub: Hub, txn: str, batch: Batch, first: int) -> None:
+async def write_intent(hub: Hub, txn: str, batch: Batch, first: int,
+                       principal: str | None = "anonymous") -> None:  # fmt: skip
     """The intent record ``Transactions.commit`` writes before the data (module docstring of
-    tidewire.hub.txn), written here by hand."""
+    tidewire.hub.txn), written here by hand; ``principal=None``: the format from before
+    transactions had keys (no principal)."""
     record = {"txn": txn, "stream": batch.stream, "first": first, "count": len(batch),
               "fp": fingerprint(batch)}  # fmt: skip
+    if principal is not None:
+        record["principal"] = principal
     data = json.dumps(record, separators=(",", ":")).encode()
     await hub.storage.append(Batch.build(TXN_STREAM, [data]), assign_ids=True)  # (the hub's own)
 
 
 def receipt_of(stream: str, first: int, n: int, already: bool) -> TxnReceipt:
     return TxnReceipt(stream, n, first, first + n - 1, already)
+
+
+def done(txn: str, stream: str = "s", principal: str | None = "anonymous") -> dict[str, Any]:
+    """The record that says a transaction's data is durable."""
+    record: dict[str, Any] = {"txn": txn, "stream": stream, "done": True}
+    if principal is not None:
+        record["principal"] = principal
+    return record
 
 
 # =========================================================================== 1. the hub
@@ -135,24 +147,31 @@ def test_commit_appends_once_and_a_repeat_returns_the_same_ids(tmp_path: Path) -
             assert [(r["txn"], "done" in r) for r in records] == [
                 ("q/1/0", False), ("q/1/0", True), ("q/1/1", False), ("q/1/1", True)
             ]  # fmt: skip
-            assert records[0] == {"txn": "q/1/0", "stream": "s", "first": 2, "count": 3,
-                                  "fp": fingerprint(batch)}  # fmt: skip
+            assert records[0] == {"txn": "q/1/0", "stream": "s", "principal": "anonymous",
+                                  "first": 2, "count": 3, "fp": fingerprint(batch)}  # fmt: skip
+            assert records[1] == done("q/1/0")
         finally:
             await hub.close()
 
     arun(main())
 
 
-def test_a_repeat_with_another_stream_or_count_is_refused(tmp_path: Path) -> None:
+def test_a_repeat_with_another_count_is_refused_another_stream_is_another_txn(
+    tmp_path: Path,
+) -> None:
+    """Transactions are keyed by (principal, stream, id) (issue 20): the same id into another
+    stream is another transaction; into the same stream with another count, a client bug."""
+
     async def main() -> None:
         hub = Hub.open(str(tmp_path))
         try:
             await hub.commit("t", Batch.build("s", [b"1", b"2"]))
-            with pytest.raises(TidewireError, match=r"committed to 's' with 2 event\(s\)"):
-                await hub.commit("t", Batch.build("other", [b"1", b"2"]))
-            with pytest.raises(TidewireError, match="not to 's' with 3"):
+            with pytest.raises(TidewireError, match=r"committed to 's' with 2 event\(s\), not 3"):
                 await hub.commit("t", Batch.build("s", [b"1", b"2", b"3"]))
-            assert not hub.has_stream("other")
+            assert await hub.commit("t", Batch.build("other", [b"1"])) == receipt_of(
+                "other", 1, 1, False
+            )
+            assert (await hub.commit("t", Batch.build("other", [b"1"]))).already
             assert hub.latest("s") == 2
             # transaction ids are 1..1024 bytes
             for bad in ("", "é" * 513):
@@ -219,8 +238,8 @@ def test_the_registry_survives_reopening(tmp_path: Path) -> None:
                 assert await hub.commit("r/2", Batch.build("t", [b"x"])) == receipt_of(
                     "t", 1, 1, True
                 )
-                with pytest.raises(TidewireError, match="was committed to 't'"):
-                    await hub.commit("r/2", Batch.build("s", [b"x"]))
+                with pytest.raises(TidewireError, match="was committed to 't' with 1"):
+                    await hub.commit("r/2", Batch.build("t", [b"x", b"y"]))
                 assert await contents(hub, "s") == [(1, None, b"one"), (2, b"k", b"two")]
                 assert hub.latest("t") == 1
                 # known as done: a repeat reads nothing and writes nothing
@@ -417,8 +436,8 @@ def test_an_intent_without_data_is_committed_anew(tmp_path: Path) -> None:
             assert await contents(hub, "new") == [(1, None, b"n")]
             assert await hub.commit("T", batch) == receipt_of("s", 3, 3, True)
             records = await txn_records(hub)
-            assert records[-1] == {"txn": "U", "done": True}
-            assert {"txn": "T", "done": True} in records
+            assert records[-1] == done("U", "new")
+            assert done("T") in records
         finally:
             await hub.close()
 
@@ -465,15 +484,13 @@ def test_an_intent_with_its_data_but_no_done_is_not_appended_again(
             replay = Batch.build("s", [b"a", b"bb" * 50, b""], keys=keys, timestamps=999)
             assert await hub.commit("T", replay) == receipt_of("s", 2, 3, True)
             assert await contents(hub, "s") == stored
-            assert (await txn_records(hub))[-1] == {"txn": "T", "done": True}
+            assert (await txn_records(hub))[-1] == done("T")
         finally:
             await hub.close()
         hub = Hub.open(str(tmp_path))  # now known as done: settled once, recorded once
         try:
             assert await hub.commit("T", replay) == receipt_of("s", 2, 3, True)
-            assert [r for r in await txn_records(hub) if r.get("done")] == [
-                {"txn": "T", "done": True}
-            ]
+            assert [r for r in await txn_records(hub) if r.get("done")] == [done("T")]
             assert await contents(hub, "s") == stored
         finally:
             await hub.close()
@@ -768,8 +785,8 @@ def test_publish_with_a_txn_twice_stores_once(tmp_path: Path, run: Runner) -> No
                 assert await client.publish("s", values, txn="q/1/s") == first
                 assert await client.publish("s", keyed, txn="q/1/t") == Receipt(2, 4, 5)
                 assert await client.publish("s", [b"plain"]) == Receipt(1, 6, 6)
-                with pytest.raises(RsioError, match="was committed to 's'"):
-                    await client.publish("elsewhere", values, txn="q/1/s")
+                # another stream: another transaction (keyed by principal, stream and id)
+                assert await client.publish("elsewhere", values, txn="q/1/s") == Receipt(3, 1, 3)
                 with pytest.raises(RsioError, match="with 3 event"):
                     await client.publish("s", values[:2], txn="q/1/s")
                 # a txn id needing percent-encoding, at the limit of 1024 bytes
@@ -781,7 +798,7 @@ def test_publish_with_a_txn_twice_stores_once(tmp_path: Path, run: Runner) -> No
                 (1, None, b"one"), (2, None, b""), (3, None, b"three" * 100),
                 (4, b"key", b"k1"), (5, None, b"k2"), (6, None, b"plain"), (7, None, b"z"),
             ]  # fmt: skip
-            assert not hub.has_stream("elsewhere")
+            assert [v for _, _, v in await contents(hub, "elsewhere")] == values
 
     run(main())
 

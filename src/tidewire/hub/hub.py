@@ -18,7 +18,7 @@ from typing import Literal
 
 from ..log import Log, LogConfig
 from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
-from .budget import Budget
+from .budget import Budget, Share
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
 from .storage import EmbeddedStorage, Storage, StreamStats
@@ -212,19 +212,27 @@ class Hub:
         via: str,
         limits: IngestLimits | None = None,
         on_pause: Callable[[bool], None] | None = None,
+        principal: str = "anonymous",
+        share: Share | None = None,
     ) -> Ingest:
         """A connection's way in (:mod:`.ingest`): ordered, fenced, byte-bounded appends and
         transactions; ``on_pause(True)`` when the adapter must stop reading, ``(False)`` when
-        it may read again. ``limits``: default :attr:`ingest_limits` of ``via``."""
+        it may read again. ``limits``: default :attr:`ingest_limits` of ``via``.
+        ``principal``: whose transactions :meth:`Ingest.submit_txn` commits (settable later:
+        :attr:`Ingest.principal`); ``share``: the connection's budget account, charged
+        ``"ingest"`` with what waits for the log (its principal is then the principal)."""
         if limits is None:
             limits = self.ingest_limits.get(via) or IngestLimits()
-        return Ingest(self, via=via, limits=limits, on_pause=on_pause)
+        return Ingest(self, via=via, limits=limits, on_pause=on_pause, principal=principal,
+                      share=share)  # fmt: skip
 
-    async def commit(self, txn: str, batch: Batch, *, via: str = "api") -> TxnReceipt:
-        """Append ``batch`` exactly once for the transaction id ``txn`` (its ids are ignored):
-        a repeated commit returns where the first one put the events (see :mod:`.txn`)."""
+    async def commit(self, txn: str, batch: Batch, *, via: str = "api",
+                     principal: str = "anonymous") -> TxnReceipt:  # fmt: skip
+        """Append ``batch`` exactly once for the transaction id ``txn`` of ``principal`` into
+        ``batch.stream`` (its ids are ignored): a repeated commit returns where the first one
+        put the events (see :mod:`.txn`; another principal's ``txn`` is another transaction)."""
         _writable(batch.stream)
-        receipt = await self.txns.commit(txn, batch)
+        receipt = await self.txns.commit(txn, batch, principal=principal)
         if not receipt.already:
             self.metrics.received(via, batch.stream, len(batch), batch.nbytes)
         return receipt

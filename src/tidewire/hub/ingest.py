@@ -20,9 +20,14 @@ each ordered flow of appends (an RS.io offer, a Seguro session, a Tolliver link)
   received and is not durable yet: bytes the adapter holds before it has a whole batch
   (:meth:`Ingest.hold`), and batches submitted (their ``held`` bytes, released when their append
   succeeds or fails). Above ``max_pending_bytes`` the adapter is told to pause reading
-  (``on_pause(True)``); at or below half of it, to resume (``on_pause(False)``).
+  (``on_pause(True)``); at or below half of it, to resume (``on_pause(False)``). With the
+  connection's budget :class:`~.budget.Share` (``share=``), the same count is its ``"ingest"``
+  gauge (bytes already in memory: recorded, never refused; the adapter checks the budget when
+  the bytes are declared, before it reads them).
 * **Transactions.** :meth:`Ingest.submit_txn` commits exactly once through the hub's registry
-  (:mod:`.txn`).
+  (:mod:`.txn`), as the connection's :attr:`Ingest.principal`: transactions are keyed by
+  (principal, stream, id), so the adapter keeps the principal current (or gives the share,
+  whose principal follows :meth:`~.budget.Share.rebind`).
 
 Everything runs on the event loop; there is no task of its own (completions drive it through
 future callbacks), so an abandoned pipeline costs nothing once its appends are done.
@@ -38,9 +43,11 @@ from typing import TYPE_CHECKING
 
 from ..model import Batch
 from ..registry import PROTOCOLS
+from .access import ANONYMOUS
 from .txn import TxnReceipt
 
 if TYPE_CHECKING:
+    from .budget import Share
     from .hub import Hub
 
 __all__ = ["INGEST_DEFAULTS", "Ingest", "IngestLimits", "Pipeline", "abandon"]
@@ -88,13 +95,30 @@ class Ingest:
         via: str,
         limits: IngestLimits,
         on_pause: Callable[[bool], None] | None = None,
+        principal: str = ANONYMOUS.name,
+        share: Share | None = None,
     ) -> None:
         self.hub = hub
         self.via = via
         self.limits = limits
         self.on_pause = on_pause
+        self.share = share
+        """The connection's budget account: :attr:`pending_bytes` is its ``"ingest"`` gauge."""
+        self._principal = principal
         self._pending = 0
         self._paused = False
+
+    @property
+    def principal(self) -> str:
+        """Who writes (its transactions are its own): the share's principal when there is a
+        share, else the one given. Setting it rebinds the share (the peer authenticated)."""
+        return self.share.principal if self.share is not None else self._principal
+
+    @principal.setter
+    def principal(self, name: str) -> None:
+        self._principal = name
+        if self.share is not None:
+            self.share.rebind(name)
 
     @property
     def pending_bytes(self) -> int:
@@ -109,6 +133,8 @@ class Ingest:
     def hold(self, nbytes: int) -> None:
         """Count ``nbytes`` just received (not yet submitted); may signal a pause."""
         self._pending += nbytes
+        if self.share is not None:
+            self.share.hold("ingest", self._pending)
         if not self._paused and self._pending > self.limits.max_pending_bytes:
             self._paused = True
             if self.on_pause is not None:
@@ -117,6 +143,8 @@ class Ingest:
     def release(self, nbytes: int) -> None:
         """Forget ``nbytes`` held (durable, failed or discarded); may signal a resume."""
         self._pending -= nbytes
+        if self.share is not None:
+            self.share.hold("ingest", self._pending)
         if self._paused and self._pending <= self.limits.max_pending_bytes // 2:
             self._paused = False
             if self.on_pause is not None:
@@ -128,9 +156,10 @@ class Ingest:
         return Pipeline(self, serial_own_ids=serial_own_ids)
 
     async def submit_txn(self, txn: str, batch: Batch) -> TxnReceipt:
-        """Append ``batch`` exactly once for the transaction id ``txn`` (:meth:`Hub.commit
-        <tidewire.hub.Hub.commit>`): a replay returns where the first commit put it."""
-        return await self.hub.commit(txn, batch, via=self.via)
+        """Append ``batch`` exactly once for :attr:`principal`'s transaction id ``txn`` into
+        its stream (:meth:`Hub.commit <tidewire.hub.Hub.commit>`): a replay returns where the
+        first commit put it."""
+        return await self.hub.commit(txn, batch, via=self.via, principal=self.principal)
 
 
 def _retrieved(future: asyncio.Future[Batch]) -> None:

@@ -2,14 +2,28 @@
 as its events are retained: see below).
 
 Spark's sinks replay a micro-batch after a failure; so may any client that lost the answer to an
-append. :meth:`Transactions.commit` makes such an append idempotent. The hub keeps its own
+append. :meth:`Transactions.commit` makes such an append idempotent. A transaction is named by
+its **key**: the principal that commits it, the stream it goes to, and its id (the client's
+string). Two principals, or two streams, never share a transaction: a writer that reuses
+another principal's id learns nothing of it (not its stream, not its count), cannot block it,
+and its data is never taken for the other's "already done" (issue 20). The hub keeps its own
 stream, ``_tidewire.txns``, of JSON records:
 
-* ``{"txn": T, "stream": S, "first": F, "count": N, "fp": X}``: the *intent*, written (and
-  fsynced) before the data: ``T``'s ``N`` events go to ``S`` as ids ``F .. F+N-1``, and their
-  content has the fingerprint ``X`` (CRC-32C of the values, value lengths, key flags and keys;
-  timestamps are left out, since a replay may stamp them anew);
-* ``{"txn": T, "done": true}``: written once the data is durable.
+* ``{"txn": T, "stream": S, "principal": P, "first": F, "count": N, "fp": X}``: the *intent*,
+  written (and fsynced) before the data: ``P``'s transaction ``T`` puts ``N`` events into ``S``
+  as ids ``F .. F+N-1``, and their content has the fingerprint ``X`` (CRC-32C of the values,
+  value lengths, key flags and keys; timestamps are left out, since a replay may stamp them
+  anew);
+* ``{"txn": T, "stream": S, "principal": P, "done": true}``: written once the data is durable.
+
+**Records written before transactions had keys** (no ``"principal"``; a ``done`` record with
+only ``"txn"``) load compatibly: their ``done`` marks the latest intent of that ``txn``, as it
+always did, and such an entry belongs to *no* principal, so it matches a commit of the same
+stream and id by *any* principal. A replay after an upgrade (the Spark sink's, under whatever
+token it uses) thus still finds its transaction done and appends nothing; a principal that
+could exploit this must be allowed to write that very stream, and learns only the ids already
+there. New commits always write keyed records; the old entries age out with retention like
+any other.
 
 The data is appended with its own ids ``F..``: if another writer took ``F`` meanwhile, the append
 fails and is retried under a new intent whose ``F`` leaves a gap for the others (ids may have gaps),
@@ -46,11 +60,12 @@ from typing import TYPE_CHECKING, Any
 from crc32c import crc32c
 
 from ..model import Batch, IdOrderError, TidewireError
+from .access import ANONYMOUS
 
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["TXN_STREAM", "Transactions", "TxnReceipt", "fingerprint"]
+__all__ = ["TXN_STREAM", "Transactions", "TxnKey", "TxnReceipt", "fingerprint"]
 
 log = logging.getLogger("tidewire.hub")
 
@@ -71,9 +86,13 @@ class TxnReceipt:
     already: bool
 
 
+TxnKey = tuple[str | None, str, str]
+"""(principal, stream, transaction id); principal ``None``: a record from before keys, which
+matches any principal (module docstring)."""
+
+
 @dataclass(slots=True)
 class _Entry:
-    stream: str
     first: int
     count: int
     fp: int
@@ -112,9 +131,10 @@ class Transactions:
         self.hub = hub
         self.ledger = hub.ledger(TXN_STREAM)
         self.expiration_ms = expiration_ms
-        self._entries: dict[str, _Entry] = {}
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # per txn: lock, users
+        self._entries: dict[TxnKey, _Entry] = {}
+        self._locks: dict[TxnKey, tuple[asyncio.Lock, list[int]]] = {}  # per key: lock, users
         self._stream_locks: dict[str, asyncio.Lock] = {}
+        self._legacy: dict[str, TxnKey] = {}  # at load: a keyless done record's intent
 
     def load(self) -> None:
         """Rebuild the registry from ``_tidewire.txns`` (at hub open), then forget what
@@ -122,19 +142,28 @@ class Transactions:
         now = self.hub.clock()
         for record in self.ledger.load():
             self._apply(record, now)
+        self._legacy.clear()
         self.forget_removed(now)
 
     def _apply(self, record: dict[str, Any], now: int) -> None:
         try:
             txn = record["txn"]
+            if not isinstance(txn, str):
+                raise TypeError(f"txn {txn!r} is not a string")
             if record.get("done"):
-                entry = self._entries.get(txn)
+                if "stream" in record:
+                    entry = self._entries.get(_key(record.get("principal"), record["stream"], txn))
+                else:  # (before keys: the latest intent of that id)
+                    legacy = self._legacy.get(txn)
+                    entry = None if legacy is None else self._entries.get(legacy)
                 if entry is not None:
                     entry.done = True
                 return
-            self._entries[txn] = _Entry(sys.intern(record["stream"]), int(record["first"]),
-                                        int(record["count"]), int(record["fp"]), False,
-                                        now)  # fmt: skip
+            key = _key(record.get("principal"), record["stream"], txn)
+            self._entries[key] = _Entry(int(record["first"]), int(record["count"]),
+                                        int(record["fp"]), False, now)  # fmt: skip
+            if key[0] is None:
+                self._legacy[txn] = key
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring a malformed record in %s: %s", TXN_STREAM, exc)
 
@@ -150,75 +179,89 @@ class Transactions:
         cutoff = None if self.expiration_ms is None else now - self.expiration_ms
         starts: dict[str, int] = {}
         gone = []
-        for txn, entry in self._entries.items():
-            if not entry.done or txn in self._locks:
+        for key, entry in self._entries.items():
+            if not entry.done or key in self._locks:
                 continue
-            start = starts.get(entry.stream)
+            stream = key[1]
+            start = starts.get(stream)
             if start is None:
-                start = starts[entry.stream] = storage.start_id(entry.stream)
+                start = starts[stream] = storage.start_id(stream)
             if entry.last < start or (cutoff is not None and entry.at < cutoff):
-                gone.append(txn)
-        for txn in gone:
-            del self._entries[txn]
+                gone.append(key)
+        for key in gone:
+            del self._entries[key]
         return len(gone)
 
-    async def commit(self, txn: str, batch: Batch) -> TxnReceipt:
-        """Append ``batch`` (its ids are ignored) unless ``txn`` was committed before; return
-        where its events are either way."""
+    async def commit(self, txn: str, batch: Batch, *,
+                     principal: str = ANONYMOUS.name) -> TxnReceipt:  # fmt: skip
+        """Append ``batch`` (its ids are ignored) unless ``principal`` committed ``txn`` to
+        ``batch.stream`` before; return where its events are either way. Another principal's
+        transaction of the same id, or this one's into another stream, is another
+        transaction."""
         if not txn or len(txn.encode()) > MAX_TXN_BYTES:
             raise TidewireError(f"a transaction id is 1..{MAX_TXN_BYTES} bytes")
         # Shielded: a caller that goes away (its connection dropped) does not stop a commit
         # half-way; a retry of the same transaction waits for it, then finds it done.
-        return await asyncio.shield(self._locked_commit(txn, batch))
+        return await asyncio.shield(self._locked_commit(_key(principal, batch.stream, txn), batch))
 
-    async def _locked_commit(self, txn: str, batch: Batch) -> TxnReceipt:
-        lock, users = self._locks.setdefault(txn, (asyncio.Lock(), [0]))
+    async def _locked_commit(self, key: TxnKey, batch: Batch) -> TxnReceipt:
+        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
             async with lock, self._stream_locks.setdefault(batch.stream, asyncio.Lock()):
-                return await self._commit(txn, batch)
+                return await self._commit(key, batch)
         finally:
             users[0] -= 1
             if not users[0]:
-                del self._locks[txn]
+                del self._locks[key]
 
-    async def _commit(self, txn: str, batch: Batch) -> TxnReceipt:
-        entry = self._entries.get(txn)
-        if entry is not None and (entry.done or await self._settle(txn, entry)):
-            if entry.stream != batch.stream or entry.count != len(batch):
-                raise TidewireError(
-                    f"transaction {txn!r} was committed to {entry.stream!r} with "
-                    f"{entry.count} event(s), not to {batch.stream!r} with {len(batch)}"
-                )
-            last = entry.first + entry.count - 1
-            return TxnReceipt(entry.stream, entry.count, entry.first, last, already=True)
+    def _find(self, key: TxnKey) -> tuple[TxnKey, _Entry] | None:
+        """The entry of ``key``, else one from before keys for the same stream and id."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            return key, entry
+        legacy = (None, key[1], key[2])
+        entry = self._entries.get(legacy)
+        return None if entry is None else (legacy, entry)
+
+    async def _commit(self, key: TxnKey, batch: Batch) -> TxnReceipt:
+        _, stream, txn = key
+        found = self._find(key)
+        if found is not None:
+            known, entry = found
+            if entry.done or await self._settle(known, entry):
+                if entry.count != len(batch):
+                    raise TidewireError(f"transaction {txn!r} was committed to {stream!r} with "
+                                        f"{entry.count} event(s), not {len(batch)}")  # fmt: skip
+                return TxnReceipt(stream, entry.count, entry.first, entry.last, already=True)
+            if known != key:  # an old intent that did not happen: this commit is keyed
+                del self._entries[known]
         fp = fingerprint(batch)
         storage = self.hub.storage
         for attempt in range(RETRIES):
             # Other writers may take ids while the intent is written: after a collision, leave
             # them room (ids may have gaps), more each time.
             slack = 0 if attempt == 0 else 2 ** (attempt + 5)
-            first = storage.accepted_latest(batch.stream) + 1 + slack
-            intent = {"txn": txn, "stream": batch.stream, "first": first, "count": len(batch),
-                      "fp": fp}  # fmt: skip
+            first = storage.accepted_latest(stream) + 1 + slack
+            intent = {"txn": txn, "stream": stream, "principal": key[0], "first": first,
+                      "count": len(batch), "fp": fp}  # fmt: skip
             await self.ledger.record(intent)
-            self._entries[txn] = entry = _Entry(batch.stream, first, len(batch), fp, False,
-                                                self.hub.clock())  # fmt: skip
+            self._entries[key] = entry = _Entry(first, len(batch), fp, False, self.hub.clock())
             try:
                 stored = await storage.append(batch.with_ids(first))
             except IdOrderError:
                 continue  # another writer took those ids: a new intent
-            await self.ledger.record({"txn": txn, "done": True})
+            await self.ledger.record(_done(key))
             entry.done = True
-            return TxnReceipt(batch.stream, len(batch), stored.first_id, stored.last_id, False)
-        raise TidewireError(f"transaction {txn!r}: {batch.stream!r} is too busy (gave up)")
+            return TxnReceipt(stream, len(batch), stored.first_id, stored.last_id, False)
+        raise TidewireError(f"transaction {txn!r}: {stream!r} is too busy (gave up)")
 
-    async def _settle(self, txn: str, entry: _Entry) -> bool:
+    async def _settle(self, key: TxnKey, entry: _Entry) -> bool:
         """After a crash: did the intent's append happen? (The ids hold its content.)"""
         events: list[Batch] = []
         next_id, left = entry.first, entry.count
         while left > 0:
-            got = await self.hub.storage.read(entry.stream, next_id, 8 * 1024 * 1024, left)
+            got = await self.hub.storage.read(key[1], next_id, 8 * 1024 * 1024, left)
             if not got or got[0].first_id != next_id:
                 return False
             events += got
@@ -228,9 +271,24 @@ class Transactions:
             return False
         happened = all(len(b) for b in events) and _fingerprint_all(events) == entry.fp
         if happened:
-            await self.ledger.record({"txn": txn, "done": True})
+            await self.ledger.record(_done(key))
             entry.done = True
         return happened
+
+
+def _key(principal: object, stream: object, txn: str) -> TxnKey:
+    """A record's key (interned: many entries share a principal and a stream)."""
+    if not isinstance(stream, str) or not (principal is None or isinstance(principal, str)):
+        raise TypeError(f"stream {stream!r} or principal {principal!r} is not a string")
+    return (None if principal is None else sys.intern(principal), sys.intern(stream), txn)
+
+
+def _done(key: TxnKey) -> dict[str, Any]:
+    principal, stream, txn = key
+    record: dict[str, Any] = {"txn": txn, "stream": stream, "done": True}
+    if principal is not None:  # (an old entry stays keyless: it matches as before on reload)
+        record["principal"] = principal
+    return record
 
 
 def _fingerprint_all(batches: list[Batch]) -> int:

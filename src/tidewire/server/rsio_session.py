@@ -184,7 +184,7 @@ class RsioSession:
         self.connection = self.log.context.conn
         if self.principal.anonymous:  # mutual TLS: the certificate names the peer
             self.principal = certificate_principal(peer_certificate(carrier)) or ANONYMOUS
-        self.log.context.principal = self.principal.name
+        self.log.context.principal = self.ingest.principal = self.principal.name
         self.registry.add(self)
         self.conn.initiate()
         self._flush()
@@ -324,7 +324,7 @@ class RsioSession:
         connection (goodbye), since the client asked to be someone it cannot prove to be."""
         try:
             self.principal = self.access.authenticate(token)
-            self.log.context.principal = self.principal.name
+            self.log.context.principal = self.ingest.principal = self.principal.name
         except Unauthenticated as exc:
             self.log.warning("authentication failed: %s", exc)
             self.shutdown(f"authentication failed: {exc}")

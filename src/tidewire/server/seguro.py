@@ -14,7 +14,20 @@ for the log, so a 10 GiB ``SAVE MANY`` never sits in memory.
 A breach is answered the seed's way: the connection is dropped at once (and logged). Events of
 a breached ``SAVE MANY`` already handed to the log are stored (the next ``WELCOME`` says how far);
 those not yet handed over are discarded. One session per point: a second connection for a point
-that has one is dropped after its ``POINT``.
+that has one is dropped after its ``POINT``, unless the one there may only read the point and
+the newcomer may write it: then the writer takes the point and the reader is dropped (a
+read-only principal never keeps a point from its owner).
+
+Memory (issue 20): each connection has a :class:`~tidewire.hub.Share` of the hub's budget. What
+the session holds or was promised (:attr:`ServerSession.inbound_bytes`) is its ``"inbound"``
+gauge, checked with ``try_hold`` when a header declares an event's length, before the data is
+read: a declaration that does not fit is refused like a breach (the connection dropped). Bytes
+already read that do not fit (a ``SAVE MANY`` streaming while the log is slow) pause reading
+instead. What waits for the log is the ``"ingest"`` gauge (the ingest path keeps it); while a
+``READ`` is answered, its output not yet written is the ``"outbound"`` gauge (after it, what is
+left is under the high-water mark and drains by itself; a gauge nothing refreshes would
+otherwise keep the principal's share taken). An event begun and not finished has a deadline
+(:meth:`_Protocol.receiving_since`, the guard's ``limits.message_seconds``).
 
 Security (docs/protocols/seguro.md, "Security and limits"): the socket is a
 :class:`~tidewire.server.guard.Listener`'s (TLS, connection limits, handshake and idle
@@ -37,6 +50,7 @@ from ..hub import INGEST_DEFAULTS, Hub, abandon
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
 from ..model import Batch, TidewireError
 from ..observe.logs import connection_log
+from ..observe.throttle import LogThrottle
 from ..protocols.seguro import (
     Breach,
     Limits,
@@ -61,6 +75,9 @@ CHUNK_BYTES = INGEST_DEFAULTS["seguro"].commit_bytes  # small: writes overlap th
 MAX_PENDING_BYTES = INGEST_DEFAULTS["seguro"].max_pending_bytes
 READ_BATCH_BYTES = 1024 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+REFUSAL_LINES = 20  # per 10 s, every connection together; the rest counted in one line
+WAIT_FOR_LOG = object()
+"""(:meth:`_Protocol._event`) the declared event fits once this flow's appends are durable."""
 
 
 
@@ -79,7 +96,12 @@ class _Protocol(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._task: asyncio.Task[None] | None = None
-        self.ingest = self.hub.ingest(via="seguro", on_pause=self._ingest_paused)
+        self.may_write = False  # what the ACL said at POINT: a session that may write keeps it
+        self.share = self.hub.budget.share(ANONYMOUS.name, "seguro")
+        self.ingest = self.hub.ingest(via="seguro", on_pause=self._ingest_paused,
+                                      share=self.share)  # fmt: skip
+        self._since: float | None = None  # when the unfinished inbound message began
+        self._starved = False  # the flow waits for the peer's bytes (not for the log)
         self.pipeline = self.ingest.pipeline()  # SAVE and SAVE MANY, in order
         self._reading = True
         self._quiet = False  # shutting down: never read again
@@ -94,16 +116,25 @@ class _Protocol(asyncio.Protocol):
         cert = peer_certificate(transport)
         self.cert_name = certificate_name(cert)
         self.principal = certificate_principal(cert) or ANONYMOUS
-        self.log.context.principal = self.principal.name
+        self.log.context.principal = self.ingest.principal = self.principal.name  # (the share)
+        self.share.label = self.peer
         self.server.connections.add(self)
         self.session.initiate()
         self._flush()
         self._task = asyncio.create_task(self._run())
 
     def data_received(self, data: bytes) -> None:
-        self.session.receive_data(data)
+        session = self.session
+        session.receive_data(data)
         self._wake.set()
-        if self.session.buffered > MAX_PENDING_BYTES and self._reading:
+        if self._since is None and session.receiving:
+            self._since = asyncio.get_running_loop().time()
+        # Bytes already here: recorded whatever the shares; past them (or past what the session
+        # should hold unparsed) reading stops until the flow has parsed what it holds.
+        fits = self.share.try_hold("inbound", session.inbound_bytes)
+        if not fits:
+            self.share.hold("inbound", session.inbound_bytes)
+        if (not fits or session.buffered > MAX_PENDING_BYTES) and self._reading:
             self._pause()
 
     def eof_received(self) -> bool | None:
@@ -113,6 +144,8 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.share.close()  # (what its appends still hold is the log's now)
+        self._since = None
         if self.point is not None and self.server.points.get(self.point) is self:
             del self.server.points[self.point]
         if self._task is not None:
@@ -149,6 +182,16 @@ class _Protocol(asyncio.Protocol):
         else:
             self._wake.set()
 
+    def _may_resume(self) -> None:
+        """The flow has parsed what the session holds: read again, unless the ingest path
+        said to pause, or what this connection has waiting for the log is over its share of
+        the budget (its appends complete and wake the flow, which then asks again)."""
+        if self._reading or self.ingest.paused:
+            return
+        if self.ingest.pending_bytes and not self.share.available():
+            return
+        self._resume()
+
     def _resume(self) -> None:
         if self._quiet:
             return
@@ -161,9 +204,51 @@ class _Protocol(asyncio.Protocol):
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def drop(self, reason: str) -> None:
-        self.log.warning("(%s) dropping the connection: %s", self.point or "no point yet",
-                         reason)  # fmt: skip
+    def receiving_since(self) -> float | None:
+        """(:class:`~tidewire.server.guard.Receiving`) ``loop.time()`` when the inbound message
+        the flow is waiting for began (a ``SAVE`` or ``EVENT`` whose data has not all come, a
+        line without its newline), or when the last whole one before it was parsed; ``None``
+        when nothing is unfinished, or while the hub is the one that keeps it waiting (the flow
+        waits for the log, or reading is paused)."""
+        if not self._starved or not self._reading or self.session.closed:
+            return None
+        return self._since
+
+    def _event(self, *, may_wait: bool = False) -> object:
+        """The session's next event (``None``: it needs more bytes), with the bookkeeping
+        every flow needs: the ``"inbound"`` gauge, and the unfinished message's start. A
+        declared event that does not fit the budget becomes the session's :class:`Breach`;
+        unless ``may_wait`` (this flow's own appends are on their way to the log, and will
+        free their bytes): then :data:`WAIT_FOR_LOG`, and the flow asks again once they are
+        durable."""
+        session = self.session
+        event = session.next_event()
+        self._starved = event is None
+        if event is not None or not session.receiving:
+            self._since = asyncio.get_running_loop().time() if session.receiving else None
+        if event is not None or session.awaiting_data is None or session.closed:
+            self.share.hold("inbound", session.inbound_bytes)  # (lower: parsed, handed out)
+            return event
+        if self.share.try_hold("inbound", session.inbound_bytes):
+            return None
+        if may_wait:
+            self._starved = False  # (the hub keeps it waiting, not the peer)
+            return WAIT_FOR_LOG
+        session.breach(f"an event of {session.awaiting_data} bytes does not fit the memory "
+                       f"budget ({self.share.available()} bytes left for this "
+                       "connection)")  # fmt: skip
+        return session.next_event()
+
+    def drop(self, reason: str, *, refusal: bool = True) -> None:
+        """Abort the connection, logged. ``refusal``: the peer's doing (a breach, a refusal,
+        a point taken): logged through the server's :class:`LogThrottle`, since a peer that
+        reconnects in a loop must not write a line each time; else (the hub failed, a point
+        taken by its writer) always logged."""
+        text = f"({self.point or 'no point yet'}) dropping the connection: {reason}"
+        if refusal:
+            self.server.refusals_log.log(self.log, logging.WARNING, text)
+        else:
+            self.log.warning(text)
         if self.transport is not None:
             self.transport.abort()
 
@@ -171,13 +256,12 @@ class _Protocol(asyncio.Protocol):
 
     async def _next(self) -> object:
         while True:
-            event = self.session.next_event()
+            event = self._event()
             if event is not None:
                 return event
             if self.session.closed:
                 return None
-            if not self._reading and not self.ingest.paused:
-                self._resume()
+            self._may_resume()
             self._wake.clear()
             await self._wake.wait()
 
@@ -207,7 +291,7 @@ class _Protocol(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
-            self.drop(f"the hub failed: {exc}")
+            self.drop(f"the hub failed: {exc}", refusal=False)
 
     async def _point(self, point: str) -> None:
         if self.cert_name is not None and self.cert_name != point:
@@ -222,9 +306,16 @@ class _Protocol(asyncio.Protocol):
             return
         other = self.server.points.get(point)
         if other is not None:
-            self.drop(f"point {point} already has a session ({other.peer})")
-            return
+            if not may_write or other.may_write:
+                self.drop(f"point {point} already has a session ({other.peer})")
+                return
+            # A session that may only read holds the point until one that may write comes:
+            # a read-only principal never keeps a point from its owner (issue 20).
+            other.drop(f"{self.principal}, which may write stream {point!r}, takes the point "
+                       f"from this session of {other.principal}, which may only read it "
+                       f"({self.peer})", refusal=False)  # fmt: skip
         self.point = point
+        self.may_write = may_write
         self.server.points[point] = self
         # Appends of an earlier session of this point (its connection dropped mid-SAVE MANY)
         # may still be on their way to disk: WELCOME says how far they got, not less (and not
@@ -280,15 +371,19 @@ class _Protocol(asyncio.Protocol):
             done = False
             while not done:
                 await settle(block=len(receipts) >= limits.appends_in_flight)
-                event = self.session.next_event()
+                event = self._event(may_wait=bool(receipts or values))
+                if event is WAIT_FOR_LOG:
+                    if values:
+                        ship()
+                    await settle(block=True)
+                    continue
                 if event is None:
                     if self.session.closed:
                         return
                     if values and not receipts:
                         ship()  # nothing in flight: do not hold what has arrived
                         continue
-                    if not self._reading and not self.ingest.paused:
-                        self._resume()
+                    self._may_resume()
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -327,18 +422,24 @@ class _Protocol(asyncio.Protocol):
     async def _read(self, start: int, limit: int) -> None:
         assert self.point is not None
         next_id, left = start, limit
-        while left > 0 and self.hub.has_stream(self.point):
-            first = max(next_id, self.hub.start_id(self.point))  # "or the first above it"
-            batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left, via="seguro")
-            if not batches:
-                break
-            for batch in batches:
-                for i in range(len(batch)):
-                    self.session.send_event(batch.ids[i], batch.value(i))
-                left -= len(batch)
-                next_id = batch.last_id + 1
-            self._flush()
-            await self._writable.wait()
+        try:
+            while left > 0 and self.hub.has_stream(self.point):
+                first = max(next_id, self.hub.start_id(self.point))  # "or the first above it"
+                batches = await self.hub.read(self.point, first, READ_BATCH_BYTES, left,
+                                              via="seguro")  # fmt: skip
+                if not batches:
+                    break
+                for batch in batches:
+                    for i in range(len(batch)):
+                        self.session.send_event(batch.ids[i], batch.value(i))
+                    left -= len(batch)
+                    next_id = batch.last_id + 1
+                self._flush()
+                if self.transport is not None:  # (already in memory: recorded, not refused)
+                    self.share.hold("outbound", self.transport.get_write_buffer_size())
+                await self._writable.wait()
+        finally:
+            self.share.release("outbound")
         if self._waited("SENT"):
             self.session.sent()
 
@@ -360,6 +461,9 @@ class SeguroServer:
         self.access = access if access is not None else Access()
         self.connections: set[_Protocol] = set()
         self.points: dict[str, _Protocol] = {}
+        self.refusals_log = LogThrottle(burst=REFUSAL_LINES, interval=10.0)
+        """Drop lines of refusals and breaches: ``REFUSAL_LINES`` per 10 s, then one line
+        counting the rest (issue 20: a peer refused in a loop must not flood the log)."""
         self.listener = Listener(
             "seguro",
             lambda: _Protocol(self),

@@ -694,6 +694,39 @@ def test_server_refuses_to_say_a_committed_id_below_what_it_said() -> None:
     assert server.data_to_send() == b"LATEST 4\n"
 
 
+@pytest.mark.parametrize("bulk", [False, True])
+def test_inbound_bytes_and_receiving_say_what_a_declaration_promises(bulk: bool) -> None:
+    """What the adapter charges to the budget (issue 20): the declared data from its header
+    on, whatever has come of it; ``receiving`` while a message is unfinished, never between
+    two events of a SAVE MANY."""
+    server = ServerSession(bulk=bulk)
+    server.receive_data(b"HELLO 0\nPOINT ~zod\n")
+    while server.next_event() is not None:
+        pass
+    server.welcome(None)
+    assert (server.inbound_bytes, server.receiving) == (0, False)
+    server.receive_data(b"SAVE 1 1000")
+    assert server.next_event() is None
+    assert (server.inbound_bytes, server.receiving, server.awaiting_data) == (11, True, None)
+    server.receive_data(b"\nabc")
+    assert server.next_event() is None
+    assert (server.inbound_bytes, server.awaiting_data) == (1002, 1000)
+    server.receive_data(b"x" * 997 + b"\n\nSAVE")  # (a breach later: not waiting for COMMITTED)
+    assert server.inbound_bytes == 1006  # the data, its newlines and what came after
+    assert server.next_event() == Save(1, b"abc" + b"x" * 997)
+    assert (server.inbound_bytes, server.receiving) == (4, True)
+    server = ready_server()
+    server.receive_data(b"SAVE MANY 2 5 6\nEVENT 5 3\nabc\n\n")
+    assert isinstance(server.next_event(), SaveMany)
+    assert server.next_event() is not None  # event 5
+    assert server.next_event() is None
+    assert (server.inbound_bytes, server.receiving) == (0, False)  # between two events
+    server.receive_data(b"EVENT 6 2000000\n")
+    assert server.next_event() is None
+    assert (server.inbound_bytes, server.receiving, server.awaiting_data) == (
+        2000002, True, 2000000)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- the client machine
 
 

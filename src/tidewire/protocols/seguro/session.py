@@ -103,6 +103,24 @@ class Session:
         and :attr:`buffered` stays within ``limits.max_line_bytes``."""
         return None if self._pending_block is None else self._pending_block[2]
 
+    @property
+    def inbound_bytes(self) -> int:
+        """Bytes this machine holds, or will hold before it can hand out the event whose
+        header it has parsed: the unparsed bytes, and once a header (``SAVE``, ``EVENT``)
+        declared data, at least that data and its two newlines. What an adapter charges to its
+        memory budget, and checks when :attr:`awaiting_data` says a declaration was made, before
+        the data is read."""
+        if self._pending_block is None:
+            return self._rx.buffered
+        return max(self._rx.buffered, self._pending_block[2] + 2)
+
+    @property
+    def receiving(self) -> bool:
+        """Whether an inbound message has begun and is not whole: a header whose data has not
+        all come, or bytes of a line or frame not parsed yet. (Between messages, e.g. between
+        the events of a ``SAVE MANY``, it is False: a flow has no deadline, a message does.)"""
+        return self._pending_block is not None or bool(self._rx)
+
     def data_to_send(self) -> bytes:
         """Everything queued for the peer, in order (``b""``: nothing)."""
         data = bytes(self._out)

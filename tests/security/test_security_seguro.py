@@ -1,18 +1,27 @@
-"""Seguro's security and limits (issue 9) over real sockets: TLS end to end, mutual TLS where
-the certificate names the point, the ACL (welcome, SAVE, SAVE MANY, READ), and the guard's
-limits (connections per peer, handshake and idle deadlines, event size). Every refusal drops
-the connection (Seguro has no error reply), is logged naming the principal, and leaves the
-other sessions working. Certificates are made by trustme at test time (tests/certs.py);
-deadlines are driven by calling the listener's ``sweep`` with a chosen time, never by sleeping.
+"""Seguro's security and limits (issues 9 and 20) over real sockets: TLS end to end, mutual TLS
+where the certificate names the point, the ACL (welcome, SAVE, SAVE MANY, READ), and the guard's
+limits (connections per peer, handshake, idle and unfinished-message deadlines, event size).
+Every refusal drops the connection (Seguro has no error reply), is logged naming the principal,
+and leaves the other sessions working. Certificates are made by trustme at test time
+(tests/certs.py); deadlines are driven by calling the listener's ``sweep`` with a chosen time,
+never by sleeping.
+
+Issue 20's attacks run against a real hub (``tidewire serve``, tests/security/harness.py) with a
+well-behaved RS.io client publishing and subscribing alongside: a read-only principal trying to
+take a point while its owner saves, and events declared larger than the memory budget allows
+(or declared and never finished) from many connections at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import socket
 import ssl
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,14 +29,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from harness import BYSTANDER_MAX_STALL_S, RealHub, bystander, real_hub
 
-from helpers import run
+from helpers import run, until
 from loops import logged
+from tidewire.client.backoff import Retry
 from tidewire.client.seguro import SeguroClient, SeguroError, connect
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl
 from tidewire.model import Batch
 from tidewire.protocols.seguro import Limits, Refused, Sent, ServerSession
+from tidewire.protocols.seguro.patp import SUFFIXES
 from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.seguro import (
     READ_BATCH_BYTES,
@@ -512,3 +524,232 @@ def test_a_ship_that_never_reads_is_sent_no_more_and_dropped(
                 await still_works(other, 1)
 
     run(main())
+
+
+# --------------------------------------------------------------------------- issue 20: in-process
+
+
+def test_an_event_begun_and_never_finished_is_closed_at_the_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``SAVE`` with half its data, then nothing: swept past ``limits.message_seconds`` it is
+    closed; a ship idle between two events of a ``SAVE MANY`` (nothing unfinished) and a
+    welcomed ship are not."""
+    caplog.set_level(logging.WARNING, logger="tidewire.guard")
+    limits = ConnectionLimits(message_seconds=5, idle_seconds=1000)
+
+    async def main() -> None:
+        async with seguro_hub(tmp_path, limits=limits) as s:
+            loop = asyncio.get_running_loop()
+            async with connect(s.url, "~bus") as ship:
+                half, w1 = await asyncio.open_connection(HOST, s.server.port)
+                await point(half, w1, "~zod")
+                assert await half.readline() == b"WELCOME ~zod\n"
+                between, w2 = await asyncio.open_connection(HOST, s.server.port)
+                await point(between, w2, "~nec")
+                assert await between.readline() == b"WELCOME ~nec\n"
+                w2.write(b"SAVE MANY 2 1 2\nEVENT 1 1\na\n\n")
+                w1.write(b"SAVE 1 100\n" + b"x" * 50)
+                zod = next(p for p in s.server.connections if p.point == "~zod")
+                nec = next(p for p in s.server.connections if p.point == "~nec")
+                await until(lambda: zod.receiving_since() is not None, "the SAVE began")
+                await until(lambda: nec.share.gauge("ingest") == 0 and nec.session.buffered == 0,
+                            "the first event is stored")  # fmt: skip
+                assert nec.receiving_since() is None
+                since = zod.receiving_since()
+                assert since is not None
+                s.server.listener.sweep(since + 4)  # before the deadline: nothing
+                await still_works(ship, 1)
+                assert zod.transport is not None
+                assert not zod.transport.is_closing()
+                s.server.listener.sweep(since + 5)
+                await logged(caplog, "tidewire.guard", "a message unfinished for 5s")
+                assert b"COMMITTED" not in await closed(half)
+                w1.close()
+                w2.write(b"EVENT 2 1\nb\n\nSTREAMED MANY 2 1 2\n")
+                assert await between.readline() in (b"LATEST 1\n", b"LATEST 2\n",
+                                                    b"COMMITTED MANY 2 1 2\n")  # fmt: skip
+                w2.close()
+                await still_works(ship, 2)
+                assert loop.time() < since + 5  # (no real time passed: the sweep said so)
+            assert s.hub.latest("~zod") == 0
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- issue 20: a real hub
+
+MiB = 1024 * 1024
+
+OWNER_ACL = """
+[principal."cert:~zod"]
+read = ["~zod"]
+write = ["~zod"]
+
+[principal.anonymous]                # reads every point; writes only the bystander's streams
+read = ["~*", "bystander.*"]
+write = ["bystander.*"]
+"""
+
+
+def plain_rsio(hub: RealHub) -> RealHub:
+    """The same hub as the bystander sees it: RS.io without TLS (``rsio.tls = false``)."""
+    return dataclasses.replace(hub, scheme_tls=False)
+
+
+async def raw_session(port: int, name: str, ctx: ssl.SSLContext | None = None
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:  # fmt: skip
+    """A raw ship's handshake: the reader, the writer, and the hub's answer to POINT (the
+    WELCOME line, or ``b""`` when it dropped the connection)."""
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=ctx)
+    await point(reader, writer, name)
+    try:
+        return reader, writer, await reader.readline()
+    except (ConnectionError, ssl.SSLError):
+        return reader, writer, b""
+
+
+def test_a_read_only_principal_cannot_take_a_point_from_its_owner(pki: Pki, tmp_path: Path) -> None:
+    """Issue 20: anonymous may read every point. It takes ``~zod`` before its owner comes, and
+    keeps trying while the owner saves, reconnecting every 20 events: every owner's session
+    gets in (the squatter is dropped), every save is stored; a squatter never displaces the
+    owner; the bystander sees no stall."""
+    seconds = 3.0
+    settings = {"rsio.tls": False}
+
+    async def squatter(port: int, stop: asyncio.Event, outcomes: Counter[str]) -> None:
+        anonymous = pki.client_context()
+        while not stop.is_set():
+            reader, writer, said = await raw_session(port, "~zod", anonymous)
+            try:
+                if not said.startswith(b"WELCOME"):
+                    outcomes["refused"] += 1  # the owner holds the point
+                    await asyncio.sleep(0.02)  # (a flood of connections is the guard's test)
+                    continue
+                outcomes["welcomed"] += 1
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(seconds + 5):
+                        await closed(reader)  # holds it, until the owner comes
+                        outcomes["displaced"] += 1
+            finally:
+                writer.close()
+
+    async def owner(url: str) -> int:
+        ctx = pki.client_context(pki.client("~zod"))
+        saved = 0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            async with connect(url, "~zod", ssl=ctx, retry=Retry(attempts=50)) as ship:
+                for _ in range(20):
+                    await ship.save(ship.latest + 1, b"owner %d" % saved)
+                    saved += 1
+        return saved
+
+    async def main(hub: RealHub) -> None:
+        url = f"seguro://{HOST}:{hub.seguro_port}"
+        outcomes: Counter[str] = Counter()
+        stop = asyncio.Event()
+        first = asyncio.create_task(squatter(hub.seguro_port, stop, outcomes))
+        await until(lambda: outcomes["welcomed"] == 1, "the squatter took the free point")
+        saving = asyncio.create_task(owner(url))
+        report = await bystander(plain_rsio(hub), seconds + 0.5)
+        saved = await saving
+        stop.set()
+        ctx = pki.client_context(pki.client("~zod"))
+        async with connect(url, "~zod", ssl=ctx, retry=Retry(attempts=50)) as ship:
+            # (this session takes the point from the squatter, if it holds it now)
+            assert ship.latest == saved
+            events, sent = await ship.read(1, saved + 10)
+            async with asyncio.timeout(10):
+                await first
+        assert [data for _, data in events] == [b"owner %d" % i for i in range(saved)]
+        assert sent.count == saved > 0
+        assert outcomes["welcomed"] >= 1  # the free point, at least
+        assert outcomes["displaced"] == outcomes["welcomed"], outcomes  # each by the owner
+        assert "takes the point from this session of anonymous" in hub.log_text()
+        assert report.errors == []
+        assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+
+    with real_hub(tmp_path, settings=settings, acl=OWNER_ACL, pki=pki) as hub:
+        run(main(hub), timeout=60)
+
+
+def galaxies(n: int) -> list[str]:
+    return [f"~{s}" for s in SUFFIXES[:n]]
+
+
+def test_declared_events_are_bounded_by_the_budget_before_their_data(tmp_path: Path) -> None:
+    """Issue 20: 16 anonymous ships each declare an event the protocol allows (60 MiB, under
+    ``seguro.max_event_bytes``) and send its data as fast as they can; 16 more declare 3 MiB
+    (within a connection's 8 MiB share) and never finish it. With a 64 MiB budget (32 MiB for
+    anonymous) the 60 MiB declarations are dropped on their line, and of the small ones only
+    what fits the principal's share is taken (the rest dropped on their line too): the hub
+    grows by less than the budget, and the bystander sees no stall."""
+    settings = {"memory.budget_bytes": 64 * MiB, "memory.principal_bytes": 32 * MiB,
+                "memory.connection_bytes": 8 * MiB}  # fmt: skip
+    seconds = 3.0
+
+    async def huge(port: int, name: str) -> int:
+        """Bytes of the event's data it managed to send before the hub dropped it."""
+        reader, writer, said = await raw_session(port, name)
+        assert said == b"WELCOME %s\n" % name.encode()
+        sent = 0
+        writer.write(b"SAVE 1 %d\n" % (60 * MiB))
+        chunk = b"d" * MiB
+        try:
+            async with asyncio.timeout(10):
+                while sent < 60 * MiB:
+                    writer.write(chunk)
+                    await writer.drain()
+                    sent += len(chunk)
+        except (ConnectionError, TimeoutError):
+            pass
+        async with asyncio.timeout(10):
+            assert b"COMMITTED" not in await closed(reader)
+        writer.close()
+        return sent
+
+    async def unfinished(port: int, name: str, held: list[asyncio.StreamWriter]) -> bool:
+        """True when the hub took the declaration (the connection stays open, waiting)."""
+        reader, writer, said = await raw_session(port, name)
+        assert said == b"WELCOME %s\n" % name.encode()
+        writer.write(b"SAVE 1 %d\n" % (3 * MiB) + b"u" * (2 * MiB))
+        await writer.drain()
+        try:
+            async with asyncio.timeout(1.0):
+                dropped = await reader.read(1) == b""
+        except TimeoutError:
+            dropped = False
+        except ConnectionError:
+            dropped = True
+        if dropped:
+            writer.close()
+        else:
+            held.append(writer)
+        return not dropped
+
+    async def main(hub: RealHub) -> None:
+        before = hub.rss()
+        held: list[asyncio.StreamWriter] = []
+        points = galaxies(32)
+        attack = asyncio.gather(
+            *(huge(hub.seguro_port, p) for p in points[:16]),
+            *(unfinished(hub.seguro_port, p, held) for p in points[16:]),
+        )
+        report, results = await asyncio.gather(bystander(hub, seconds), attack)
+        sent, taken = results[:16], results[16:]
+        assert max(sent) < 16 * MiB  # dropped long before 60 MiB: on the SAVE line
+        assert 0 < sum(taken) < 16  # the anonymous share took some, not all
+        assert sum(taken) * 3 * MiB <= 32 * MiB
+        grown = hub.peak_rss() - before
+        assert grown < 64 * MiB, f"the hub grew by {grown / MiB:.0f} MiB"
+        log = hub.log_text()
+        assert "does not fit the memory budget" in log
+        assert "COMMITTED" not in log
+        for writer in held:
+            writer.close()
+        assert report.errors == []
+        assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+
+    with real_hub(tmp_path, settings=settings) as hub:
+        run(main(hub), timeout=60)
