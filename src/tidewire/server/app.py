@@ -44,16 +44,19 @@ from http import HTTPStatus
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from ..hub import Hub
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..hub.hub import RESERVED_PREFIX
 from ..model import AccessError, Unauthenticated
 from ..observe.logs import connection_log
+from ..observe.throttle import LogThrottle
 from ..protocols.rsio_http import ERROR_HEADER
 from .admin import add_admin_routes
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
-from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, principal
+from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, escaped, principal
 from .rsio_session import RsioSession, RsioSettings
 from .tube import TubeSettings, add_tube_route
 
@@ -69,6 +72,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("tidewire.http")
+_REFUSALS = LogThrottle()  # a flood of refused bodies logs a few lines, then a count
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the browser client and pages
 HUB_KEY = web.AppKey("hub", Hub)
@@ -189,7 +193,7 @@ async def _guard_middleware(request: web.Request, handler: Handler) -> web.Strea
         if not _open_path(request.path):
             request[PRINCIPAL_KEY] = who = _authenticate(request, request.app[ACCESS_KEY])
         if request.body_exists:
-            refused = await _drop_body(request, settings, watch)
+            refused = await _drop_body(request, settings, watch, who or ANONYMOUS)
             if refused is not None:
                 return refused
         if watch is not None:
@@ -208,10 +212,22 @@ def _authenticate(request: web.Request, access: Access) -> Principal:
     return access.bearer(headers[0] if headers else None, fallback=fallback)
 
 
+def _public_reason(exc: AccessError, who: Principal | None) -> str:
+    """What the refused peer is told: a 401 says what was wrong with the credentials it sent;
+    a refusal by the ACL names no principal (neither the asker nor another one, e.g. a
+    subscription's owner): ``refused: may not read stream 'orders'``. The log says who."""
+    message = str(exc)
+    if isinstance(exc, Unauthenticated):
+        return message
+    if who is not None and message.startswith(f"{who.name} "):
+        return "refused: " + message[len(who.name) + 1 :]
+    return "refused: the ACL does not allow this request"
+
+
 def _refuse_access(request: web.Request, exc: AccessError,
                    who: Principal | None) -> web.Response:  # fmt: skip
     """401 (no or bad credentials, RFC 6750) or 403 (the ACL), as RS.io's onError."""
-    status, message = exc.status, str(exc)
+    status, message = exc.status, _public_reason(exc, who)
     headers = {ERROR_HEADER: "true"}
     if isinstance(exc, Unauthenticated):
         headers["WWW-Authenticate"] = f'{REALM}, error="invalid_token"'
@@ -219,8 +235,8 @@ def _refuse_access(request: web.Request, exc: AccessError,
         status = 401
         headers["WWW-Authenticate"] = REALM
     connection_log(log, request.transport, "http").warning(
-        "%s %s: %d, refused %s: %s", request.method, request.rel_url.raw_path[:200], status,
-        who if who is not None else "the credentials", message)  # fmt: skip
+        "%s %s: %d, refused %s: %s", request.method, escaped(request.rel_url.raw_path), status,
+        escaped(who.name) if who is not None else "the credentials", escaped(str(exc)))  # fmt: skip
     response = web.Response(status=status, text=message + "\n", headers=headers)
     if request.body_exists:
         _stop_reading(request, response)  # (rather than read a body nobody will look at)
@@ -230,32 +246,54 @@ def _refuse_access(request: web.Request, exc: AccessError,
 def _too_large(request: web.Request, limit: int) -> web.Response:
     message = f"the request body is over {limit} bytes (http.max_body_bytes)"
     connection_log(log, request.transport, "http").warning(
-        "%s %s: 413 %s", request.method, request.rel_url.raw_path[:200], message)
+        "%s %s: 413 %s", request.method, escaped(request.rel_url.raw_path), message)
     response = web.Response(status=413, text=message + "\n", headers={ERROR_HEADER: "true"})
     _stop_reading(request, response)
     return response
 
 
-async def _drop_body(request: web.Request, settings: HttpSettings,
-                     watch: _HttpConnection | None) -> web.Response | None:  # fmt: skip
-    """Read and drop the request's body (no route takes one) within ``max_body_bytes`` and
-    ``body_seconds``; or the refusal (413, 408)."""
+def _no_room(request: web.Request, nbytes: int) -> web.Response:
+    message = "the hub's memory budget has no room for this request body now (memory.*)"
+    _REFUSALS.log(connection_log(log, request.transport, "http"), logging.WARNING,
+                  "%s %s: 503 %s (%d bytes)", request.method,
+                  escaped(request.rel_url.raw_path), message, nbytes)  # fmt: skip
+    response = web.Response(status=503, text=message + "\n",
+                            headers={ERROR_HEADER: "true", "Retry-After": "1"})  # fmt: skip
+    _stop_reading(request, response)
+    return response
+
+
+async def _drop_body(request: web.Request, settings: HttpSettings, watch: _HttpConnection | None,
+                     who: Principal) -> web.Response | None:  # fmt: skip
+    """Read and drop the request's body (no route takes one) within ``max_body_bytes``,
+    ``body_seconds`` and the hub's memory budget; or the refusal (413, 408, 503).
+
+    The body is charged to its principal's share (gauge ``body``) before a byte of it is
+    read: a declared ``Content-Length`` whole, a chunked body as its bytes come.
+    """
     limit = settings.max_body_bytes
     length = request.content_length
     if length is not None and length > limit:
         return _too_large(request, limit)
-    if watch is not None:
-        watch.body_expected(settings.body_seconds)
-    total = 0
+    share = request.app[HUB_KEY].budget.share(who.name, f"http body {request.remote}")
     try:
+        if length is not None and not share.try_hold("body", length):
+            return _no_room(request, length)
+        if watch is not None:
+            watch.body_expected(settings.body_seconds)
+        total = 0
         while chunk := await request.content.readany():
             total += len(chunk)
             if total > limit:  # (a chunked body: no length to refuse it early)
                 return _too_large(request, limit)
+            if length is None and not share.try_hold("body", total):
+                return _no_room(request, total)
     except _BodyTimeout as exc:  # (the guard has logged it)
         response = web.Response(status=408, text=f"{exc}\n", headers={ERROR_HEADER: "true"})
         _stop_reading(request, response)
         return response
+    finally:
+        share.close()
     return None
 
 
@@ -392,6 +430,32 @@ def _raw_response(status: int, message: str) -> bytes:
             "\r\n").encode("ascii") + body  # fmt: skip
 
 
+class _QuietErrors(RequestHandler):
+    """aiohttp's request handler, except that its answer to a request its parser refused
+    does not quote the offending line (a token put in the URL, or in a malformed header), in
+    the 400 nor in its log line: the reason only (``Invalid char in url query``)."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:  # fmt: skip
+        if isinstance(exc, HttpProcessingError):
+            reason = _parse_reason(exc.message)
+            exc.message = reason
+            exc.args = (reason,)
+            message = reason
+        return super().handle_error(request, status, exc, message)
+
+
+def _parse_reason(text: str) -> str:
+    """The first line of an aiohttp parser error, without what it quotes of the request."""
+    first = text.strip().split("\n", 1)[0].strip().rstrip(":")
+    if not first or "'" in first or '"' in first or not first.isprintable():
+        return "Bad Request"
+    return first[:100]
+
+
 def _refuse_connection(reason: str) -> bytes:
     return _raw_response(503, reason)
 
@@ -428,7 +492,11 @@ class GuardedSite(web.BaseSite):
     def _connection(self) -> _HttpConnection:
         server = self._runner.server
         assert server is not None
-        return _HttpConnection(server(), self.settings.header_seconds)
+        handler = server()
+        # web.Server makes the handlers (with the runner's settings) and takes no class of
+        # ours: the one it made becomes the subclass that adds nothing but the method.
+        handler.__class__ = _QuietErrors
+        return _HttpConnection(handler, self.settings.header_seconds)
 
     async def start(self) -> None:
         await super().start()
