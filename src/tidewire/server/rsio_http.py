@@ -348,7 +348,7 @@ class RsioHttp:
         if demand and state.state is State.OPEN:  # (first: a resend below spends none of it)
             state.request(demand)
             sub.source.request(demand)
-            sub.drained.set()  # (the pump may wait for demand)
+        sub.drained.set()  # the pump may wait for demand, or for its share: try now
         if expects is not None and sub.state.unsent is None:
             try:
                 again = sub.state.received_up_to(expects)
