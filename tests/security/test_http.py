@@ -20,10 +20,12 @@ trustme at test time (tests/certs.py), tokens by ``mint_token``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import json
 import logging
 import os
+import re
 import ssl
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from http_hub import (
     KiB,
     MiB,
     append,
+    bearer,
     eof,
     healthy,
     one_in,
@@ -56,10 +59,12 @@ from http_hub import (
 from loops import Run, logged
 from tidewire.client import tube
 from tidewire.client.http import HttpHub, HttpRsioError
+from tidewire.hub import BudgetLimits, Hub
 from tidewire.hub.access import Access
 from tidewire.protocols.rsio_http import decode_body
+from tidewire.server.app import RSIO_HTTP_KEY
 from tidewire.server.guard import ConnectionLimits
-from tidewire.server.rsio_http import HttpSettings
+from tidewire.server.rsio_http import HttpSettings, escaped
 
 Runner = Run
 
@@ -569,3 +574,277 @@ def test_many_slowloris_connections_hold_bounded_memory_and_one_sweep_ends_them(
             other[1].close()
 
     run(main())
+
+
+# --------------------------------------------------------------------------- issue 20: hostile load
+#
+# Each attack is a function of the hub's base URL (and the test's session), so that the same
+# attack runs against this process's hub (budgets and pumps visible) and against a real
+# `tidewire serve` child (its RSS measured, a bystander alongside) below.
+
+SUB_ID = re.compile(r"[A-Za-z0-9_-]{22}")  # docs/protocols/rsio-http.md: 128 random bits
+BIG_VALUE = 64 * KiB
+
+
+async def fill(hub: Hub, stream: str, nbytes: int) -> None:
+    """``nbytes`` of 64 KiB values in ``stream``, in appends of 1 MiB."""
+    for start in range(0, nbytes, MiB):
+        count = min(MiB, nbytes - start) // BIG_VALUE
+        await append(hub, stream, [b"%08d" % (start + i) + bytes(BIG_VALUE - 8)
+                                   for i in range(count)])  # fmt: skip
+
+
+async def never_fetched(session: aiohttp.ClientSession, base: str, publisher: str, n: int,
+                        token: str | None = None) -> list[str]:  # fmt: skip
+    """The attack: ``n`` subscriptions asking for everything, none ever fetched. Their
+    subscription URLs (a refused subscribe ends the list)."""
+    urls: list[str] = []
+    for _ in range(n):
+        joint = "&" if "?" in publisher else "?"
+        target = URL(f"{base}/rsio/pub/{publisher}{joint}request=1000000", encoded=True)
+        async with session.put(target, headers=bearer(token)) as answer:
+            if answer.status != 201:
+                break
+            urls.append(answer.headers["Location"])
+    return urls
+
+
+async def subscribe_many(session: aiohttp.ClientSession, base: str, n: int,
+                         token: str | None = None) -> list[int]:  # fmt: skip
+    """The attack: one principal asks for ``n`` subscriptions; the statuses it got."""
+    statuses = []
+    for i in range(n):
+        target = URL(f"{base}/rsio/pub/grab{i % 7}?request=1", encoded=True)
+        async with session.put(target, headers=bearer(token)) as answer:
+            statuses.append(answer.status)
+    return statuses
+
+
+def secret_of(token: str) -> str:
+    return token.partition(".")[2]
+
+
+def token_urls(token: str) -> list[str]:
+    """Every place in a URL's query where a careless client might put its token."""
+    return [f"/rsio/pub/orders?access_token={token}", f"/rsio/pub/orders?{token}",
+            f"/rsio/pub/orders?from={token}", f"/rsio/pub/orders?{token}=1",
+            f"/rsio/pub/orders?format=value&request={token}",
+            f"/rsio/pub/orders?size={token}", f"/rsio/pub/orders?key=%zz{token}"]  # fmt: skip
+
+
+def bad_requests(token: str) -> list[bytes]:
+    """Requests aiohttp's parser refuses, with ``token`` in the offending line."""
+    return [f"PUT /rsio/pub/orders?token={token}\x01 HTTP/1.1\r\nHost: hub\r\n\r\n".encode(),
+            f"PUT /rsio/pub/orders?token={token} x HTTP/1.1\r\nHost: hub\r\n\r\n".encode(),
+            f"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\nContent-Length: {token}\r\n\r\n".encode(),
+            f"PUT /rsio/pub/s?t={token} HTTP/9.9\r\nHost: hub\r\n\r\n".encode()]  # fmt: skip
+
+
+async def raw_answer(host: str, port: int, request: bytes) -> bytes:
+    """Everything the hub answers to ``request`` until it closes (bounded)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(5):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+def test_never_fetched_subscriptions_read_ahead_one_response_and_within_the_budget(
+    tmp_path: Path, run: Runner
+) -> None:
+    """40 subscriptions that ask for everything and are never fetched: each reads at most
+    one delivery ahead, all of them within their principal's share; another principal's
+    subscription is served meanwhile, and a paused one resumes once its principal frees."""
+
+    async def main() -> None:
+        settings = HttpSettings(poll_seconds=2.0, max_response_bytes=256 * KiB)
+        budget = BudgetLimits(total=16 * MiB, principal=2 * MiB, connection=1 * MiB)
+        async with secure_hub(tmp_path, settings=settings, budget=budget,
+                              access=Access(None, TOKENS)) as served:  # fmt: skip
+            await fill(served.hub, "big", 16 * MiB)  # (a delivery: one 64 KiB value)
+            urls = await never_fetched(served.session, served.base, "big?format=value", 40)
+            assert len(urls) == 40
+            rsio = served.app[RSIO_HTTP_KEY]
+            subs = [rsio.subs[URL(u).name] for u in urls]
+            await until(lambda: all(s.ready or s.paused for s in subs), "every pump settled")
+            for sub in subs:  # one delivery (half a response; one 64 KiB value over at most)
+                assert sub.share.held <= settings.max_response_bytes, sub.share
+            used = served.hub.budget.used_by("anonymous")
+            assert used <= budget.principal, used
+            paused = [s for s in subs if s.paused]
+            assert paused, "2 MiB cannot hold 40 x 64 KiB: some wait"
+            # Another principal is served meanwhile.
+            answer = await served.put("/rsio/pub/big?format=value&request=3", ALICE)
+            got = await served.put(answer.headers["Location"], ALICE)
+            assert (got.status, got.body[:8]) == (200, b"00000000"), got
+            # The attacker's own fetch of a paused subscription waits for its share; once the
+            # principal frees some, it is served at once.
+            for url in urls[:20]:
+                assert (await served.put(url + "/cancel")).status == 200
+            late = [s for s in subs[20:] if s.paused]
+            assert late, "the last ones made are the ones that wait"
+            got = await served.put(urls[subs.index(late[0])])
+            assert got.status == 200, got
+            assert served.hub.budget.used_by("anonymous") <= budget.principal
+        assert served.hub.budget.used == 0  # every share returned with its subscription
+
+    run(main())
+
+
+def test_one_principal_cannot_take_every_subscription(tmp_path: Path, run: Runner) -> None:
+    async def main() -> None:
+        settings = HttpSettings(poll_seconds=2.0, max_subscriptions=12,
+                                max_subscriptions_per_principal=5)  # fmt: skip
+        async with secure_hub(tmp_path, settings=settings,
+                              access=Access(None, TOKENS)) as served:  # fmt: skip
+            statuses = await subscribe_many(served.session, served.base, 8, BOB)
+            assert statuses == [201] * 5 + [429] * 3
+            answer = await served.put("/rsio/pub/grab0?request=1", BOB)
+            refused(answer, 429)
+            assert answer.text == "too many subscriptions of this principal (the limit is 5)\n"
+            assert answer.headers["Retry-After"] == "1"
+            # the others still get theirs, up to the hub's own limit
+            assert await subscribe_many(served.session, served.base, 5, ALICE) == [201] * 5
+            assert await subscribe_many(served.session, served.base, 3) == [201, 201, 503]
+            # one of bob's ends: bob may make one more
+            bobs = [s for s in served.app[RSIO_HTTP_KEY].subs.values()
+                    if s.owner.name == "token:bob"]  # fmt: skip
+            assert len(bobs) == 5
+            cancel = served.base + "/rsio/sub/" + bobs[0].id + "/cancel"
+            assert (await served.put(cancel, BOB)).status == 200
+            assert (await served.put("/rsio/pub/grab0?request=1", BOB)).status == 201
+
+    run(main())
+
+
+def test_request_bodies_are_charged_to_the_budget_before_they_are_read(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A declared body the principal's share has no room for is refused at its header (503,
+    nothing read); a chunked one as it comes; another principal carries on."""
+
+    async def main() -> None:
+        settings = HttpSettings(max_body_bytes=8 * MiB)
+        budget = BudgetLimits(total=4 * MiB, principal=1 * MiB, connection=1 * MiB)
+        async with secure_hub(tmp_path, settings=settings, budget=budget,
+                              access=Access(None, TOKENS)) as served:  # fmt: skip
+            head = "PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\n{}\r\n"
+            # One anonymous body of 768 KiB declared, half sent: held for its principal.
+            slow_r, slow_w = await raw(served)
+            slow_w.write(head.format("Content-Length: 786432\r\n").encode() + bytes(1000))
+            await until(lambda: served.hub.budget.used_by("anonymous") == 768 * KiB,
+                        "the declared body is charged")  # fmt: skip
+            # Another anonymous one of 512 KiB does not fit: refused at its header.
+            reader, writer = await raw(served)
+            writer.write(head.format("Content-Length: 524288\r\n").encode())
+            answer = await response(reader)
+            refused(answer, 503)
+            assert answer.headers["Retry-After"] == "1"
+            assert "memory budget" in answer.text
+            assert await eof(reader)
+            writer.close()
+            # Chunked: counted as it comes, refused once past what is left.
+            reader, writer = await raw(served)
+            writer.write(head.format("Transfer-Encoding: chunked\r\n").encode())
+            for _ in range(3):
+                writer.write(b"20000\r\n" + bytes(128 * KiB) + b"\r\n")  # 3 x 128 KiB
+            refused(await response(reader), 503)
+            writer.close()
+            # alice is another principal: her share is her own.
+            assert (await served.put("/rsio/pub/s", ALICE, data=bytes(512 * KiB))).status == 201
+            # The first body completes: its bytes are returned.
+            slow_w.write(bytes(786432 - 1000))
+            assert (await response(slow_r)).status == 201
+            assert served.hub.budget.used == 0
+            slow_w.close()
+            # Over max_body_bytes is still 413, by its length alone.
+            answer = await served.put("/rsio/pub/s", headers={"Content-Length": str(9 * MiB)})
+            refused(answer, 413)
+            await logged(caplog, "tidewire.http", "503", "memory budget")
+
+    run(main())
+
+
+def test_a_token_in_the_url_is_never_echoed(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not in a 400 of the hub's (a publisher argument, a fetch's query, requestMore=), nor
+    in aiohttp's own 400 for a request its parser refuses, nor in any log line."""
+
+    async def main() -> None:
+        caplog.set_level(logging.DEBUG)
+        secret = secret_of(ALICE)
+        async with secure_hub(tmp_path, access=policy()) as served:
+            answers = [await served.put(url) for url in token_urls(ALICE)]
+            answer = await served.put("/rsio/pub/orders?request=1", ALICE)
+            sub = answer.headers["Location"]
+            answers.append(await served.put(f"{sub}?token={ALICE}", ALICE))
+            answers.append(await served.put(f"{sub}/requestMore={ALICE}", ALICE))
+            for answer in answers:
+                assert answer.status == 400, answer
+                assert secret not in answer.text, answer
+                assert secret not in str(answer.headers), answer
+            assert "unknown parameter 'access_token'" in answers[0].text  # (a name, no value)
+            assert "unknown parameter (not echoed)" in answers[3].text
+            for request in bad_requests(ALICE):
+                data = await raw_answer(HOST, served.port, request)
+                assert data.startswith(b"HTTP/1.1 400") or data.startswith(b"HTTP/1.0 400"), data
+                assert secret.encode() not in data, data
+        assert secret not in caplog.text
+        assert "Invalid char in url query" in caplog.text  # (aiohttp's reason is kept)
+
+    run(main())
+
+
+def test_subscription_ids_are_random_and_unguessable(tmp_path: Path, run: Runner) -> None:
+    """22 URL-safe characters, 128 bits from ``secrets``: no counter, no shared prefix, the
+    bits balanced."""
+
+    async def main() -> None:
+        settings = HttpSettings(poll_seconds=2.0, max_subscriptions_per_principal=300)
+        async with secure_hub(tmp_path, settings=settings) as served:
+            urls = await never_fetched(served.session, served.base, "ids", 300)
+            ids = [URL(u).name for u in urls]
+            assert len(set(ids)) == 300
+            assert all(SUB_ID.fullmatch(i) for i in ids), ids[:3]
+            raw_ids = [base64.urlsafe_b64decode(i + "==") for i in ids]
+            assert {len(r) for r in raw_ids} == {16}
+            assert len({i[:8] for i in ids}) == 300  # (48 bits: no prefix in common)
+            ones = sum(bin(int.from_bytes(r, "big")).count("1") for r in raw_ids)
+            assert 0.47 < ones / (300 * 128) < 0.53
+            assert ids != sorted(ids)
+
+    run(main())
+
+
+def test_peer_strings_are_logged_escaped(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream name with a bidi override and an escape, a token name with a bidi override:
+    each log line stays one line, with the characters written as escapes."""
+
+    async def main() -> None:
+        caplog.set_level(logging.WARNING)
+        async with secure_hub(tmp_path, access=policy()) as served:
+            refused(await served.put("/rsio/pub/a%E2%80%AE%1B%5B2Jb"), 400)
+            reader, writer = await raw(served)
+            writer.write("PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer "
+                         "ev\u202eil.x\r\n\r\n".encode())  # fmt: skip
+            refused(await response(reader), 401)
+            writer.close()
+        messages = [r.getMessage() for r in caplog.records if r.name.startswith("tidewire")]
+        assert any("\\u202e" in m and "\\x1b" in m for m in messages), messages
+        assert any("claimed token:ev\\u202eil" in m for m in messages), messages
+        for message in messages:
+            assert message.isprintable(), message
+
+    run(main())
+
+
+def test_escaped_keeps_a_log_line_one_printable_line() -> None:
+    assert escaped("plain /rsio/pub/s") == "plain /rsio/pub/s"
+    assert escaped("a\nb\x1b[2J\u202ec\u200b") == "a\\nb\\x1b[2J\\u202ec\\u200b"
+    assert escaped("é中") == "é中"  # (printable: as it is)
+    assert escaped("x" * 300) == "x" * 200 + "..."

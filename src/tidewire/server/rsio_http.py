@@ -278,9 +278,12 @@ class RsioHttp:
 
     def _refuse(self, request: web.Request, status: int, message: str, *, rsio: bool = True,
                 headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+        path = request.rel_url.raw_path
+        if path.startswith(SUB_PREFIX):  # (an action's argument is no more logged than a query)
+            path = path.partition("=")[0]
         connection_log(log, request.transport, "http").warning(
-            "rsio-http %s %s: %d %s", request.method, escaped(request.rel_url.raw_path),
-            status, escaped(message))  # fmt: skip
+            "rsio-http %s %s: %d %s", request.method, escaped(path), status,
+            escaped(message))  # fmt: skip
         return _error(status, message, rsio=rsio, headers=headers)
 
     # ------------------------------------------------------------------ the pump
@@ -480,8 +483,8 @@ class RsioHttp:
         action = request.match_info["action"]
         sub = self.subs.get(request.match_info["sid"])
         if action != "cancel" and not action.startswith("requestMore="):
-            return self._refuse(request, 404, f"unknown action {action[:40]!r} "
-                                "(cancel or requestMore=<n>)", rsio=False)  # fmt: skip
+            return self._refuse(request, 404, "unknown action (cancel or requestMore=<n>)",
+                                rsio=False)  # fmt: skip
         if sub is None:
             return _error(404, "no such subscription (cancelled, ended or never made)")
         _owned(request, sub)
