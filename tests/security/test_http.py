@@ -56,7 +56,7 @@ from http_hub import (
     secure_hub,
     server_errors,
 )
-from loops import Run, logged
+from loops import Run, logged, warnings
 from tidewire.client import tube
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import BudgetLimits, Hub
@@ -848,3 +848,40 @@ def test_escaped_keeps_a_log_line_one_printable_line() -> None:
     assert escaped("a\nb\x1b[2J\u202ec\u200b") == "a\\nb\\x1b[2J\\u202ec\\u200b"
     assert escaped("é中") == "é中"  # (printable: as it is)
     assert escaped("x" * 300) == "x" * 200 + "..."
+
+
+def test_refusals_in_a_row_close_the_connection_and_are_logged_a_few_at_a_time(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        caplog.set_level(logging.WARNING)
+        async with secure_hub(tmp_path, settings=HttpSettings(max_refusals=10)) as served:
+            bad = b"PUT /rsio/pub/orders?nope=1 HTTP/1.1\r\nHost: hub\r\n\r\n"
+
+            async def refusals(n: int, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> list[str | None]:  # fmt: skip
+                closing = []
+                for _ in range(n):
+                    writer.write(bad)
+                    answer = await response(reader)
+                    assert answer.status == 400, answer
+                    closing.append(answer.headers.get("Connection"))
+                return closing
+
+            reader, writer = await raw(served)
+            await healthy(reader, writer)
+            assert await refusals(10, reader, writer) == [None] * 9 + ["close"]
+            assert await eof(reader)
+            writer.close()
+            # An answered request between breaks the run.
+            reader, writer = await raw(served)
+            assert await refusals(9, reader, writer) == [None] * 9
+            await healthy(reader, writer)
+            assert await refusals(9, reader, writer) == [None] * 9
+            await healthy(reader, writer)
+            writer.close()
+            await logged(caplog, "tidewire.http", "closing after 10 refused requests in a row")
+        lines = [m for m in warnings(caplog, "tidewire.rsio_http") if ": 400 " in m]
+        assert len(lines) == 5, lines  # 28 refusals, 5 lines (then one a 10 s window)
+
+    run(main())

@@ -52,7 +52,7 @@ from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..hub.hub import RESERVED_PREFIX
 from ..model import AccessError, Unauthenticated
 from ..observe.logs import connection_log
-from ..observe.throttle import LogThrottle
+from ..observe.throttle import LogThrottle, Refusals
 from ..protocols.rsio_http import ERROR_HEADER
 from .admin import add_admin_routes
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
@@ -63,6 +63,7 @@ from .tube import TubeSettings, add_tube_route
 __all__ = [
     "ACCESS_KEY",
     "HUB_KEY",
+    "REFUSAL_LOG_KEY",
     "RSIO_HTTP_KEY",
     "TUBE_CONNECTIONS_KEY",
     "GuardedSite",
@@ -72,7 +73,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tidewire.http")
-_REFUSALS = LogThrottle()  # a flood of refused bodies logs a few lines, then a count
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the browser client and pages
 HUB_KEY = web.AppKey("hub", Hub)
@@ -80,6 +80,7 @@ ACCESS_KEY = web.AppKey("access", Access)
 HTTP_SETTINGS_KEY = web.AppKey("http_settings", HttpSettings)
 RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
 TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioSession])
+REFUSAL_LOG_KEY = web.AppKey("refusal_log", LogThrottle)  # a flood of refusals: a few lines
 REALM = 'Bearer realm="tidewire"'
 
 
@@ -108,6 +109,7 @@ def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSetting
     app[HUB_KEY] = hub
     app[ACCESS_KEY] = access
     app[HTTP_SETTINGS_KEY] = settings
+    app[REFUSAL_LOG_KEY] = LogThrottle()
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/streams", _streams)
     app[RSIO_HTTP_KEY] = subscriptions = RsioHttp(hub, settings, access=access)
@@ -184,10 +186,36 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    settings = request.app[HTTP_SETTINGS_KEY]
     watch = _watch_of(request)
     if watch is not None:
         watch.headers_done(request)
+    try:
+        response = await _guarded(request, handler, watch)
+    except web.HTTPException as exc:  # (aiohttp's 404 and 405, raised as responses)
+        _counted(request, exc, watch)
+        raise
+    return _counted(request, response, watch)
+
+
+def _counted(request: web.Request, response: web.StreamResponse,
+             watch: _HttpConnection | None) -> web.StreamResponse:  # fmt: skip
+    """Count a refusal (4xx/5xx) on the connection; ``limits.max_refusals`` of them in a row,
+    with no request answered well between, and this answer closes it (``Connection: close``):
+    a peer that only sends what is refused gets a new TCP (and TLS) handshake every so often."""
+    if watch is None:
+        return response
+    if response.status < 400:
+        watch.refusals.succeed()
+    elif watch.refusals.refuse() and response.keep_alive is not False:
+        response.force_close()
+        connection_log(log, request.transport, "http").warning(
+            "closing after %d refused requests in a row", watch.refusals.in_a_row)
+    return response
+
+
+async def _guarded(request: web.Request, handler: Handler,
+                   watch: _HttpConnection | None) -> web.StreamResponse:  # fmt: skip
+    settings = request.app[HTTP_SETTINGS_KEY]
     who: Principal | None = None
     try:
         if not _open_path(request.path):
@@ -234,7 +262,8 @@ def _refuse_access(request: web.Request, exc: AccessError,
     elif who is not None and who.anonymous:  # credentials would help: ask for them
         status = 401
         headers["WWW-Authenticate"] = REALM
-    connection_log(log, request.transport, "http").warning(
+    request.app[REFUSAL_LOG_KEY].log(
+        connection_log(log, request.transport, "http"), logging.WARNING,
         "%s %s: %d, refused %s: %s", request.method, escaped(request.rel_url.raw_path), status,
         escaped(who.name) if who is not None else "the credentials", escaped(str(exc)))  # fmt: skip
     response = web.Response(status=status, text=message + "\n", headers=headers)
@@ -245,7 +274,8 @@ def _refuse_access(request: web.Request, exc: AccessError,
 
 def _too_large(request: web.Request, limit: int) -> web.Response:
     message = f"the request body is over {limit} bytes (http.max_body_bytes)"
-    connection_log(log, request.transport, "http").warning(
+    request.app[REFUSAL_LOG_KEY].log(
+        connection_log(log, request.transport, "http"), logging.WARNING,
         "%s %s: 413 %s", request.method, escaped(request.rel_url.raw_path), message)
     response = web.Response(status=413, text=message + "\n", headers={ERROR_HEADER: "true"})
     _stop_reading(request, response)
@@ -254,9 +284,10 @@ def _too_large(request: web.Request, limit: int) -> web.Response:
 
 def _no_room(request: web.Request, nbytes: int) -> web.Response:
     message = "the hub's memory budget has no room for this request body now (memory.*)"
-    _REFUSALS.log(connection_log(log, request.transport, "http"), logging.WARNING,
-                  "%s %s: 503 %s (%d bytes)", request.method,
-                  escaped(request.rel_url.raw_path), message, nbytes)  # fmt: skip
+    request.app[REFUSAL_LOG_KEY].log(
+        connection_log(log, request.transport, "http"), logging.WARNING,
+        "%s %s: 503 %s (%d bytes)", request.method, escaped(request.rel_url.raw_path), message,
+        nbytes)  # fmt: skip
     response = web.Response(status=503, text=message + "\n",
                             headers={ERROR_HEADER: "true", "Retry-After": "1"})  # fmt: skip
     _stop_reading(request, response)
@@ -317,9 +348,11 @@ class _HttpConnection(asyncio.Protocol):
     pipelined request), the next request's deadline starts at once.
     """
 
-    def __init__(self, handler: asyncio.Protocol, header_seconds: float) -> None:
+    def __init__(self, handler: asyncio.Protocol, header_seconds: float,
+                 max_refusals: int = 100) -> None:  # fmt: skip
         self.handler = handler
         self.header_seconds = header_seconds
+        self.refusals = Refusals(max_refusals)  # requests refused in a row (the middleware)
         self.guard: GuardedConnection | None = None
         self.phase = _Phase.IDLE
         self.early = False  # bytes came while a request was handled
@@ -496,7 +529,7 @@ class GuardedSite(web.BaseSite):
         # web.Server makes the handlers (with the runner's settings) and takes no class of
         # ours: the one it made becomes the subclass that adds nothing but the method.
         handler.__class__ = _QuietErrors
-        return _HttpConnection(handler, self.settings.header_seconds)
+        return _HttpConnection(handler, self.settings.header_seconds, self.settings.max_refusals)
 
     async def start(self) -> None:
         await super().start()

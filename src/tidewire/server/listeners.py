@@ -144,6 +144,7 @@ def http_settings(config: ServerConfig) -> HttpSettings:
         header_seconds=float(v["http.header_seconds"]),
         body_seconds=float(v["http.body_seconds"]),
         max_body_bytes=int(v["http.max_body_bytes"]),
+        max_refusals=int(v["limits.max_refusals"]),
     )
 
 

@@ -50,6 +50,7 @@ from ..hub import Hub, RecordSubscription, Share, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
+from ..observe.throttle import LogThrottle
 from ..protocols.rsio.envelopes import encode_envelopes, fixed_size_values
 from ..protocols.rsio.names import PublisherName, PublisherNameError
 from ..protocols.rsio_http import (
@@ -92,6 +93,7 @@ class HttpSettings:
     header_seconds: float = 10.0  # a request's headers, from its first byte
     body_seconds: float = 60.0  # a request's body, from the end of its headers
     max_body_bytes: int = 16 * 1024 * 1024  # a request's body (read and dropped: RS.io has none)
+    max_refusals: int = 100  # refused requests in a row that close a connection (limits.*)
 
 
 def escaped(text: str, limit: int = 200) -> str:
@@ -208,6 +210,7 @@ class RsioHttp:
         self.clock = clock
         self.subs: dict[str, _Sub] = {}
         self.by_principal: dict[str, int] = {}  # subscriptions per owner's name, at once
+        self.refusal_log = LogThrottle(clock=clock)  # a flood of refusals: a few lines, a count
         self._reaper: asyncio.TimerHandle | None = None
         self._closing = False
 
@@ -281,9 +284,9 @@ class RsioHttp:
         path = request.rel_url.raw_path
         if path.startswith(SUB_PREFIX):  # (an action's argument is no more logged than a query)
             path = path.partition("=")[0]
-        connection_log(log, request.transport, "http").warning(
-            "rsio-http %s %s: %d %s", request.method, escaped(path), status,
-            escaped(message))  # fmt: skip
+        self.refusal_log.log(connection_log(log, request.transport, "http"), logging.WARNING,
+                             "rsio-http %s %s: %d %s", request.method, escaped(path), status,
+                             escaped(message))  # fmt: skip
         return _error(status, message, rsio=rsio, headers=headers)
 
     # ------------------------------------------------------------------ the pump
@@ -566,7 +569,7 @@ def _owned(request: web.Request, sub: _Sub) -> None:
     another one is refused, and the subscription carries on for its owner."""
     asker = principal(request)
     if asker != sub.owner:  # (the owner is named in the log only, never to the asker)
-        connection_log(log, request.transport, "http").warning(
+        connection_log(log, request.transport, "http").info(
             "rsio-http subscription %s of %s: refused %s", sub.id, escaped(sub.owner.name),
             escaped(asker.name))  # fmt: skip
         raise Forbidden(f"{asker} may not use this subscription (another principal made it)")
