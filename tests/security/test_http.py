@@ -31,10 +31,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from harness import BYSTANDER_MAX_STALL_S, BystanderReport, RealHub, bystander, real_hub
 from yarl import URL
 
+import tidewire
 from certs import Pki
-from helpers import until
+from helpers import run, until
 from http_hub import (
     ALICE,
     BOB,
@@ -885,3 +887,202 @@ def test_refusals_in_a_row_close_the_connection_and_are_logged_a_few_at_a_time(
         assert len(lines) == 5, lines  # 28 refusals, 5 lines (then one a 10 s window)
 
     run(main())
+
+
+# --------------------------------------------------------------------------- against a real hub
+#
+# The same attacks on a `tidewire serve` child (tests/security/harness.py) with small budgets,
+# a well-behaved RS.io client (the bystander, another principal) publishing and subscribing
+# alongside: the attacker is refused or bounded, the hub's resident memory stays within what
+# the budget allows, and the bystander sees no stall over BYSTANDER_MAX_STALL_S.
+
+REAL_BUDGET = {"memory.budget_bytes": 64 * MiB, "memory.principal_bytes": 16 * MiB,
+               "memory.connection_bytes": 8 * MiB, "http.poll_seconds": 2}  # fmt: skip
+RSS_SLACK = 48 * MiB  # the hub's own churn while attacked and serving (buffers, allocator)
+BYSTANDER_SECONDS = 3.0
+
+
+def served_well(report: BystanderReport) -> None:
+    assert report.errors == [], report.errors
+    assert report.events > 0, report
+    assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+
+
+async def publish_big(hub: RealHub, stream: str, nbytes: int, token: str) -> None:
+    """``nbytes`` of 64 KiB values into ``stream`` over RS.io, 1 MiB per publish."""
+    async with await tidewire.connect(hub.rsio_url, token=token) as client:
+        for start in range(0, nbytes, MiB):
+            await client.publish(stream, [b"%08d" % (start + i) + bytes(BIG_VALUE - 8)
+                                          for i in range(MiB // BIG_VALUE)])  # fmt: skip
+
+
+async def metric(session: aiohttp.ClientSession, hub: RealHub, line: str) -> float:
+    """The value of the Prometheus sample ``line`` (name and labels) on the hub's /metrics."""
+    async with session.get(hub.http_base + "/metrics") as answer:
+        text = await answer.text()
+    for row in text.splitlines():
+        if row.startswith(line + " "):
+            return float(row.split()[-1])
+    raise AssertionError(f"no {line} in /metrics")
+
+
+def test_real_hub_never_fetched_subscriptions_stay_within_the_budget(tmp_path: Path) -> None:
+    """40 subscriptions to 32 MiB, asking for everything, never fetched (issue 20: 300 MiB for
+    5 minutes): what they read ahead stays within mallory's share, the hub's RSS within the
+    budget, and the bystander is served throughout."""
+    with real_hub(tmp_path, settings=REAL_BUDGET, tokens=["mallory", "good"]) as hub:
+
+        async def main() -> None:
+            mallory, good = hub.tokens["mallory"], hub.tokens["good"]
+            await publish_big(hub, "big", 32 * MiB, good)
+            before = hub.rss()
+            async with aiohttp.ClientSession() as session:
+
+                async def attack() -> list[str]:
+                    urls = await never_fetched(session, hub.http_base, "big?format=value", 40,
+                                               mallory)  # fmt: skip
+                    held = "tidewire_memory_held_bytes{kind=\"readahead\"}"
+                    for _ in range(20):  # sampled while the bystander runs and pumps read
+                        assert await metric(session, hub, held) <= 16 * MiB
+                        await asyncio.sleep(0.1)
+                    return urls
+
+                urls, report = await asyncio.gather(attack(),
+                                                    bystander(hub, BYSTANDER_SECONDS, token=good))
+                assert len(urls) == 40
+                assert await metric(session, hub, "tidewire_memory_refused_total") > 0
+                async with session.put(urls[-1], headers=bearer(mallory)) as answer:
+                    assert answer.status in (200, 204)  # (paused: 204 after the poll window)
+            served_well(report)
+            grown = hub.peak_rss() - before
+            print(f"\nRSS with 40 never-fetched subscriptions: +{grown / MiB:.1f} MiB")
+            assert grown < 16 * MiB + RSS_SLACK, grown
+
+        run(main(), 60)
+
+
+def test_real_hub_one_principal_cannot_take_every_subscription(tmp_path: Path) -> None:
+    settings = {**REAL_BUDGET, "http.max_subscriptions": 60,
+                "http.max_subscriptions_per_principal": 20}  # fmt: skip
+    with real_hub(tmp_path, settings=settings, tokens=["mallory", "alice", "good"]) as hub:
+
+        async def main() -> None:
+            async with aiohttp.ClientSession() as session:
+                statuses, report = await asyncio.gather(
+                    subscribe_many(session, hub.http_base, 40, hub.tokens["mallory"]),
+                    bystander(hub, BYSTANDER_SECONDS, token=hub.tokens["good"]))  # fmt: skip
+                assert statuses == [201] * 20 + [429] * 20
+                assert await subscribe_many(session, hub.http_base, 20,
+                                            hub.tokens["alice"]) == [201] * 20  # fmt: skip
+            served_well(report)
+
+        run(main(), 60)
+
+
+def test_real_hub_declared_bodies_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    """8 anonymous connections each declaring a 15 MiB body (under http.max_body_bytes) and
+    sending 1 MiB: the principal's 16 MiB share holds one; the others get 503 at once. One
+    declaring 1 GiB gets 413. Nothing is buffered beyond the limits."""
+    with real_hub(tmp_path, settings=REAL_BUDGET, tokens=["good"]) as hub:
+
+        async def one(length: int) -> bytes:
+            reader, writer = await asyncio.open_connection(HOST, hub.http_port)
+            try:
+                writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\n"
+                             b"Content-Length: %d\r\n\r\n" % length + bytes(MiB))  # fmt: skip
+                async with asyncio.timeout(10):
+                    return await reader.readuntil(b"\r\n\r\n")
+            except TimeoutError:
+                return b"(waiting for its body)"
+            finally:
+                writer.close()
+
+        async def attack() -> list[bytes]:
+            return list(await asyncio.gather(*(one(15 * MiB) for _ in range(8)), one(2**30)))
+
+        async def main() -> None:
+            before = hub.rss()
+            heads, report = await asyncio.gather(attack(),
+                                                 bystander(hub, BYSTANDER_SECONDS,
+                                                           token=hub.tokens["good"]))  # fmt: skip
+            refused_503 = [h for h in heads[:8] if h.startswith(b"HTTP/1.1 503")]
+            assert len(refused_503) >= 7, heads
+            assert heads[8].startswith(b"HTTP/1.1 413"), heads[8]
+            served_well(report)
+            assert hub.peak_rss() - before < 16 * MiB + RSS_SLACK
+
+        run(main(), 60)
+
+
+def test_real_hub_never_echoes_a_token_put_in_the_url(tmp_path: Path) -> None:
+    with real_hub(tmp_path, settings=REAL_BUDGET, tokens=["alice", "good"]) as hub:
+        alice = hub.tokens["alice"]
+
+        async def attack() -> list[bytes]:
+            answers = []
+            async with aiohttp.ClientSession() as session:
+                for url in token_urls(alice):
+                    async with session.put(URL(hub.http_base + url, encoded=True)) as answer:
+                        assert answer.status == 400
+                        answers.append(await answer.read() + str(answer.headers).encode())
+            for request in bad_requests(alice):
+                answers.append(await raw_answer(HOST, hub.http_port, request))
+            return answers
+
+        async def main() -> None:
+            answers, report = await asyncio.gather(attack(),
+                                                   bystander(hub, BYSTANDER_SECONDS,
+                                                             token=hub.tokens["good"]))  # fmt: skip
+            for answer in answers:
+                assert secret_of(alice).encode() not in answer, answer
+            served_well(report)
+
+        run(main(), 60)
+        assert "400" in hub.log_text()
+        assert secret_of(alice) not in hub.log_text()
+
+
+def test_real_hub_403s_name_no_one_and_ids_are_random(tmp_path: Path) -> None:
+    acl = """
+[principal."token:alice"]
+read = ["orders"]
+
+[principal."token:bob"]
+read = ["public.*"]
+
+[principal."token:good"]
+read = ["bystander.*"]
+write = ["bystander.*"]
+"""
+    with real_hub(tmp_path, settings=REAL_BUDGET, acl=acl,
+                  tokens=["alice", "bob", "good"]) as hub:  # fmt: skip
+        alice, bob = hub.tokens["alice"], hub.tokens["bob"]
+
+        async def attack() -> None:
+            async with aiohttp.ClientSession() as session:
+                put = session.put
+                async with put(hub.http_base + "/rsio/pub/orders", headers=bearer(bob)) as a:
+                    assert (a.status, await a.text()) == (
+                        403, "refused: may not read stream 'orders'\n")  # fmt: skip
+                ids = []
+                for _ in range(50):
+                    async with put(hub.http_base + "/rsio/pub/orders?request=1",
+                                   headers=bearer(alice)) as a:  # fmt: skip
+                        assert a.status == 201
+                        ids.append(URL(a.headers["Location"]).name)
+                assert all(SUB_ID.fullmatch(i) for i in ids), ids
+                assert len({i[:8] for i in ids}) == 50
+                async with put(hub.http_base + "/rsio/sub/" + ids[0], headers=bearer(bob)) as a:
+                    text = await a.text()
+                    assert a.status == 403
+                    assert "alice" not in text
+                    assert "bob" not in text
+
+        async def main() -> None:
+            _, report = await asyncio.gather(attack(),
+                                             bystander(hub, BYSTANDER_SECONDS,
+                                                       token=hub.tokens["good"]))  # fmt: skip
+            served_well(report)
+
+        run(main(), 60)
+        assert "refused token:bob" in hub.log_text()  # (the log names who, for the operator)
