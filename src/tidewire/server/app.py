@@ -19,16 +19,21 @@ Security and limits (docs/protocols/rsio-http.md, "Security and limits"), in thr
   (TLS, connections in total and per peer, the handshake deadline, idle, stalled output). Each
   connection's handler is watched by a :class:`_HttpConnection`, which gives every request's
   headers ``header_seconds`` from its first byte (slowloris): past that, the guard's sweep
-  answers ``408`` and closes.
+  answers ``408`` and closes. Its handler is aiohttp's, except that a request the parser
+  refuses is answered (and logged) with the reason only, never the line it quotes (a token in
+  the URL).
 * :func:`_guard_middleware`, first for every request: the headers are complete (their
   deadline ends); the principal is settled (``Authorization: Bearer <token>``, else the
   verified client certificate, ``cert:<CN>``, else anonymous; the open paths skip this); the
-  body is read and dropped within ``body_seconds`` and ``max_body_bytes`` (no route takes one).
+  body is read and dropped within ``body_seconds``, ``max_body_bytes`` and the principal's
+  share of the hub's memory budget (charged before a byte is read; no route takes a body);
+  ``max_refusals`` refused requests in a row close the connection.
   ``/static`` is served from memory: aiohttp's file responses ``sendfile`` to the socket,
   which the guard (no socket transport) cannot offer.
 * the routes check the ACL per stream and raise :class:`~tidewire.model.AccessError`, which the
-  middleware turns, once, into 401/403 with ``X-Rsio-Error: true`` and a log line naming the
-  principal.
+  middleware turns, once, into 401/403 with ``X-Rsio-Error: true`` (a 403 names no one) and
+  a log line naming the principal. Refusals' log lines are rate-limited and peer strings in
+  them escaped (:func:`~.rsio_http.escaped`).
 """
 
 from __future__ import annotations
