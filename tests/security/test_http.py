@@ -32,6 +32,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from harness import BYSTANDER_MAX_STALL_S, BystanderReport, RealHub, bystander, real_hub
+from hypothesis import given
+from hypothesis import strategies as st
 from yarl import URL
 
 import tidewire
@@ -63,10 +65,11 @@ from tidewire.client import tube
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import BudgetLimits, Hub
 from tidewire.hub.access import Access
-from tidewire.protocols.rsio_http import decode_body
+from tidewire.protocols.rsio.names import PublisherName
+from tidewire.protocols.rsio_http import BadRequest, decode_body
 from tidewire.server.app import RSIO_HTTP_KEY
 from tidewire.server.guard import ConnectionLimits
-from tidewire.server.rsio_http import HttpSettings, escaped
+from tidewire.server.rsio_http import HttpSettings, escaped, publisher_name
 
 Runner = Run
 
@@ -1086,3 +1089,41 @@ write = ["bystander.*"]
 
         run(main(), 60)
         assert "refused token:bob" in hub.log_text()  # (the log names who, for the operator)
+
+
+SECRET = "Zq8v-Ts3cr3t_0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("stream", "query", "words"),
+    [
+        ("s", f"token={SECRET}", "unknown parameter 'token'"),
+        ("s", f"{SECRET}=1", "unknown parameter (not echoed)"),
+        ("s", f"from={SECRET}", "from= is not an id"),
+        ("s", f"until={SECRET}", "until= is not an id"),
+        ("s", f"key=%zz{SECRET}", "key= has a '%'"),
+        ("s", f"format={SECRET}", "format must be"),
+        ("s", f"size={SECRET}", "size must be"),
+        ("s", f"from=1&from={SECRET}", "from= is repeated"),
+        ("s", "size=2&format=envelope", "size=N needs format=value"),
+    ],
+)
+def test_publisher_name_refusals_quote_no_query_value(stream: str, query: str,
+                                                      words: str) -> None:  # fmt: skip
+    with pytest.raises(BadRequest) as refused_with:
+        publisher_name(stream, query)
+    assert words in str(refused_with.value)
+    assert SECRET not in str(refused_with.value)
+
+
+def test_publisher_name_parses_what_the_grammar_allows() -> None:
+    assert publisher_name("orders", "from=5&format=value") == PublisherName(
+        "orders", 5, format="value")  # fmt: skip
+    assert publisher_name("a%2Fb", "") == PublisherName("a/b")
+
+
+@given(st.text())
+def test_escaped_is_always_one_printable_line(text: str) -> None:
+    out = escaped(text)
+    assert out.isprintable()
+    assert "\n" not in out

@@ -69,7 +69,7 @@ from ..protocols.rsio_http import (
 )
 from ..record import encode as encode_record
 
-__all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal"]
+__all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal", "publisher_name"]
 
 log = logging.getLogger("tidewire.rsio_http")
 
