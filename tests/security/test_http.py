@@ -62,6 +62,7 @@ from http_hub import (
 )
 from loops import Run, logged, warnings
 from tidewire.client import tube
+from tidewire.client.backoff import Retry
 from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.hub import BudgetLimits, Hub
 from tidewire.hub.access import Access
@@ -1127,3 +1128,29 @@ def test_escaped_is_always_one_printable_line(text: str) -> None:
     out = escaped(text)
     assert out.isprintable()
     assert "\n" not in out
+
+
+def test_a_reconnecting_client_waits_out_its_principals_limit(
+    tmp_path: Path, run: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``HttpHub(retry=...)`` takes a 429 (this principal's subscriptions at their limit) as
+    "later", like the hub's 503, and subscribes once one of them has ended."""
+
+    async def main() -> None:
+        caplog.set_level(logging.WARNING, "tidewire.rsio_http")
+        settings = HttpSettings(poll_seconds=2.0, max_subscriptions_per_principal=1)
+        async with secure_hub(tmp_path, settings=settings) as served:
+            await append(served.hub, "s", [b"a"])
+            first = await served.put("/rsio/pub/other?request=1")
+            assert first.status == 201
+            retry = Retry(initial=0.01, maximum=0.05, attempts=1000)
+            async with HttpHub(served.base, retry=retry) as http:
+                values = http.subscribe_values("s")
+                reading = asyncio.ensure_future(anext(aiter(values)))
+                await logged(caplog, "tidewire.rsio_http", "429", "of this principal")
+                assert not reading.done()
+                assert (await served.put(first.headers["Location"] + "/cancel")).status == 200
+                assert await reading == [b"a"]
+                await values.aclose()
+
+    run(main())
