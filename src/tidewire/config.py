@@ -106,6 +106,10 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "http.header_seconds": (float, 10.0, "a request's headers must arrive within it (slowloris)"),
     "http.body_seconds": (float, 60.0, "a request's body must arrive within it"),
     "http.max_body_bytes": (int, 16 * 1024 * 1024, "largest request body (RS.io HTTP publish)"),
+    # issue 20, RS.io over HTTP: quotas per principal
+    "http.max_subscriptions_per_principal": (int, 1_000,
+                                             "RS.io over HTTP: subscriptions of one principal "
+                                             "at once (anonymous peers are one principal)"),
     "tube.max_message_bytes": (int, 128 * 1024 * 1024, "largest Tube message, after inflation"),
     "tolliver.max_message_bytes": (int, 16 * 1024 * 1024, "largest Tolliver message body"),
     "tolliver.max_subscriptions": (int, 1024, "subscriptions one Tolliver remote may hold"),
@@ -274,6 +278,8 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "http.header_seconds": (0.01, 10**6),
     "http.body_seconds": (0.01, 10**6),
     "http.max_body_bytes": (1024, 2**31),
+    # issue 20, RS.io over HTTP: quotas per principal
+    "http.max_subscriptions_per_principal": (1, 2**24),
     "tube.max_message_bytes": (1024, 2**31),
     "tolliver.max_message_bytes": (1024, 2**31 - 1),
     "tolliver.max_subscriptions": (1, 2**20),

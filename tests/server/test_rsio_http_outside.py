@@ -306,7 +306,7 @@ def test_curl_transcript_subscribe_fetch_cancel(tmp_path: Path) -> None:
         created = log.curl_i("-X", "PUT", pub_url)
         assert (created.status, created.reason) == (201, "Created"), created
         location = created.headers["location"]
-        assert re.fullmatch(rf"http://127\.0\.0\.1:{served.port}/rsio/sub/[0-9a-f]+-[\w-]+",
+        assert re.fullmatch(rf"http://127\.0\.0\.1:{served.port}/rsio/sub/[A-Za-z0-9_-]{{22}}",
                             location), location  # fmt: skip
 
         got = log.curl_files(location, tmp_path / "fetch.headers", tmp_path / "fetch.body")
@@ -811,7 +811,8 @@ def raw_subscribe(served: Served, publisher: str) -> str:
     answer = parse_response(raw_exchange(served.port, put_request(f"/rsio/pub/{publisher}")))
     assert answer.status == 201, answer
     location = answer.headers["location"]  # its host is the request's Host header
-    assert re.fullmatch(rf"http://{re.escape(HOST)}/rsio/sub/[0-9a-f]+-[\w-]+", location), location
+    assert re.fullmatch(rf"http://{re.escape(HOST)}/rsio/sub/[A-Za-z0-9_-]{{22}}",
+                        location), location  # fmt: skip
     return location.removeprefix(f"http://{HOST}")
 
 

@@ -23,7 +23,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 from playwright.async_api import async_playwright
-from test_security_http import (
+
+from certs import Pki
+from helpers import until
+from http_hub import (
     ALICE,
     BOB,
     OLD,
@@ -32,9 +35,6 @@ from test_security_http import (
     policy,
     secure_hub,
 )
-
-from certs import Pki
-from helpers import until
 from loops import Run, logged
 from tidewire.client import tube
 from tidewire.client.rsio import RsioClient, RsioError

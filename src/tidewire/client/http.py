@@ -263,9 +263,10 @@ class HttpHub:
         path, _, query = publisher.partition("?")
         path = {".": "%2E", "..": "%2E%2E"}.get(path, path)  # (not dot segments of the URL)
         url = f"{self.base_url}/rsio/pub/{path}?{query + '&' if query else ''}request={demand}"
-        # With retry=, a 503 with X-Rsio-Error (the hub shutting down, or full) is "later".
+        # With retry=, a 503 with X-Rsio-Error (the hub shutting down, or full) is "later",
+        # and so is a 429 (this principal's subscriptions at their limit, until one ends).
         response = await self._put(url, pacing, what,
-                                   again=(503,) if self.reconnecting else ())  # fmt: skip
+                                   again=(429, 503) if self.reconnecting else ())  # fmt: skip
         if response.status != 201 or "Location" not in response.headers:
             raise HttpRsioError(response.status, "no subscription (201 with a Location) in "
                                 "answer to the subscribe", rsio=False)  # fmt: skip

@@ -98,6 +98,11 @@ class Subscription:
     def done(self) -> bool:
         return self.cancelled or self.complete
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes read from the log and not delivered yet (the carry), for a memory budget."""
+        return sum(b.nbytes for b in self._carry)
+
     # ------------------------------------------------------------------ delivery
 
     def poll_ready(self) -> bool:
@@ -261,6 +266,11 @@ class RecordSubscription:
     @property
     def complete(self) -> bool:
         return self.sub.complete and not self._carry
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes read and not delivered yet, here and in the subscription underneath."""
+        return self.sub.held_bytes + sum(b.nbytes for b in self._carry)
 
     def request(self, n: int) -> None:
         """``n`` more records."""

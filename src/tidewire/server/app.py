@@ -19,16 +19,21 @@ Security and limits (docs/protocols/rsio-http.md, "Security and limits"), in thr
   (TLS, connections in total and per peer, the handshake deadline, idle, stalled output). Each
   connection's handler is watched by a :class:`_HttpConnection`, which gives every request's
   headers ``header_seconds`` from its first byte (slowloris): past that, the guard's sweep
-  answers ``408`` and closes.
+  answers ``408`` and closes. Its handler is aiohttp's, except that a request the parser
+  refuses is answered (and logged) with the reason only, never the line it quotes (a token in
+  the URL).
 * :func:`_guard_middleware`, first for every request: the headers are complete (their
   deadline ends); the principal is settled (``Authorization: Bearer <token>``, else the
   verified client certificate, ``cert:<CN>``, else anonymous; the open paths skip this); the
-  body is read and dropped within ``body_seconds`` and ``max_body_bytes`` (no route takes one).
+  body is read and dropped within ``body_seconds``, ``max_body_bytes`` and the principal's
+  share of the hub's memory budget (charged before a byte is read; no route takes a body);
+  ``max_refusals`` refused requests in a row close the connection.
   ``/static`` is served from memory: aiohttp's file responses ``sendfile`` to the socket,
   which the guard (no socket transport) cannot offer.
 * the routes check the ACL per stream and raise :class:`~tidewire.model.AccessError`, which the
-  middleware turns, once, into 401/403 with ``X-Rsio-Error: true`` and a log line naming the
-  principal.
+  middleware turns, once, into 401/403 with ``X-Rsio-Error: true`` (a 403 names no one) and
+  a log line naming the principal. Refusals' log lines are rate-limited and peer strings in
+  them escaped (:func:`~.rsio_http.escaped`).
 """
 
 from __future__ import annotations
@@ -44,22 +49,26 @@ from http import HTTPStatus
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from ..hub import Hub
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..hub.hub import RESERVED_PREFIX
 from ..model import AccessError, Unauthenticated
 from ..observe.logs import connection_log
+from ..observe.throttle import LogThrottle, Refusals
 from ..protocols.rsio_http import ERROR_HEADER
 from .admin import add_admin_routes
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
-from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, principal
+from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, escaped, principal
 from .rsio_session import RsioSession, RsioSettings
 from .tube import TubeSettings, add_tube_route
 
 __all__ = [
     "ACCESS_KEY",
     "HUB_KEY",
+    "REFUSAL_LOG_KEY",
     "RSIO_HTTP_KEY",
     "TUBE_CONNECTIONS_KEY",
     "GuardedSite",
@@ -76,6 +85,7 @@ ACCESS_KEY = web.AppKey("access", Access)
 HTTP_SETTINGS_KEY = web.AppKey("http_settings", HttpSettings)
 RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
 TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioSession])
+REFUSAL_LOG_KEY = web.AppKey("refusal_log", LogThrottle)  # a flood of refusals: a few lines
 REALM = 'Bearer realm="tidewire"'
 
 
@@ -104,6 +114,7 @@ def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSetting
     app[HUB_KEY] = hub
     app[ACCESS_KEY] = access
     app[HTTP_SETTINGS_KEY] = settings
+    app[REFUSAL_LOG_KEY] = LogThrottle()
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/streams", _streams)
     app[RSIO_HTTP_KEY] = subscriptions = RsioHttp(hub, settings, access=access)
@@ -180,16 +191,42 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    settings = request.app[HTTP_SETTINGS_KEY]
     watch = _watch_of(request)
     if watch is not None:
         watch.headers_done(request)
+    try:
+        response = await _guarded(request, handler, watch)
+    except web.HTTPException as exc:  # (aiohttp's 404 and 405, raised as responses)
+        _counted(request, exc, watch)
+        raise
+    return _counted(request, response, watch)
+
+
+def _counted(request: web.Request, response: web.StreamResponse,
+             watch: _HttpConnection | None) -> web.StreamResponse:  # fmt: skip
+    """Count a refusal (4xx/5xx) on the connection; ``limits.max_refusals`` of them in a row,
+    with no request answered well between, and this answer closes it (``Connection: close``):
+    a peer that only sends what is refused gets a new TCP (and TLS) handshake every so often."""
+    if watch is None:
+        return response
+    if response.status < 400:
+        watch.refusals.succeed()
+    elif watch.refusals.refuse() and response.keep_alive is not False:
+        response.force_close()
+        connection_log(log, request.transport, "http").warning(
+            "closing after %d refused requests in a row", watch.refusals.in_a_row)
+    return response
+
+
+async def _guarded(request: web.Request, handler: Handler,
+                   watch: _HttpConnection | None) -> web.StreamResponse:  # fmt: skip
+    settings = request.app[HTTP_SETTINGS_KEY]
     who: Principal | None = None
     try:
         if not _open_path(request.path):
             request[PRINCIPAL_KEY] = who = _authenticate(request, request.app[ACCESS_KEY])
         if request.body_exists:
-            refused = await _drop_body(request, settings, watch)
+            refused = await _drop_body(request, settings, watch, who or ANONYMOUS)
             if refused is not None:
                 return refused
         if watch is not None:
@@ -208,19 +245,32 @@ def _authenticate(request: web.Request, access: Access) -> Principal:
     return access.bearer(headers[0] if headers else None, fallback=fallback)
 
 
+def _public_reason(exc: AccessError, who: Principal | None) -> str:
+    """What the refused peer is told: a 401 says what was wrong with the credentials it sent;
+    a refusal by the ACL names no principal (neither the asker nor another one, e.g. a
+    subscription's owner): ``refused: may not read stream 'orders'``. The log says who."""
+    message = str(exc)
+    if isinstance(exc, Unauthenticated):
+        return message
+    if who is not None and message.startswith(f"{who.name} "):
+        return "refused: " + message[len(who.name) + 1 :]
+    return "refused: the ACL does not allow this request"
+
+
 def _refuse_access(request: web.Request, exc: AccessError,
                    who: Principal | None) -> web.Response:  # fmt: skip
     """401 (no or bad credentials, RFC 6750) or 403 (the ACL), as RS.io's onError."""
-    status, message = exc.status, str(exc)
+    status, message = exc.status, _public_reason(exc, who)
     headers = {ERROR_HEADER: "true"}
     if isinstance(exc, Unauthenticated):
         headers["WWW-Authenticate"] = f'{REALM}, error="invalid_token"'
     elif who is not None and who.anonymous:  # credentials would help: ask for them
         status = 401
         headers["WWW-Authenticate"] = REALM
-    connection_log(log, request.transport, "http").warning(
-        "%s %s: %d, refused %s: %s", request.method, request.rel_url.raw_path[:200], status,
-        who if who is not None else "the credentials", message)  # fmt: skip
+    request.app[REFUSAL_LOG_KEY].log(
+        connection_log(log, request.transport, "http"), logging.WARNING,
+        "%s %s: %d, refused %s: %s", request.method, escaped(request.rel_url.raw_path), status,
+        escaped(who.name) if who is not None else "the credentials", escaped(str(exc)))  # fmt: skip
     response = web.Response(status=status, text=message + "\n", headers=headers)
     if request.body_exists:
         _stop_reading(request, response)  # (rather than read a body nobody will look at)
@@ -229,33 +279,57 @@ def _refuse_access(request: web.Request, exc: AccessError,
 
 def _too_large(request: web.Request, limit: int) -> web.Response:
     message = f"the request body is over {limit} bytes (http.max_body_bytes)"
-    connection_log(log, request.transport, "http").warning(
-        "%s %s: 413 %s", request.method, request.rel_url.raw_path[:200], message)
+    request.app[REFUSAL_LOG_KEY].log(
+        connection_log(log, request.transport, "http"), logging.WARNING,
+        "%s %s: 413 %s", request.method, escaped(request.rel_url.raw_path), message)
     response = web.Response(status=413, text=message + "\n", headers={ERROR_HEADER: "true"})
     _stop_reading(request, response)
     return response
 
 
-async def _drop_body(request: web.Request, settings: HttpSettings,
-                     watch: _HttpConnection | None) -> web.Response | None:  # fmt: skip
-    """Read and drop the request's body (no route takes one) within ``max_body_bytes`` and
-    ``body_seconds``; or the refusal (413, 408)."""
+def _no_room(request: web.Request, nbytes: int) -> web.Response:
+    message = "the hub's memory budget has no room for this request body now (memory.*)"
+    request.app[REFUSAL_LOG_KEY].log(
+        connection_log(log, request.transport, "http"), logging.WARNING,
+        "%s %s: 503 %s (%d bytes)", request.method, escaped(request.rel_url.raw_path), message,
+        nbytes)  # fmt: skip
+    response = web.Response(status=503, text=message + "\n",
+                            headers={ERROR_HEADER: "true", "Retry-After": "1"})  # fmt: skip
+    _stop_reading(request, response)
+    return response
+
+
+async def _drop_body(request: web.Request, settings: HttpSettings, watch: _HttpConnection | None,
+                     who: Principal) -> web.Response | None:  # fmt: skip
+    """Read and drop the request's body (no route takes one) within ``max_body_bytes``,
+    ``body_seconds`` and the hub's memory budget; or the refusal (413, 408, 503).
+
+    The body is charged to its principal's share (gauge ``body``) before a byte of it is
+    read: a declared ``Content-Length`` whole, a chunked body as its bytes come.
+    """
     limit = settings.max_body_bytes
     length = request.content_length
     if length is not None and length > limit:
         return _too_large(request, limit)
-    if watch is not None:
-        watch.body_expected(settings.body_seconds)
-    total = 0
+    share = request.app[HUB_KEY].budget.share(who.name, f"http body {request.remote}")
     try:
+        if length is not None and not share.try_hold("body", length):
+            return _no_room(request, length)
+        if watch is not None:
+            watch.body_expected(settings.body_seconds)
+        total = 0
         while chunk := await request.content.readany():
             total += len(chunk)
             if total > limit:  # (a chunked body: no length to refuse it early)
                 return _too_large(request, limit)
+            if length is None and not share.try_hold("body", total):
+                return _no_room(request, total)
     except _BodyTimeout as exc:  # (the guard has logged it)
         response = web.Response(status=408, text=f"{exc}\n", headers={ERROR_HEADER: "true"})
         _stop_reading(request, response)
         return response
+    finally:
+        share.close()
     return None
 
 
@@ -279,9 +353,11 @@ class _HttpConnection(asyncio.Protocol):
     pipelined request), the next request's deadline starts at once.
     """
 
-    def __init__(self, handler: asyncio.Protocol, header_seconds: float) -> None:
+    def __init__(self, handler: asyncio.Protocol, header_seconds: float,
+                 max_refusals: int = 100) -> None:  # fmt: skip
         self.handler = handler
         self.header_seconds = header_seconds
+        self.refusals = Refusals(max_refusals)  # requests refused in a row (the middleware)
         self.guard: GuardedConnection | None = None
         self.phase = _Phase.IDLE
         self.early = False  # bytes came while a request was handled
@@ -392,6 +468,32 @@ def _raw_response(status: int, message: str) -> bytes:
             "\r\n").encode("ascii") + body  # fmt: skip
 
 
+class _QuietErrors(RequestHandler):
+    """aiohttp's request handler, except that its answer to a request its parser refused
+    does not quote the offending line (a token put in the URL, or in a malformed header), in
+    the 400 nor in its log line: the reason only (``Invalid char in url query``)."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:  # fmt: skip
+        if isinstance(exc, HttpProcessingError):
+            reason = _parse_reason(exc.message)
+            exc.message = reason
+            exc.args = (reason,)
+            message = reason
+        return super().handle_error(request, status, exc, message)
+
+
+def _parse_reason(text: str) -> str:
+    """The first line of an aiohttp parser error, without what it quotes of the request."""
+    first = text.strip().split("\n", 1)[0].strip().rstrip(":")
+    if not first or "'" in first or '"' in first or not first.isprintable():
+        return "Bad Request"
+    return first[:100]
+
+
 def _refuse_connection(reason: str) -> bytes:
     return _raw_response(503, reason)
 
@@ -428,7 +530,11 @@ class GuardedSite(web.BaseSite):
     def _connection(self) -> _HttpConnection:
         server = self._runner.server
         assert server is not None
-        return _HttpConnection(server(), self.settings.header_seconds)
+        handler = server()
+        # web.Server makes the handlers (with the runner's settings) and takes no class of
+        # ours: the one it made becomes the subclass that adds nothing but the method.
+        handler.__class__ = _QuietErrors
+        return _HttpConnection(handler, self.settings.header_seconds, self.settings.max_refusals)
 
     async def start(self) -> None:
         await super().start()

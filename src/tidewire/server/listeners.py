@@ -139,10 +139,12 @@ def http_settings(config: ServerConfig) -> HttpSettings:
         poll_seconds=float(v["http.poll_seconds"]),
         idle_seconds=float(v["http.idle_seconds"]),
         max_subscriptions=int(v["http.max_subscriptions"]),
+        max_subscriptions_per_principal=int(v["http.max_subscriptions_per_principal"]),
         max_response_bytes=int(v["http.max_response_bytes"]),
         header_seconds=float(v["http.header_seconds"]),
         body_seconds=float(v["http.body_seconds"]),
         max_body_bytes=int(v["http.max_body_bytes"]),
+        max_refusals=int(v["limits.max_refusals"]),
     )
 
 

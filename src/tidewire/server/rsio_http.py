@@ -14,31 +14,43 @@ middleware (:mod:`.app`): a subscribe needs ``read`` on its stream, and a subscr
 only the principal that made it. Both refusals are raised as
 :class:`~tidewire.model.AccessError`, which the middleware turns into 401/403.
 
-Per subscription a pump task moves the hub subscription's batches into a buffer bounded in
-bytes (``max_response_bytes``); a fetch takes what is there, within demand, as one response. The
-response is written with a known ``Content-Length``; only once it is written in full does it
-count, otherwise the next fetch gets it again (the seed's resend rule).
+Per subscription a pump task moves the hub subscription's batches into a buffer; a fetch takes
+what is there, within demand, as one response. The response is written with a known
+``Content-Length``; only once it is written in full does it count, otherwise the next fetch
+gets it again (the seed's resend rule).
+
+Bounded under hostile load (issue 20): HTTP has no long-lived connection, so each subscription
+has its own :class:`~tidewire.hub.Share` of the hub's memory budget under its owner's name. Its
+gauges are ``readahead`` (read from the log, not yet in a response: the pump's buffer and the
+hub subscription's carry) and ``outbound`` (the unsent and the last delivery, kept for a
+resend). The pump reads one delivery (half of ``max_response_bytes``) ahead and no more until a
+fetch takes it, so a subscription nobody fetches holds at most about one response's worth; and
+it reads nothing while its share refuses (the principal's or the hub's budget is spent): its
+fetches then wait, as for an empty stream. A principal may hold at most
+``max_subscriptions_per_principal`` of the hub's ``max_subscriptions`` (429 past it).
+Subscription ids are 128 random bits (``secrets``); a refusal never echoes a query's text (a
+token put in a URL) and never names a principal; peer strings are logged escaped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+import re
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 from aiohttp import web
 
-from ..hub import Hub, RecordSubscription, Subscription
+from ..hub import Hub, RecordSubscription, Share, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
+from ..observe.throttle import LogThrottle
 from ..protocols.rsio.envelopes import encode_envelopes, fixed_size_values
 from ..protocols.rsio.names import PublisherName, PublisherNameError
 from ..protocols.rsio_http import (
@@ -57,10 +69,11 @@ from ..protocols.rsio_http import (
 )
 from ..record import encode as encode_record
 
-__all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "principal"]
+__all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal", "publisher_name"]
 
 log = logging.getLogger("tidewire.rsio_http")
 
+PAUSED_RETRY_SECONDS = 1.0  # a pump its share refused tries again this often (or at a fetch)
 PUB_PREFIX = "/rsio/pub/"
 SUB_PREFIX = "/rsio/sub/"
 _ELEMENTS = web.ResponseKey("tidewire.rsio_elements", bool)  # Content-Type to drop
@@ -74,11 +87,69 @@ class HttpSettings:
     poll_seconds: float = 25.0  # a fetch that finds nothing answers 204 after this
     idle_seconds: float = 300.0  # a subscription without requests for this long is cancelled
     max_subscriptions: int = 10_000  # on the hub, at once
+    max_subscriptions_per_principal: int = 1_000  # of one principal (anonymous is one), at once
     max_response_bytes: int = 4 * 1024 * 1024  # one response's elements (one element may be more)
     # the HTTP listener's own bounds (docs/protocols/rsio-http.md, "Security and limits")
     header_seconds: float = 10.0  # a request's headers, from its first byte
     body_seconds: float = 60.0  # a request's body, from the end of its headers
     max_body_bytes: int = 16 * 1024 * 1024  # a request's body (read and dropped: RS.io has none)
+    max_refusals: int = 100  # refused requests in a row that close a connection (limits.*)
+
+
+def escaped(text: str, limit: int = 200) -> str:
+    """``text`` (at most ``limit`` characters) fit for a log line: every character that is not
+    printable (newlines, ANSI escapes, bidi controls) written as a Python escape, so that a
+    peer's string can never forge or hide a line."""
+    cut = text[:limit]
+    if cut.isprintable():
+        return cut + ("..." if len(text) > limit else "")
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return out + ("..." if len(text) > limit else "")
+
+
+_ARGUMENTS = {  # the publisher's arguments, and what a refused value of each is told
+    "from": "from= is not an id (0 to 2^63-1), earliest or latest",
+    "until": "until= is not an id (0 to 2^63-1)",
+    "key": "key= has a '%' not followed by two hex digits (write %25)",
+    "format": "format must be envelope, value or records",
+    "size": "size must be a number of bytes >= 1",
+}
+_SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,15}")  # short enough to be no secret
+
+
+def publisher_name(stream: str, query: str) -> PublisherName:
+    """The publisher of ``PUT /rsio/pub/<stream>?<query>`` (both still percent-encoded,
+    ``request`` already taken out), or :class:`BadRequest`.
+
+    A refusal about the stream quotes it (the path is the publisher's name); a refusal about
+    the query never quotes a value, nor an argument's name unless it is a short identifier:
+    a client that put its token in the URL must not find it echoed in the answer or the log.
+    """
+    try:
+        name = PublisherName.parse(stream)
+    except PublisherNameError as exc:
+        raise BadRequest(str(exc)) from None
+    if not query:
+        return name
+    try:
+        return PublisherName.parse(stream + "?" + query)
+    except PublisherNameError:
+        pass
+    seen: set[str] = set()
+    for param in query.split("&"):  # which one: by its name only
+        arg = param.partition("=")[0]
+        if arg not in _ARGUMENTS:
+            shown = repr(arg) if _SAFE_NAME.fullmatch(arg) else "(not echoed)"
+            raise BadRequest(f"unknown parameter {shown}: a publisher takes "
+                             f"{', '.join(a + '=' for a in _ARGUMENTS)}")  # fmt: skip
+        if arg in seen:
+            raise BadRequest(f"the parameter {arg}= is repeated")
+        seen.add(arg)
+        try:
+            PublisherName.parse(stream + "?" + param)
+        except PublisherNameError:
+            raise BadRequest(_ARGUMENTS[arg]) from None
+    raise BadRequest("size=N needs format=value")  # (the one pair the grammar refuses)
 
 
 def principal(request: web.Request) -> Principal:
@@ -98,11 +169,13 @@ def _error(status: int, message: str, *, rsio: bool = True,
 
 class _Sub:
     def __init__(self, sid: str, name: PublisherName, source: Subscription | RecordSubscription,
-                 now: float, owner: Principal) -> None:  # fmt: skip
+                 now: float, owner: Principal, share: Share) -> None:  # fmt: skip
         self.id = sid
         self.name = name
         self.owner = owner  # the principal that made it: the only one it answers
         self.source = source
+        self.share = share  # its bytes in the hub's budget, under its owner's name
+        self.paused = False  # the share refused the next read-ahead: the pump waits
         self.state = ServerSubscription(name.size)
         self.ready: deque[Batch] = deque()  # from the hub, not yet in a delivery
         self.ready_bytes = 0
@@ -116,6 +189,14 @@ class _Sub:
     def touch(self) -> None:
         self.changed.set()
 
+    def account(self) -> None:
+        """Set the share's gauges to what this subscription holds now (bytes in memory)."""
+        self.share.hold("readahead", self.ready_bytes + self.source.held_bytes)
+        state = self.state
+        last = state.last
+        kept = len(last.body) if last is not None and last is not state.unsent else 0
+        self.share.hold("outbound", state.pending + kept)
+
 
 class RsioHttp:
     """The RS.io-over-HTTP subscriptions of one hub, and their routes."""
@@ -128,7 +209,8 @@ class RsioHttp:
         self.access = access if access is not None else Access()
         self.clock = clock
         self.subs: dict[str, _Sub] = {}
-        self._serial = itertools.count(1)
+        self.by_principal: dict[str, int] = {}  # subscriptions per owner's name, at once
+        self.refusal_log = LogThrottle(clock=clock)  # a flood of refusals: a few lines, a count
         self._reaper: asyncio.TimerHandle | None = None
         self._closing = False
 
@@ -151,35 +233,32 @@ class RsioHttp:
     async def _subscribe(self, request: web.Request) -> web.StreamResponse:
         if (refused := _conditional(request)) is not None:
             return refused
-        raw_path = request.rel_url.raw_path
         try:
             query, demand = split_query(request.rel_url.raw_query_string)
-            text = raw_path[len(PUB_PREFIX) :] + ("?" + query if query else "")
-            name = PublisherName.parse(text)
-        except (BadRequest, PublisherNameError) as exc:
+            name = publisher_name(request.rel_url.raw_path[len(PUB_PREFIX) :], query)
+        except BadRequest as exc:
             return self._refuse(request, 400, str(exc))
         owner = principal(request)
         self.access.check(owner, "read", name.stream)  # Forbidden: the middleware answers
-        if self._closing:
-            return self._refuse(
-                request, 503, "the hub is shutting down", headers={"Retry-After": "1"}
-            )
-        if len(self.subs) >= self.settings.max_subscriptions:
-            limit = self.settings.max_subscriptions
-            return self._refuse(request, 503, "too many subscriptions on this hub (the limit "
-                                f"is {limit})", headers={"Retry-After": "1"})  # fmt: skip
+        if (full := self._full(owner)) is not None:
+            return self._refuse(request, *full, headers={"Retry-After": "1"})
+        batch = max(1, self.settings.max_response_bytes // 2)  # one delivery read ahead
         try:
-            source: Subscription | RecordSubscription = self.hub.subscribe(
-                name.stream, name.start, until_id=name.until, key=name.key,
-                max_batch_bytes=self.settings.max_response_bytes, via="rsio-http",
-            )  # fmt: skip
+            hub_sub = self.hub.subscribe(name.stream, name.start, until_id=name.until,
+                                         key=name.key, max_batch_bytes=batch, via="rsio-http")
         except (TidewireError, ValueError) as exc:
             return self._refuse(request, 400, str(exc))
+        hub_sub.readahead_bytes = batch  # (a read past one delivery waits in its carry)
+        source: Subscription | RecordSubscription = hub_sub
         if name.format == "records":
-            source = RecordSubscription(cast(Subscription, source))
-        sid = f"{next(self._serial):x}-{secrets.token_urlsafe(12)}"  # never reused
-        sub = _Sub(sid, name, source, self.clock(), owner)
+            source = RecordSubscription(hub_sub)
+        sid = secrets.token_urlsafe(16)  # 128 random bits: never guessed, never reused
+        while sid in self.subs:  # pragma: no cover - 2**-128
+            sid = secrets.token_urlsafe(16)
+        share = self.hub.budget.share(owner.name, f"rsio-http {request.remote}")
+        sub = _Sub(sid, name, source, self.clock(), owner, share)
         self.subs[sid] = sub
+        self.by_principal[owner.name] = self.by_principal.get(owner.name, 0) + 1
         if demand:
             sub.state.request(demand)
             source.request(demand)
@@ -187,36 +266,68 @@ class RsioHttp:
         location = request.url.with_path(SUB_PREFIX + sid).with_query(None)
         return web.Response(status=201, headers={"Location": str(location)})
 
+    def _full(self, owner: Principal) -> tuple[int, str] | None:
+        """Why no subscription more may be made for ``owner`` now (status, reason), if so."""
+        settings = self.settings
+        if self._closing:
+            return 503, "the hub is shutting down"
+        if len(self.subs) >= settings.max_subscriptions:
+            return 503, ("too many subscriptions on this hub (the limit is "
+                         f"{settings.max_subscriptions})")  # fmt: skip
+        if self.by_principal.get(owner.name, 0) >= settings.max_subscriptions_per_principal:
+            return 429, ("too many subscriptions of this principal (the limit is "
+                         f"{settings.max_subscriptions_per_principal})")  # fmt: skip
+        return None
+
     def _refuse(self, request: web.Request, status: int, message: str, *, rsio: bool = True,
                 headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
-        connection_log(log, request.transport, "http").warning(
-            "rsio-http %s %s: %d %s", request.method, request.rel_url.raw_path[:200], status,
-            message)  # fmt: skip
+        path = request.rel_url.raw_path
+        if path.startswith(SUB_PREFIX):  # (an action's argument is no more logged than a query)
+            path = path.partition("=")[0]
+        self.refusal_log.log(connection_log(log, request.transport, "http"), logging.WARNING,
+                             "rsio-http %s %s: %d %s", request.method, escaped(path), status,
+                             escaped(message))  # fmt: skip
         return _error(status, message, rsio=rsio, headers=headers)
 
     # ------------------------------------------------------------------ the pump
 
     async def _pump(self, sub: _Sub) -> None:
-        """Move the hub subscription's batches into ``sub.ready``, at most about
-        ``max_response_bytes`` ahead of the fetches."""
-        limit = self.settings.max_response_bytes
+        """Move the hub subscription's deliveries into ``sub.ready``: one at a time, the next
+        once a fetch has taken all of it, and each read only once the subscription's share
+        has granted its bytes (a read is never made unreserved)."""
+        source = sub.source
+        hub_sub = source.sub if isinstance(source, RecordSubscription) else source
         try:
             while True:
-                while sub.ready_bytes >= limit:
-                    sub.drained.clear()
-                    await sub.drained.wait()
-                batches = await sub.source.next()
+                sub.drained.clear()
+                if sub.ready or (not source.held_bytes and not hub_sub.done
+                                 and source.demand <= 0):  # fmt: skip
+                    await sub.drained.wait()  # a fetch took it, or demand came
+                    continue
+                if not (source.held_bytes or hub_sub.done or hub_sub.poll_ready()):
+                    await self.hub.storage.wait_for(hub_sub.stream, hub_sub.next_id - 1)
+                    continue  # (a live tail holds nothing while it waits)
+                if not (source.held_bytes or hub_sub.done or sub.share.try_hold(
+                        "readahead", hub_sub.readahead_bytes)):  # fmt: skip
+                    sub.paused = True  # until a fetch, or a second passes: then again
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(sub.drained.wait(), PAUSED_RETRY_SECONDS)
+                    continue
+                sub.paused = False
+                batches = await source.next()  # (at once: events, demand or a carry are there)
                 if batches is None:
-                    if sub.source.complete:
+                    if source.complete:
                         sub.state.complete()
                     break
                 sub.ready.extend(batches)
                 sub.ready_bytes += sum(b.nbytes for b in batches)
+                sub.account()
                 sub.touch()
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
-            log.warning("rsio-http subscription %s (%s): %s", sub.id, sub.name, exc)
+            log.warning("rsio-http subscription %s (%s): %s", sub.id, escaped(str(sub.name)),
+                        exc)  # fmt: skip
             sub.state.fail(500, str(exc))
         sub.touch()
 
@@ -232,7 +343,8 @@ class RsioHttp:
         try:
             query, demand = split_query(request.rel_url.raw_query_string)
             if query:
-                raise BadRequest(f"unknown query arguments {query[:80]!r} (only request=)")
+                raise BadRequest("a fetch takes no query argument but request= (the others "
+                                 "are not echoed)")
             seen = request.headers.get(SEQUENCE_HEADER)
             expects = None if seen is None else parse_count(seen, SEQUENCE_HEADER)
         except BadRequest as exc:  # the subscription carries on
@@ -242,6 +354,7 @@ class RsioHttp:
         if demand and state.state is State.OPEN:  # (first: a resend below spends none of it)
             state.request(demand)
             sub.source.request(demand)
+        sub.drained.set()  # the pump may wait for demand, or for its share: try now
         if expects is not None and sub.state.unsent is None:
             try:
                 again = sub.state.received_up_to(expects)
@@ -249,6 +362,7 @@ class RsioHttp:
                 return self._refuse(request, 400, str(exc), rsio=False)
             if again is not None:  # written in full, and lost all the same: once more
                 return await self._deliver(request, sub, again)
+            sub.account()  # (the last delivery arrived: no longer kept)
         sub.fetching += 1
         try:
             return await self._answer(request, sub)
@@ -275,7 +389,8 @@ class RsioHttp:
                 try:
                     delivery = self._take(sub)
                 except TidewireError as exc:  # e.g. a value that is not size=N bytes
-                    log.warning("rsio-http subscription %s (%s): %s", sub.id, sub.name, exc)
+                    log.warning("rsio-http subscription %s (%s): %s", sub.id,
+                                escaped(str(sub.name)), exc)  # fmt: skip
                     state.fail(500, str(exc))
                     continue
                 return await self._deliver(request, sub, delivery)
@@ -318,7 +433,9 @@ class RsioHttp:
                 break
         sub.ready_bytes = sum(b.nbytes for b in sub.ready)
         sub.drained.set()
-        return self._encode(state, name, taken, count)
+        delivery = self._encode(state, name, taken, count)
+        sub.account()
+        return delivery
 
     @staticmethod
     def _encode(state: ServerSubscription, name: PublisherName, batches: list[Batch],
@@ -358,6 +475,7 @@ class RsioHttp:
             return response
         if sub.state.unsent is delivery:
             sub.state.sent(delivery)  # (else: a resend of the last one, counted already)
+            sub.account()
         return response
 
     # ------------------------------------------------------------------ requestMore, cancel
@@ -368,8 +486,8 @@ class RsioHttp:
         action = request.match_info["action"]
         sub = self.subs.get(request.match_info["sid"])
         if action != "cancel" and not action.startswith("requestMore="):
-            return self._refuse(request, 404, f"unknown action {action[:40]!r} "
-                                "(cancel or requestMore=<n>)", rsio=False)  # fmt: skip
+            return self._refuse(request, 404, "unknown action (cancel or requestMore=<n>)",
+                                rsio=False)  # fmt: skip
         if sub is None:
             return _error(404, "no such subscription (cancelled, ended or never made)")
         _owned(request, sub)
@@ -388,6 +506,7 @@ class RsioHttp:
         if sub.state.state is State.OPEN:
             sub.state.request(n)
             sub.source.request(n)
+            sub.drained.set()
             sub.touch()
         return web.Response(status=200)
 
@@ -396,6 +515,12 @@ class RsioHttp:
     def _drop(self, sub: _Sub) -> None:
         if self.subs.get(sub.id) is sub:
             del self.subs[sub.id]
+            left = self.by_principal.get(sub.owner.name, 0) - 1
+            if left > 0:
+                self.by_principal[sub.owner.name] = left
+            else:
+                self.by_principal.pop(sub.owner.name, None)
+        sub.share.close()
         if sub.state.state is not State.FAILED:
             sub.state.cancel()
         sub.source.cancel()
@@ -410,7 +535,7 @@ class RsioHttp:
                 if not s.fetching and now - s.last_seen > self.settings.idle_seconds]  # fmt: skip
         for sub in idle:
             log.info("rsio-http subscription %s (%s): idle for %.0f s, cancelled", sub.id,
-                     sub.name, now - sub.last_seen)  # fmt: skip
+                     escaped(str(sub.name)), now - sub.last_seen)  # fmt: skip
             self._drop(sub)
         return len(idle)
 
@@ -433,6 +558,7 @@ class RsioHttp:
         for sub in list(self.subs.values()):
             sub.state.fail(503, "the hub is shutting down")
             sub.source.cancel()
+            sub.share.close()
             if sub.pump is not None:
                 sub.pump.cancel()
             sub.touch()
@@ -442,8 +568,11 @@ def _owned(request: web.Request, sub: _Sub) -> None:
     """A subscription answers the principal that made it only (its URL alone is no right):
     another one is refused, and the subscription carries on for its owner."""
     asker = principal(request)
-    if asker != sub.owner:
-        raise Forbidden(f"{asker} may not use subscription {sub.id} (it belongs to {sub.owner})")
+    if asker != sub.owner:  # (the owner is named in the log only, never to the asker)
+        connection_log(log, request.transport, "http").info(
+            "rsio-http subscription %s of %s: refused %s", sub.id, escaped(sub.owner.name),
+            escaped(asker.name))  # fmt: skip
+        raise Forbidden(f"{asker} may not use this subscription (another principal made it)")
 
 
 def _conditional(request: web.Request) -> web.Response | None:

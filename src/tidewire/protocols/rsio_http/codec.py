@@ -49,24 +49,26 @@ class BadRequest(TidewireError, ValueError):
 
 
 def parse_count(text: str, what: str = "request") -> int:
-    """A demand count: decimal digits only, 0 to 2**63-1."""
+    """A demand count: decimal digits only, 0 to 2**63-1. The refusal never quotes ``text``
+    (a URL's query is where a careless client puts a token; nothing of it is echoed)."""
     if not _DIGITS.fullmatch(text):
-        raise BadRequest(f"{what}={text[:40]!r}: not a count (decimal digits, 0 to 2^63-1)")
+        raise BadRequest(f"{what}= is not a count (decimal digits, 0 to 2^63-1)")
     value = int(text)
     if value > MAX_DEMAND:
-        raise BadRequest(f"{what}={text}: over 2^63-1")
+        raise BadRequest(f"{what}= is over 2^63-1")
     return value
 
 
 def split_query(raw_query: str) -> tuple[str, int]:
     """``raw_query`` (still percent-encoded) without its ``request`` argument, and that
-    argument's value (0 when absent). Every argument must be ``name=value`` (the seed)."""
+    argument's value (0 when absent). Every argument must be ``name=value`` (the seed). A
+    refusal names no argument's text (see :func:`parse_count`)."""
     kept = []
     demand: int | None = None
-    for param in raw_query.split("&") if raw_query else ():
+    for number, param in enumerate(raw_query.split("&") if raw_query else (), 1):
         name, eq, value = param.partition("=")
         if not eq or not name:
-            raise BadRequest(f"the query argument {param[:40]!r} is not name=value")
+            raise BadRequest(f"query argument {number} is not name=value")
         if name == "request":
             if demand is not None:
                 raise BadRequest("request= given twice")
