@@ -394,14 +394,40 @@ def test_a_message_on_a_channel_the_acl_does_not_allow_is_refused(
     run(main())
 
 
+def test_with_an_acl_plain_tcp_is_refused_unless_the_operator_allows_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without TLS a remote's UUID proves nothing: with an ACL, every connection is refused
+    (no handshake response; an error at start says why and what to set)."""
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, acl='[principal.anonymous]\nread = ["*"]\n') as s:
+            remote = await Remote.open(s.port, subscriptions=["public.news"])
+            try:
+                remote.conn.initiate()
+                remote.flush()
+                await remote.closed()
+                assert remote.received == b""
+            finally:
+                remote.close()
+        assert "tolliver.allow_plaintext = true" in caplog.text
+        assert "refused: an ACL is configured and this listener has no TLS" in caplog.text
+
+    run(main())
+
+
 def test_the_acl_applies_to_anonymous_remotes_over_plain_tcp(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """With ``tolliver.allow_plaintext`` (the operator's explicit choice), remotes come in
+    over plain TCP as ``anonymous``."""
     caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
     acl = '[principal.anonymous]\nread = ["public.*"]\nwrite = ["carry-on"]\n'
 
     async def main() -> None:
-        async with tolliver_hub(tmp_path, acl=acl) as s:
+        async with tolliver_hub(tmp_path, acl=acl,
+                                settings=TolliverSettings(allow_plaintext=True)) as s:
             ok = await Remote.open(s.port, subscriptions=["public.news"])
             try:
                 await ok.handshake()

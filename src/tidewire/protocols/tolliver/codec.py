@@ -258,6 +258,7 @@ class Decoder:
         self._rx = ReceiveBuffer(self.limits.buffer_limit)
         self._dead: RemoteProtocolError | None = None
         self._names: dict[bytes, str] = {}  # channel and key bytes -> str, recently seen
+        self._frames = 0
 
     def _name(self, raw: bytes, what: str) -> str:
         name = self._names.get(raw)
@@ -275,6 +276,25 @@ class Decoder:
     def buffered(self) -> int:
         """Bytes received and not parsed yet (at most ``limits.buffer_limit``)."""
         return self._rx.buffered
+
+    @property
+    def declared(self) -> int:
+        """The size of the frame being received, as far as it is known: a message's whole
+        frame once its 17-byte header is in (its declared lengths), else the bytes buffered
+        (a handshake's size is known only entry by entry). 0: nothing unfinished. Constant
+        time: the adapter checks it against its memory budget after every read, before the
+        rest of a declared body is waited for."""
+        buf, pos = self._rx.view()
+        buffered = len(buf) - pos
+        if buffered >= _MSG.size and buf[pos] == 3:
+            _, clen, klen, blen, _ = _MSG.unpack_from(buf, pos)
+            return max(buffered, _MSG.size + int(clen) + int(klen) + int(blen))
+        return buffered
+
+    @property
+    def frames(self) -> int:
+        """Frames parsed so far (an adapter tells from it that a new frame has begun)."""
+        return self._frames
 
     @property
     def names_cached(self) -> int:
@@ -303,6 +323,7 @@ class Decoder:
             self._rx.clear()
             raise
         rx.advance_to(end)
+        self._frames += 1
         return frame
 
     def _parse(self, buf: bytes | bytearray, pos: int) -> tuple[Frame, int]:
