@@ -47,6 +47,7 @@ import logging
 import ssl
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ from ..observe.throttle import LogThrottle
 from ..protocols.tolliver import Message, Role
 from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener
+from .tolliver_ledger import GroupedRecords
 from .tolliver_link import MAX_UNACKED, HubLink
 from .tolliver_offsets import RemoteOffsets
 from .tolliver_origins import Origins
@@ -70,6 +72,7 @@ log = logging.getLogger("tidewire.tolliver")
 STATE_STREAM = "_tidewire.tolliver"
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
+ANNOUNCE_SLICE = 256  # changes of the hub's list told to one remote per turn of the loop
 OFFSETS_PER_CHANNEL = 4  # offsets kept: at most max_channels times this (RemoteOffsets)
 MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
@@ -220,6 +223,8 @@ class TolliverServer:
         self.tasks: set[asyncio.Task[None]] = set()
         self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
         self.pinned: set[str] = set()  # channels the operator wants (connect): kept
+        self._announcements: deque[tuple[list[tuple[str, str]], int]] = deque()
+        self._announcing: asyncio.Task[None] | None = None
         self.kept = RemoteOffsets(self.settings.max_subscriptions,
                                   self.settings.max_channels * OFFSETS_PER_CHANNEL,
                                   self.settings.remote_retention_seconds)  # fmt: skip
@@ -235,6 +240,7 @@ class TolliverServer:
         self._reserving = False
         self.instance = uuid7()
         self.state = hub.ledger(STATE_STREAM)  # the UUID, the remotes' offsets, the ids kept
+        self.records = GroupedRecords(self.state)  # (appended in groups: one per loop turn)
         self._load()
 
     def peers(self) -> tuple[str, list[TolliverPeer]]:
@@ -284,8 +290,9 @@ class TolliverServer:
         if self._needs_instance:
             await self._record({"instance": str(self.instance)})
         for peer, channel in self._stale:  # (else a later record of the remote revives them)
-            await self._record({"remote": str(peer), "channel": channel, "drop": True})
+            self._record_later({"remote": str(peer), "channel": channel, "drop": True})
         self._stale.clear()
+        await self.records.wait()
         if self.plaintext_refused:
             log.error("tolliver: an ACL is configured and the Tolliver listener has no TLS: "
                       "every connection to it is refused (a remote's instance UUID would prove "
@@ -388,27 +395,37 @@ class TolliverServer:
         self.wanted |= new
         self._tell(sorted(new), 0)
 
-    def _unlist(self, channel: str) -> None:
-        """No remote follows ``channel`` any more: the hub unsubscribes from it."""
-        if channel in self.pinned or (channel, "") not in self.wanted:
-            return
-        self.wanted.discard((channel, ""))
-        self._tell([(channel, "")], 1)
+    def _unlist(self, channels: list[str]) -> None:
+        """No remote follows ``channels`` any more: the hub unsubscribes from them."""
+        gone = [(c, "") for c in channels if c not in self.pinned and (c, "") in self.wanted]
+        if gone:
+            self.wanted.difference_update(gone)
+            self._tell(gone, 1)
 
     def _tell(self, subscriptions: list[tuple[str, str]], op: int) -> None:
-        for link in list(self.links):
-            if link.refused:
-                continue
-            for channel, key in subscriptions:
-                if not link.shows(channel):
-                    continue
-                if link.conn.established:
-                    link.conn.subscribe(channel, key, op=op)
-                elif op == 0:
-                    link.conn.subscriptions.add((channel, key))
-                else:
-                    link.conn.subscriptions.discard((channel, key))
-            link.flush()
+        """Tell every remote (those that may see them) that the hub subscribes (``op`` 0) or
+        unsubscribes (1): in the background, ``ANNOUNCE_SLICE`` entries for one remote per
+        turn of the event loop (a thousand channels times every remote at once would stall
+        it; a change told late only means an instance sends the hub a channel a little
+        later, and the next handshake carries the whole list anyway)."""
+        self._announcements.append((subscriptions, op))
+        if self._announcing is None:
+            self._announcing = asyncio.create_task(self._announce())
+
+    async def _announce(self) -> None:
+        try:
+            while self._announcements:
+                subscriptions, op = self._announcements.popleft()
+                for link in list(self.links):
+                    for at in range(0, len(subscriptions), ANNOUNCE_SLICE):
+                        if link.refused or link.lost:
+                            break
+                        part = subscriptions[at : at + ANNOUNCE_SLICE]
+                        link.conn.subscribe_many([s for s in part if link.shows(s[0])], op=op)
+                        link.flush()
+                        await asyncio.sleep(0)
+        finally:
+            self._announcing = None
 
     # ------------------------------------------------------------------ remotes' offsets
 
@@ -417,44 +434,68 @@ class TolliverServer:
         offsets on others are forgotten, and the hub lists these (within ``max_channels``)."""
         now = self.wall()
         self.kept.seen[peer] = now
-        for key in self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer):
-            self._forget(key)
+        self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
         self._list(channels)
 
-    def first_offset(self, key: tuple[uuid.UUID, str], start: int) -> asyncio.Future[None]:
-        """A remote's first offset on a channel, on its way to the ledger (delivery waits for
-        it: a hub restarted, even killed, later resumes the remote there)."""
-        self.kept.add(key, start)
-        self._list((key[1],))
-        for old in self.kept.excess(self.by_peer):
-            self._forget(old)
-        return asyncio.ensure_future(self._keep_offset(key, start))
+    def first_offsets(self, keys: list[tuple[tuple[uuid.UUID, str], int]]
+                      ) -> asyncio.Future[None]:  # fmt: skip
+        """A remote's first offsets on channels (``(key, start)``), on their way to the
+        ledger, in one group (delivery waits for it: a hub restarted, even killed, later
+        resumes the remote there); the future never fails (a failure is logged)."""
+        for key, start in keys:
+            self.kept.add(key, start)
+        self._list(key[1] for key, _ in keys)
+        self._forget(self.kept.excess(self.by_peer))
+        now = self.wall()
+        done = None
+        for (peer, channel), start in keys:
+            done = self.records.add({"remote": str(peer), "channel": channel, "next": start,
+                                     "at": now})  # fmt: skip
+        kept: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def _forget(self, key: tuple[uuid.UUID, str]) -> None:
-        """Forget a remote's offset on a channel, in the ledger too; a channel no remote
-        follows any more leaves the hub's list."""
-        if key not in self.kept.next:
-            return
-        handle = self._dirty.pop(key, None)
-        if handle is not None:
-            handle.cancel()
-        if self.kept.forget(key):
-            self._unlist(key[1])
-        self.spawn(self._record_quietly({"remote": str(key[0]), "channel": key[1],
-                                         "drop": True}))  # fmt: skip
+        def settle(group: asyncio.Future[None]) -> None:
+            if not group.cancelled() and (exc := group.exception()) is not None:
+                log.warning("tolliver: %d first offset(s) not kept: %s", len(keys), exc)
+            if not kept.done():
+                kept.set_result(None)
+
+        if done is None:
+            kept.set_result(None)
+        else:
+            done.add_done_callback(settle)
+        return kept
+
+    def _forget(self, keys: list[tuple[uuid.UUID, str]]) -> None:
+        """Forget remotes' offsets on channels, in the ledger too; a channel no remote follows
+        any more leaves the hub's list (told to the remotes at once, for all of them)."""
+        unlisted = []
+        for key in keys:
+            if key not in self.kept.next:
+                continue
+            handle = self._dirty.pop(key, None)
+            if handle is not None:
+                handle.cancel()
+            if self.kept.forget(key):
+                unlisted.append(key[1])
+            self._record_later({"remote": str(key[0]), "channel": key[1], "drop": True})
+        self._unlist(unlisted)
 
     def left(self, peer: uuid.UUID) -> None:
         """``peer``'s connection ended: when it was last seen is kept (its retention runs
         from then)."""
         self.kept.seen[peer] = now = self.wall()
         if peer in self.kept.by_remote:
-            self.spawn(self._record_quietly({"remote": str(peer), "at": now}))
+            self._record_later({"remote": str(peer), "at": now})
 
-    async def _record_quietly(self, record: dict[str, object]) -> None:
-        try:
-            await self._record(record)
-        except TidewireError as exc:  # (a full disk: the next load may revive an offset)
-            log.warning("tolliver: %s not kept: %s", record, exc)
+    def _record_later(self, record: dict[str, object]) -> None:
+        """Queue ``record``; a failure is logged (a full disk: the next load may revive an
+        offset dropped, or forget a remote's last visit sooner)."""
+
+        def settle(group: asyncio.Future[None]) -> None:
+            if not group.cancelled() and (exc := group.exception()) is not None:
+                log.warning("tolliver: %s not kept: %s", record, exc)
+
+        self.records.add(record).add_done_callback(settle)
 
     def remember(self, peer: uuid.UUID, channel: str, next_id: int) -> None:
         """A remote's new offset for a channel: kept in the hub's stream, at most every
@@ -493,7 +534,7 @@ class TolliverServer:
         task.add_done_callback(self.tasks.discard)
 
     async def _record(self, record: dict[str, object]) -> None:
-        await self.state.record(record)
+        await self.records.add(record)
 
     @property
     def port(self) -> int:
@@ -511,6 +552,8 @@ class TolliverServer:
 
     async def close(self) -> None:
         self.listener.close()
+        if self._announcing is not None:
+            self._announcing.cancel()
         for link in list(self.links):
             if link.transport is not None:
                 link.transport.close()
@@ -520,6 +563,7 @@ class TolliverServer:
             self._save(key)
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.records.wait()
 
 
 async def start_tolliver_server(

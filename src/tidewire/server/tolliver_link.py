@@ -77,6 +77,7 @@ DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
 RESEND_BACKOFF = 2.0  # each resend of one delivery waits twice as long as the last ...
 RESEND_MAX_INTERVAL = 60.0  # ... at most this long (seconds)
+FOLLOW_SLICE = 16  # channel deliveries made per turn of the event loop
 
 
 class ChannelDelivery:
@@ -166,6 +167,10 @@ class HubLink(Link):
         self.room.set()
         self._since: float | None = None  # loop time the frame being received began
         self.channels: dict[str, ChannelDelivery] = {}
+        # channels followed whose delivery is not made yet: name -> (start, first offset kept);
+        # made FOLLOW_SLICE per turn of the event loop (a thousand at once would stall it)
+        self._to_follow: dict[str, tuple[int, asyncio.Future[None] | None]] = {}
+        self._following: asyncio.Task[None] | None = None
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
         self.peer = "?"  # the socket's address
         self.log = connection_log(log, None, "tolliver")
@@ -229,8 +234,15 @@ class HubLink(Link):
         if peer is not None and self.server.by_peer.get(peer) is self:
             del self.server.by_peer[peer]
             self.server.left(peer)
-        for channel in self.channels.values():
-            channel.stop()
+        self._to_follow.clear()
+        if self._following is not None:
+            self._following.cancel()
+        deliveries, self.channels = list(self.channels.values()), {}
+        if len(deliveries) <= FOLLOW_SLICE:
+            for delivery in deliveries:
+                delivery.stop()
+        else:  # (a thousand tasks cancelled at once would all run in one turn of the loop)
+            self.server.spawn(_stop_all(deliveries))
 
     # ------------------------------------------------------------------ access
 
@@ -352,7 +364,7 @@ class HubLink(Link):
             self._acked(acks)
         for channel, messages in arrived.items():
             self._hold(sum(len(m.body) for m in messages))
-            if channel in self.channels:  # (its own messages are not delivered back to it)
+            if self.follows(channel):  # (its own messages are not delivered back to it)
                 self._storing.setdefault(channel, [0, 0])[0] += 1
                 self.server.spawn(self._store_counted(channel, messages))
             else:
@@ -367,27 +379,50 @@ class HubLink(Link):
         for name in list(self.channels):
             if name not in channels:
                 self.channels.pop(name).stop()
+        for name in list(self._to_follow):
+            if name not in channels:
+                del self._to_follow[name]
         peer = self.conn.peer
         assert peer is not None
-        valid = set()
-        for name in channels:
-            try:
-                valid.add(validate_stream_name(name))
-            except TidewireError:
-                continue  # (a remote the hub dialed): no stream can have that name
+        valid = channels  # (vetted: stream names)
+        if self.dialed:  # (not vetted: the operator's choice)
+            valid = set()
+            for name in channels:
+                try:
+                    valid.add(validate_stream_name(name))
+                except TidewireError:
+                    continue  # no stream can have that name
         self.server.follows(peer, valid)
-        for name in valid - set(self.channels):
-            key = (peer, name)
-            known = self.server.offsets.get(key)
-            start = known or self.starts.get(name, 1)
-            kept = None
-            if known is None:
-                # A remote's first subscription to a channel: its offset is kept at once, and
-                # nothing is delivered before, so that a hub restarted (even killed) later
-                # resumes it there; else it would start over where the stream then stands,
-                # and what was stored while it was away would never reach it.
-                kept = self.server.first_offset(key, start)
-            self.channels[name] = ChannelDelivery(self, name, start, kept)
+        new = sorted(valid - set(self.channels) - set(self._to_follow))
+        # A remote's first subscription to a channel: its offset is kept at once (one group
+        # for all), and nothing is delivered before, so that a hub restarted (even killed)
+        # later resumes it there; else it would start over where the stream then stands, and
+        # what was stored while it was away would never reach it.
+        first = [((peer, n), self.starts.get(n, 1)) for n in new
+                 if (peer, n) not in self.server.offsets]  # fmt: skip
+        kept = self.server.first_offsets(first) if first else None
+        for name in new:
+            start = self.server.offsets.get((peer, name)) or self.starts.get(name, 1)
+            self._to_follow[name] = (start, kept)
+        if self._to_follow and self._following is None:
+            self._following = asyncio.create_task(self._make_deliveries())
+
+    async def _make_deliveries(self) -> None:
+        """Make the deliveries of the channels followed, ``FOLLOW_SLICE`` per turn of the event
+        loop. (Where each starts was fixed when the connection came, so making it a little
+        later loses nothing: the seed's rule holds.)"""
+        try:
+            while self._to_follow and not self.lost:
+                for name in list(self._to_follow)[:FOLLOW_SLICE]:
+                    start, kept = self._to_follow.pop(name)
+                    self.channels[name] = ChannelDelivery(self, name, start, kept)
+                await asyncio.sleep(0)
+        finally:
+            self._following = None
+
+    def follows(self, channel: str) -> bool:
+        """Whether the remote follows ``channel`` (its delivery made, or to be made)."""
+        return channel in self.channels or channel in self._to_follow
 
     def deliver(self, channel: ChannelDelivery, batches: list[Batch]) -> None:
         """The events of ``batches`` (stream ``channel.channel``) as reliable messages, those
@@ -510,7 +545,7 @@ class HubLink(Link):
     def _came(self, channel: str, stored: Batch) -> None:
         """Remember that ``stored`` came from this remote, if it follows ``channel``."""
         peer = self.conn.peer
-        if peer is not None and channel in self.channels:
+        if peer is not None and self.follows(channel):
             self.server.origins.came(peer, channel, stored.first_id, stored.last_id)
 
     async def _store_counted(self, channel: str, messages: list[Message]) -> None:
@@ -542,6 +577,14 @@ class HubLink(Link):
     def busy(self) -> bool:
         """Messages read and not yet stored and acked."""
         raise NotImplementedError
+
+
+async def _stop_all(deliveries: list[ChannelDelivery]) -> None:
+    """Stop ``deliveries``, ``FOLLOW_SLICE`` per turn of the event loop."""
+    for at in range(0, len(deliveries), FOLLOW_SLICE):
+        for delivery in deliveries[at : at + FOLLOW_SLICE]:
+            delivery.stop()
+        await asyncio.sleep(0)
 
 
 def utf8_key(key: bytes | None) -> bytes:

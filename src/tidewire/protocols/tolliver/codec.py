@@ -38,6 +38,7 @@ __all__ = [
     "Message",
     "SubscriptionEntry",
     "encode",
+    "encode_control",
     "encode_entry",
     "encode_message",
     "parse_entry",
@@ -165,6 +166,16 @@ def encode_entry(entry: SubscriptionEntry, out: bytearray | None = None) -> byte
     out += channel
     out += key
     return out
+
+
+_CONTROL = CONTROL_CHANNEL.encode()
+
+
+def encode_control(op: int, channel: bytes, key: bytes) -> bytes:
+    """A subscription change as its message frame (unreliable, on the reserved channel, no
+    key; the body one entry) from encoded names."""
+    body = b"".join((_ENTRY.pack(op, len(channel), len(key)), channel, key))
+    return encode_message(_CONTROL, b"", body, UNRELIABLE)
 
 
 def encode_message(channel: bytes, key: bytes, body: bytes, message_id: int) -> bytes:

@@ -49,6 +49,7 @@ from .codec import (
     SubscriptionEntry,
     check_name,
     encode,
+    encode_control,
     encode_entry,
     encode_message,
     parse_entry,
@@ -246,6 +247,24 @@ class Connection:
         if self.established:
             body = bytes(encode_entry(entry))
             self._out += encode(Message(CONTROL_CHANNEL, "", body, UNRELIABLE))
+
+    def subscribe_many(self, subscriptions: Iterable[tuple[str, str]], *, op: int = 0) -> None:
+        """:meth:`subscribe` (``op`` 0) or unsubscribe (1) each ``(channel, key)``, in one go
+        (the hub telling every remote about many channels: no object per entry)."""
+        if op not in (0, 1):
+            raise LocalProtocolError("a subscription entry's op is 0 (sub) or 1 (unsub)")
+        frames = []
+        for channel, key in subscriptions:
+            if channel == CONTROL_CHANNEL:
+                raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
+            raw_channel, raw_key = check_name("channel", channel), check_name("key", key)
+            if op == 0:
+                self.subscriptions.add((channel, key))
+            else:
+                self.subscriptions.discard((channel, key))
+            if self.established:
+                frames.append(encode_control(op, raw_channel, raw_key))
+        self._out += b"".join(frames)
 
     def unsubscribe(self, channel: str, key: str = "") -> None:
         self.subscribe(channel, key, op=1)

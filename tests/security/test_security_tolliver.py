@@ -34,9 +34,11 @@ from tidewire.protocols.tolliver import (
     Acked,
     Closed,
     Connection,
+    Decoder,
     Established,
     Event,
     HandshakeRequest,
+    HandshakeResponse,
     Limits,
     Message,
     Received,
@@ -691,5 +693,113 @@ def test_a_remote_that_never_reads_gets_nothing_more_and_is_dropped(
             finally:
                 deaf.close()
                 other.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- issue 20: real hubs
+#
+# Each attack runs against a real ``tidewire serve`` (tests/security/harness.py) with small
+# memory budgets, a well-behaved RS.io client alongside (the bystander), and asserts that the
+# attacker was refused or bounded, the hub's peak RSS stayed within a bound derived from the
+# budget, and the bystander saw no stall over BYSTANDER_MAX_STALL_S.
+
+MiB = 1024 * 1024
+SMALL_BUDGET: dict[str, object] = {
+    "memory.budget_bytes": 64 * MiB,
+    "memory.principal_bytes": 32 * MiB,
+    "memory.connection_bytes": 16 * MiB,
+}
+# what the hub costs at rest plus its budget and the log's own caches: what an attack may not pass
+RSS_BOUND = 400 * MiB
+ATTACK_SECONDS = 60.0  # every attack is bounded in time (asyncio.timeout)
+
+
+def entries(names: Iterable[str]) -> tuple[SubscriptionEntry, ...]:
+    return tuple(SubscriptionEntry(0, name) for name in names)
+
+
+def request(instance: uuid.UUID, names: Iterable[str]) -> bytes:
+    """A handshake request's bytes (made before an attack starts: the test's process shares
+    its CPU with the bystander's thread)."""
+    return bytes(encode(HandshakeRequest(1, instance, entries(names))))
+
+
+async def answered(port: int, data: bytes, *, tls: ssl.SSLContext | None = None) -> bool:
+    """Send ``data`` (a handshake request): whether the hub answered before closing."""
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
+    try:
+        writer.write(data)
+        try:
+            return bool(await reader.read(65536))
+        except (ConnectionError, ssl.SSLError):
+            return False
+    finally:
+        writer.close()
+
+
+async def response_to(port: int, data: bytes, *, tls: ssl.SSLContext | None = None
+                      ) -> HandshakeResponse | None:  # fmt: skip
+    """Send ``data`` (a handshake request); the hub's response, or ``None`` if it closed
+    without one."""
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
+    try:
+        writer.write(data)
+        decoder = Decoder(Limits())
+        while True:
+            try:
+                chunk = await reader.read(1 << 20)
+            except (ConnectionError, ssl.SSLError):
+                chunk = b""
+            if not chunk:
+                return None
+            decoder.feed(chunk)
+            if isinstance(frame := decoder.next_frame(), HandshakeResponse):
+                return frame
+    finally:
+        writer.close()
+
+
+def test_one_remote_cannot_poison_the_hubs_subscription_list(tmp_path: Path) -> None:
+    """The issue's attack: an instance with ``read`` on one glob subscribes to thousands of
+    channels, 4,000-byte names included, over many connections and UUIDs. Names that are not
+    stream names are refused before the hub follows them; each remote's channels replace its
+    earlier ones (the hub forgets an offset on a channel it stops following); the hub's own
+    list stays within ``tolliver.max_channels``, so a new instance's handshake still works."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    acl = ('[principal.anonymous]\nread = ["glob.*", "bystander.*"]\n'
+           'write = ["glob.*", "bystander.*"]\n')  # fmt: skip
+    settings = {**SMALL_BUDGET, "tolliver.allow_plaintext": True, "tolliver.max_channels": 1500}
+
+    long_names = request(uuid7(), (f"glob.{i:04d}" + "x" * 3990 for i in range(200)))
+    one = uuid7()  # one UUID, a new thousand channels each time; then more UUIDs
+    rounds = [request(one, (f"glob.r{r}.c{i}" for i in range(1000))) for r in range(4)]
+    rounds += [request(uuid7(), (f"glob.u{u}.c{i}" for i in range(1000))) for u in range(3)]
+
+    async def attack(port: int) -> int:
+        refused = 0
+        for _ in range(5):  # 4,000-byte names: refused, no response
+            refused += not await answered(port, long_names)
+        for data in rounds:
+            assert await answered(port, data)
+        return refused
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings, acl=acl) as hub:
+            async with asyncio.timeout(ATTACK_SECONDS):
+                refused, report = await asyncio.gather(attack(hub.tolliver_port),
+                                                       bystander(hub, 3.0))  # fmt: skip
+                response = await response_to(hub.tolliver_port, request(uuid7(), ()))
+            assert refused == 5
+            assert response is not None
+            names = [e.channel for e in response.subscriptions]
+            assert 1000 <= len(names) <= 1500
+            assert all(name.startswith("glob.") and len(name) < 256 for name in names)
+            assert not any(name.startswith("glob.r0.") for name in names)  # forgotten
+            assert "not a stream name" in hub.log_text()
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
 
     run(main())
