@@ -49,6 +49,7 @@ from tidewire.protocols.tolliver import (
 from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.tolliver import TolliverServer, TolliverSettings, start_tolliver_server
 from tidewire.tolliver import Delivery, Instance, uuid7
+from tidewire.tolliver.store import Store
 
 if TYPE_CHECKING:
     from certs import Pki
@@ -798,6 +799,123 @@ def test_one_remote_cannot_poison_the_hubs_subscription_list(tmp_path: Path) -> 
             assert all(name.startswith("glob.") and len(name) < 256 for name in names)
             assert not any(name.startswith("glob.r0.") for name in names)  # forgotten
             assert "not a stream name" in hub.log_text()
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
+
+    run(main())
+
+
+def test_a_certificate_cannot_take_over_another_instances_uuid(pki: Pki, tmp_path: Path) -> None:
+    """The issue's takeover: a connection that claims a connected instance's UUID. Over TLS
+    (with an ACL, Tolliver refuses plain TCP unless the operator allows it) a certificate
+    names its instance: the attacker's own valid certificate, claiming the victim's UUID, is
+    refused before any response, every time, and the victim keeps its session and what is
+    delivered to it."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    import tidewire
+
+    store = Store.open(str(tmp_path / "victim.db"))  # (the victim's UUID, for the ACL)
+    victim, attacker = store.instance, uuid7()
+    store.close()
+    acl = (f'[principal."cert:{victim}"]\nread = ["news"]\n'
+           f'[principal."cert:{attacker}"]\nread = ["news"]\n'
+           '[principal.anonymous]\nread = ["bystander.*"]\nwrite = ["bystander.*", "news"]\n')
+    # (only Tolliver speaks TLS: the bystander's RS.io is plain TCP)
+    settings = {**SMALL_BUDGET, "rsio.tls": False, "http.tls": False, "seguro.tls": False}
+    tries = 20
+
+    async def attack(port: int) -> int:
+        refused = 0
+        for _ in range(tries):
+            claim = await Remote.open(port, ssl=certified(pki, attacker), instance=victim,
+                                      subscriptions=["news"])  # fmt: skip
+            claim.conn.initiate()
+            claim.flush()
+            await claim.closed()
+            claim.close()
+            refused += claim.received == b""
+        return refused
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings, acl=acl, pki=pki) as hub:
+            hub.scheme_tls = False
+            owner = Instance(str(tmp_path / "victim.db"))
+            owner.subscribe("news")
+            try:
+                async with asyncio.timeout(ATTACK_SECONDS):
+                    await owner.connect(HOST, hub.tolliver_port, ssl=certified(pki, victim))
+                    refused, report = await asyncio.gather(attack(hub.tolliver_port),
+                                                           bystander(hub, 2.0))  # fmt: skip
+                    async with await tidewire.connect(hub.rsio_url) as client:
+                        await client.publish("news", [b"still yours"])
+                    assert (await take(owner)).body == b"still yours"
+            finally:
+                await owner.close()
+            assert refused == tries
+            assert f"may not be instance {victim}" in hub.log_text()
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
+
+    run(main())
+
+
+def test_unacked_deliveries_are_bounded_by_bytes_and_resends_back_off(tmp_path: Path) -> None:
+    """The issue's remote that never acks: it reads everything the hub sends but acks
+    nothing. The hub delivers at most ``tolliver.max_unacked_bytes`` (plus one delivery per
+    channel read meanwhile) and then nothing new; what it resends backs off (1 s, then 2 s)
+    instead of coming every second."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    import tidewire
+
+    limit = 2 * MiB
+    settings = {**SMALL_BUDGET, "tolliver.max_unacked_bytes": limit}
+    channels = [f"flood.{i}" for i in range(4)]
+    value = 64 * 1024
+
+    async def fill(url: str) -> None:
+        async with await tidewire.connect(url) as client:
+            for channel in channels:
+                for _ in range(4):  # 4 MiB per channel
+                    await client.publish(channel, [bytes(value)] * 16)
+
+    async def attack(port: int, url: str, seconds: float) -> tuple[int, int, int]:
+        """(distinct messages, their body bytes, message frames received). A new remote starts
+        at the streams' end: they are filled once its handshake is answered."""
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(request(uuid7(), channels))
+        decoder, seen, nbytes, frames = Decoder(Limits()), set(), 0, 0
+        filling = None
+        try:
+            async with asyncio.timeout(seconds):
+                while data := await reader.read(1 << 20):
+                    decoder.feed(data)
+                    while (frame := decoder.next_frame()) is not None:
+                        if isinstance(frame, HandshakeResponse) and filling is None:
+                            filling = asyncio.create_task(fill(url))
+                        if isinstance(frame, Message) and frame.channel != "tolliver":
+                            frames += 1
+                            if frame.id not in seen:
+                                seen.add(frame.id)
+                                nbytes += len(frame.body)
+        except TimeoutError:
+            pass
+        finally:
+            writer.close()
+        assert filling is not None
+        await filling
+        return len(seen), nbytes, frames
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings) as hub:
+            async with asyncio.timeout(ATTACK_SECONDS):
+                (count, nbytes, frames), report = await asyncio.gather(
+                    attack(hub.tolliver_port, hub.rsio_url, 4.0), bystander(hub, 3.0))  # fmt: skip
+            assert MiB <= nbytes <= limit + len(channels) * (256 * 1024 + value)
+            assert frames <= 3 * count  # sent, resent after 1 s, after 2 s more: no more
             assert report.errors == []
             assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
             assert hub.peak_rss() < RSS_BOUND
