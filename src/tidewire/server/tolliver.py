@@ -11,7 +11,9 @@
 * Acks move the remote's offset for the channel (up to the lowest id still unacked), recorded at
   most every 0.1 s; on its next connection the remote gets again everything after the recorded
   offset: unacked deliveries (and at most 0.1 s of acked ones) are resent.
-  They are also resent every second while the connection lasts (the sans-IO machine's timer).
+  They are also resent while the connection lasts (the sans-IO machine's timer): after 1 s,
+  then each wait twice the last, at most ``RESEND_MAX_INTERVAL``; what awaits acks is at most
+  ``tolliver.max_unacked_bytes`` (and the connection's share of the memory budget).
 * The hub subscribes to every channel (all keys) that a remote follows (connected, or away with
   its offset kept), so instances send it their messages on those channels, at most
   ``tolliver.max_channels`` of them (the handshake every remote must take); a channel no remote
@@ -37,7 +39,11 @@ delivered to a remote that does not read (its socket's buffer above the high-wat
 the guard drops it after ``limits.write_stall_seconds``; a remote whose messages wait for the
 log (more than the ingest path's ``max_pending_bytes``, ``MAX_PENDING_BYTES`` by default) is not
 read meanwhile. Messages are stored through the hub's ingest path (:mod:`tidewire.hub.ingest`,
-one pipeline per link): acks go out in the order the messages came.
+one pipeline per link): acks go out in the order the messages came. With an ACL and no TLS
+every connection is refused unless ``tolliver.allow_plaintext`` (a UUID over plain TCP proves
+nothing); each connection's frames, bodies on their way to the log and unacked deliveries are
+charged to its share of the hub's memory budget (docs/protocols/tolliver.md, "Identity",
+"Memory and deadlines").
 """
 
 from __future__ import annotations
