@@ -53,7 +53,6 @@ import logging
 import ssl
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +67,7 @@ from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener
 from .tolliver_ledger import GroupedRecords
 from .tolliver_link import MAX_UNACKED, HubLink
+from .tolliver_list import HubList
 from .tolliver_offsets import RemoteOffsets
 from .tolliver_origins import Origins
 
@@ -78,7 +78,6 @@ log = logging.getLogger("tidewire.tolliver")
 STATE_STREAM = "_tidewire.tolliver"
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
-ANNOUNCE_SLICE = 256  # changes of the hub's list told to one remote per turn of the loop
 OFFSETS_PER_CHANNEL = 4  # offsets kept: at most max_channels times this (RemoteOffsets)
 MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
@@ -227,10 +226,9 @@ class TolliverServer:
         hub.metrics.listeners.append(self.listener)
         hub.metrics.tolliver = self.peers
         self.tasks: set[asyncio.Task[None]] = set()
-        self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
-        self.pinned: set[str] = set()  # channels the operator wants (connect): kept
-        self._announcements: deque[tuple[list[tuple[str, str]], int]] = deque()
-        self._announcing: asyncio.Task[None] | None = None
+        self.listed = HubList(self.settings.max_channels, self.links, self.access,
+                              self.refusals)  # fmt: skip
+        self.wanted = self.listed.wanted  # the hub's own subscriptions
         self.kept = RemoteOffsets(self.settings.max_subscriptions,
                                   self.settings.max_channels * OFFSETS_PER_CHANNEL,
                                   self.settings.remote_retention_seconds)  # fmt: skip
@@ -290,7 +288,7 @@ class TolliverServer:
         # The channels remotes followed: the hub keeps taking messages on them for remotes that
         # are away (their offsets say where they resume); within max_channels.
         for channel in sorted(self.kept.refs)[: self.settings.max_channels]:
-            self.wanted.add((channel, ""))
+            self.wanted.add((channel, ""))  # (no remote is connected yet: none to tell)
 
     async def start(self, host: str, port: int) -> None:
         if self._needs_instance:
@@ -382,56 +380,7 @@ class TolliverServer:
     def want(self, channels: set[str]) -> None:
         """Subscribe the hub to ``channels`` (every key) for as long as it runs (the
         operator's choice: :meth:`connect`), telling every connected remote."""
-        self.pinned |= channels
-        self._list(channels)
-
-    def _list(self, channels: Iterable[str]) -> None:
-        """Add ``channels`` to the hub's own subscriptions, within ``max_channels`` (every
-        remote must be able to take the hub's handshake), telling the connected remotes that
-        may see them."""
-        new = {(c, "") for c in channels} - self.wanted
-        room = self.settings.max_channels - len(self.wanted)
-        if len(new) > room:
-            self.refusals.log(log, logging.WARNING, "tolliver: the hub follows %d channels "
-                              "already (tolliver.max_channels); not %d more", len(self.wanted),
-                              len(new) - room)  # fmt: skip
-            new = set(sorted(new)[: max(0, room)])
-        if not new:
-            return
-        self.wanted |= new
-        self._tell(sorted(new), 0)
-
-    def _unlist(self, channels: list[str]) -> None:
-        """No remote follows ``channels`` any more: the hub unsubscribes from them."""
-        gone = [(c, "") for c in channels if c not in self.pinned and (c, "") in self.wanted]
-        if gone:
-            self.wanted.difference_update(gone)
-            self._tell(gone, 1)
-
-    def _tell(self, subscriptions: list[tuple[str, str]], op: int) -> None:
-        """Tell every remote (those that may see them) that the hub subscribes (``op`` 0) or
-        unsubscribes (1): in the background, ``ANNOUNCE_SLICE`` entries for one remote per
-        turn of the event loop (a thousand channels times every remote at once would stall
-        it; a change told late only means an instance sends the hub a channel a little
-        later, and the next handshake carries the whole list anyway)."""
-        self._announcements.append((subscriptions, op))
-        if self._announcing is None:
-            self._announcing = asyncio.create_task(self._announce())
-
-    async def _announce(self) -> None:
-        try:
-            while self._announcements:
-                subscriptions, op = self._announcements.popleft()
-                for link in list(self.links):
-                    for at in range(0, len(subscriptions), ANNOUNCE_SLICE):
-                        if link.refused or link.lost:
-                            break
-                        part = subscriptions[at : at + ANNOUNCE_SLICE]
-                        link.conn.subscribe_many([s for s in part if link.shows(s[0])], op=op)
-                        link.flush()
-                        await asyncio.sleep(0)
-        finally:
-            self._announcing = None
+        self.listed.pin(channels)
 
     # ------------------------------------------------------------------ remotes' offsets
 
@@ -441,7 +390,7 @@ class TolliverServer:
         now = self.wall()
         self.kept.seen[peer] = now
         self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
-        self._list(channels)
+        self.listed.add(channels)
 
     def first_offsets(self, keys: list[tuple[tuple[uuid.UUID, str], int]]
                       ) -> asyncio.Future[None]:  # fmt: skip
@@ -450,7 +399,7 @@ class TolliverServer:
         resumes the remote there); the future never fails (a failure is logged)."""
         for key, start in keys:
             self.kept.add(key, start)
-        self._list(key[1] for key, _ in keys)
+        self.listed.add(key[1] for key, _ in keys)
         self._forget(self.kept.excess(self.by_peer))
         now = self.wall()
         done = None
@@ -484,7 +433,7 @@ class TolliverServer:
             if self.kept.forget(key):
                 unlisted.append(key[1])
             self._record_later({"remote": str(key[0]), "channel": key[1], "drop": True})
-        self._unlist(unlisted)
+        self.listed.remove(unlisted)
 
     def left(self, peer: uuid.UUID) -> None:
         """``peer``'s connection ended: when it was last seen is kept (its retention runs
@@ -558,8 +507,7 @@ class TolliverServer:
 
     async def close(self) -> None:
         self.listener.close()
-        if self._announcing is not None:
-            self._announcing.cancel()
+        self.listed.close()
         for link in list(self.links):
             if link.transport is not None:
                 link.transport.close()

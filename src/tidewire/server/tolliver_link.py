@@ -161,7 +161,7 @@ class HubLink(Link):
                                     resend_backoff=RESEND_BACKOFF,
                                     resend_max_interval=RESEND_MAX_INTERVAL),
                          server.clock)  # fmt: skip
-        self.share: Share = server.hub.budget.share()  # (rebound in connection_made)
+        self.share: Share  # (its account in the hub's budget: made in connection_made)
         # deliveries may go out: the unacked ones leave room in max_unacked_bytes and the share
         self.room = asyncio.Event()
         self.room.set()
@@ -206,13 +206,12 @@ class HubLink(Link):
         self.cert_name = certificate_name(cert)
         self.principal = certificate_principal(cert) or ANONYMOUS
         self.log.context.principal = self.principal.name
-        self.share.label = self.peer
-        self.share.rebind(self.principal.name)
+        self.share = self.server.hub.budget.share(self.principal.name, self.peer)
         self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
         self.server.links.add(self)
         # the hub's own subscriptions, those this principal may see (before a dialed link's
         # handshake request, in super().connection_made, is written with them)
-        self.conn.subscriptions = {sub for sub in self.server.wanted if self.shows(sub[0])}
+        self.conn.subscriptions = self.server.listed.shown(self)
         super().connection_made(transport)
         if not self.dialed and self.server.plaintext_refused:
             self._refuse(f"an ACL is configured and this listener has no TLS, so {self.principal}"
