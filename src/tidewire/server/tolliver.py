@@ -386,11 +386,14 @@ class TolliverServer:
 
     def follows(self, peer: uuid.UUID, channels: set[str]) -> None:
         """``peer`` follows ``channels`` now (stream names, at most ``max_subscriptions``): its
-        offsets on others are forgotten, and the hub lists these (within ``max_channels``)."""
+        offsets on others are forgotten, and the hub lists those it has offsets on (within
+        ``max_channels``; the others with their first offsets, :meth:`first_offsets`)."""
         now = self.wall()
         self.kept.seen[peer] = now
         self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
-        self.listed.add(channels)
+        # (the channels new to it are listed with their first offsets, as its deliveries are
+        # made: one that leaves before leaves nothing behind)
+        self.listed.add(c for c in channels if c in self.kept.refs)
 
     def first_offsets(self, keys: list[tuple[tuple[uuid.UUID, str], int]]
                       ) -> asyncio.Future[None]:  # fmt: skip

@@ -167,9 +167,9 @@ class HubLink(Link):
         self.room.set()
         self._since: float | None = None  # loop time the frame being received began
         self.channels: dict[str, ChannelDelivery] = {}
-        # channels followed whose delivery is not made yet: name -> (start, first offset kept);
+        # channels followed whose delivery is not made yet (in order; the values are unused):
         # made FOLLOW_SLICE per turn of the event loop (a thousand at once would stall it)
-        self._to_follow: dict[str, tuple[int, asyncio.Future[None] | None]] = {}
+        self._to_follow: dict[str, None] = {}
         self._following: asyncio.Task[None] | None = None
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
         self.peer = "?"  # the socket's address
@@ -392,28 +392,30 @@ class HubLink(Link):
                 except TidewireError:
                     continue  # no stream can have that name
         self.server.follows(peer, valid)
-        new = sorted(valid - set(self.channels) - set(self._to_follow))
-        # A remote's first subscription to a channel: its offset is kept at once (one group
-        # for all), and nothing is delivered before, so that a hub restarted (even killed)
-        # later resumes it there; else it would start over where the stream then stands, and
-        # what was stored while it was away would never reach it.
-        first = [((peer, n), self.starts.get(n, 1)) for n in new
-                 if (peer, n) not in self.server.offsets]  # fmt: skip
-        kept = self.server.first_offsets(first) if first else None
-        for name in new:
-            start = self.server.offsets.get((peer, name)) or self.starts.get(name, 1)
-            self._to_follow[name] = (start, kept)
+        for name in sorted(valid - set(self.channels) - set(self._to_follow)):
+            self._to_follow[name] = None
         if self._to_follow and self._following is None:
-            self._following = asyncio.create_task(self._make_deliveries())
+            self._following = asyncio.create_task(self._make_deliveries(peer))
 
-    async def _make_deliveries(self) -> None:
+    async def _make_deliveries(self, peer: uuid.UUID) -> None:
         """Make the deliveries of the channels followed, ``FOLLOW_SLICE`` per turn of the event
         loop. (Where each starts was fixed when the connection came, so making it a little
-        later loses nothing: the seed's rule holds.)"""
+        later loses nothing: the seed's rule holds.)
+
+        A remote's first subscription to a channel: its offset is kept at once (one ledger
+        group per slice), and nothing is delivered before, so that a hub restarted (even
+        killed) later resumes it there; else it would start over where the stream then
+        stands, and what was stored while it was away would never reach it."""
+        offsets, starts = self.server.offsets, self.starts
         try:
             while self._to_follow and not self.lost:
-                for name in list(self._to_follow)[:FOLLOW_SLICE]:
-                    start, kept = self._to_follow.pop(name)
+                names = list(self._to_follow)[:FOLLOW_SLICE]
+                for name in names:
+                    del self._to_follow[name]
+                first = [((peer, n), starts.get(n, 1)) for n in names if (peer, n) not in offsets]
+                kept = self.server.first_offsets(first) if first else None
+                for name in names:
+                    start = offsets.get((peer, name)) or starts.get(name, 1)
                     self.channels[name] = ChannelDelivery(self, name, start, kept)
                 await asyncio.sleep(0)
         finally:
