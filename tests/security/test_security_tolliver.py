@@ -921,3 +921,54 @@ def test_unacked_deliveries_are_bounded_by_bytes_and_resends_back_off(tmp_path: 
             assert hub.peak_rss() < RSS_BOUND
 
     run(main())
+
+
+def test_after_a_restart_the_hubs_list_is_still_within_its_bound(tmp_path: Path) -> None:
+    """The issue's restart: remotes fill the hub's list (and its ledger of offsets) up to
+    ``tolliver.max_channels`` and beyond; the hub restarts on the same data; the list it
+    rebuilds is still within the bound, so instances are still accepted (until issue 20 it
+    exceeded the handshake's 65,536 entries and every instance was refused)."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    most = 1500
+    settings = {**SMALL_BUDGET, "tolliver.max_channels": most,
+                "data_dir": str(tmp_path / "data")}  # fmt: skip
+    remotes = [request(uuid7(), (f"r{r}.c{i}" for i in range(1000))) for r in range(3)]
+
+    async def fill(port: int) -> int:
+        """Connect the remotes, and keep them until the hub lists ``most`` channels."""
+        held = [await asyncio.open_connection(HOST, port) for _ in remotes]
+        try:
+            for (_, writer), data in zip(held, remotes, strict=True):
+                writer.write(data)
+            while True:
+                response = await response_to(port, request(uuid7(), ()))
+                assert response is not None
+                if len(response.subscriptions) >= most:
+                    return len(response.subscriptions)
+                await asyncio.sleep(0.05)
+        finally:
+            for _, writer in held:
+                writer.close()
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings) as hub:
+            async with asyncio.timeout(ATTACK_SECONDS):
+                assert await fill(hub.tolliver_port) == most
+        with real_hub(tmp_path, settings=settings) as hub:
+            instance = Instance(str(tmp_path / "after.db"))
+            try:
+                async with asyncio.timeout(ATTACK_SECONDS):
+                    await instance.connect(HOST, hub.tolliver_port)
+                    response, report = await asyncio.gather(
+                        response_to(hub.tolliver_port, request(uuid7(), ())),
+                        bystander(hub, 1.0))  # fmt: skip
+            finally:
+                await instance.close()
+            assert response is not None
+            assert 0 < len(response.subscriptions) <= most
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
+
+    run(main())
