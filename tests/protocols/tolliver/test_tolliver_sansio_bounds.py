@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from tidewire.protocols.tolliver import (
     CONTROL_CHANNEL,
     UNRELIABLE,
@@ -16,6 +18,7 @@ from tidewire.protocols.tolliver import (
     Message,
     Role,
     SubscriptionEntry,
+    codec,
     encode,
     parse_entry,
 )
@@ -122,3 +125,27 @@ def test_subscribe_many_is_subscribe_for_each() -> None:
                                                     (SubscriptionEntry(0, "z"),))))  # fmt: skip
     assert parse_entry(bytes([0, 0, 0, 0, 1, 0, 0, 0, 0]) + b"z", Limits()).channel == "z"
     assert CONTROL_CHANNEL == "tolliver"
+
+
+def test_a_handshake_in_many_pieces_is_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its entries are walked by their length fields as the pieces come and decoded once it
+    is all in: not decoded again from the start at every piece (quadratic in the pieces)."""
+    entries = tuple(SubscriptionEntry(0, f"channel.{i}", "k" * (i % 7)) for i in range(1000))
+    request = HandshakeRequest(1, uuid.uuid4(), entries)
+    data = bytes(encode(request))
+    decoded = []
+    real = codec._entry
+
+    def counted(buf: bytes | bytearray, pos: int, limits: Limits) -> tuple[SubscriptionEntry, int]:
+        decoded.append(pos)
+        return real(buf, pos, limits)
+
+    monkeypatch.setattr(codec, "_entry", counted)
+    decoder = Decoder(Limits())
+    frames = []
+    for at in range(0, len(data), 64):
+        decoder.feed(data[at : at + 64])
+        while (frame := decoder.next_frame()) is not None:
+            frames.append(frame)
+    assert frames == [request]
+    assert len(decoded) == 1000

@@ -270,6 +270,9 @@ class Decoder:
         self._dead: RemoteProtocolError | None = None
         self._names: dict[bytes, str] = {}  # channel and key bytes -> str, recently seen
         self._frames = 0
+        # a handshake coming in pieces: (entries walked, offset from the frame's start) of its
+        # length fields, kept between calls so that no piece makes it walk from the start again
+        self._walked = (0, 0)
 
     def _name(self, raw: bytes, what: str) -> str:
         name = self._names.get(raw)
@@ -335,7 +338,31 @@ class Decoder:
             raise
         rx.advance_to(end)
         self._frames += 1
+        self._walked = (0, 0)
         return frame
+
+    def _walk(self, buf: bytes | bytearray, start: int, first: int, count: int) -> None:
+        """Walk a handshake's entries by their length fields (checking each as it comes),
+        from where the last call stopped; :class:`_NeedData` until all ``count`` are in. So a
+        handshake that comes in many pieces is walked once and decoded once, not decoded
+        again from its start at every piece (a quadratic cost a peer could ask for)."""
+        walked, offset = self._walked
+        at = start + offset if walked else first
+        limits = self.limits
+        while walked < count:
+            if len(buf) < at + _ENTRY.size:
+                self._walked = (walked, at - start)
+                raise _NeedData
+            op, clen, klen = _ENTRY.unpack_from(buf, at)
+            if op not in (0, 1):
+                raise RemoteProtocolError(f"subscription op {op} (0 sub, 1 unsub)")
+            if clen > limits.max_name_bytes or klen > limits.max_name_bytes:
+                raise RemoteProtocolError(f"a channel or key over {limits.max_name_bytes} bytes")
+            end = at + _ENTRY.size + clen + klen
+            if len(buf) < end:
+                self._walked = (walked, at - start)
+                raise _NeedData
+            walked, at = walked + 1, end
 
     def _parse(self, buf: bytes | bytearray, pos: int) -> tuple[Frame, int]:
         if pos >= len(buf):
@@ -374,6 +401,7 @@ class Decoder:
             if count > limits.max_subscriptions:
                 raise RemoteProtocolError(f"{count} subscriptions in a handshake, over "
                                           f"{limits.max_subscriptions}")  # fmt: skip
+            self._walk(buf, pos - 1, pos + head, count)  # (_NeedData until it is all in)
             pos += head
             entries = []
             for _ in range(count):
