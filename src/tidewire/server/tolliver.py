@@ -389,8 +389,9 @@ class TolliverServer:
         offsets on others are forgotten, and the hub lists those it has offsets on (within
         ``max_channels``; the others with their first offsets, :meth:`first_offsets`)."""
         now = self.wall()
-        self.kept.seen[peer] = now
         self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
+        if channels:
+            self.kept.seen[peer] = now
         # (the channels new to it are listed with their first offsets, as its deliveries are
         # made: one that leaves before leaves nothing behind)
         self.listed.add(c for c in channels if c in self.kept.refs)
@@ -441,8 +442,8 @@ class TolliverServer:
     def left(self, peer: uuid.UUID) -> None:
         """``peer``'s connection ended: when it was last seen is kept (its retention runs
         from then)."""
-        self.kept.seen[peer] = now = self.wall()
         if peer in self.kept.by_remote:
+            self.kept.seen[peer] = now = self.wall()
             self._record_later({"remote": str(peer), "at": now})
 
     def _record_later(self, record: dict[str, object]) -> None:

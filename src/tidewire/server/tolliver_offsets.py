@@ -42,7 +42,9 @@ class RemoteOffsets:
         self.next: dict[Key, int] = {}  # (remote, channel) -> the next event id it gets
         self.refs: Counter[str] = Counter()  # channel -> remotes with an offset on it
         self.by_remote: dict[uuid.UUID, set[str]] = {}
-        self.seen: dict[uuid.UUID, float] = {}  # remote -> last seen (``now``'s time base)
+        # remote -> last seen (``now``'s time base), for the remotes with offsets only (so
+        # that remotes passing by, each with a new UUID, leave nothing behind)
+        self.seen: dict[uuid.UUID, float] = {}
         self._pruned_at = float("-inf")
 
     def load(self, records: Iterable[Mapping[str, Any]], now: float) -> list[Key]:
@@ -73,6 +75,7 @@ class RemoteOffsets:
         for key in self.excess(()):
             self.forget(key)
             stale.append(key)
+        self.seen = {peer: at for peer, at in self.seen.items() if peer in self.by_remote}
         return stale
 
     def add(self, key: Key, next_id: int) -> None:
@@ -90,8 +93,9 @@ class RemoteOffsets:
         channels = self.by_remote.get(peer)
         if channels is not None:
             channels.discard(channel)
-            if not channels:
+            if not channels:  # (a remote is remembered only while it has offsets)
                 del self.by_remote[peer]
+                self.seen.pop(peer, None)
         self.refs[channel] -= 1
         if self.refs[channel] > 0:
             return False
