@@ -78,6 +78,7 @@ log = logging.getLogger("tidewire.tolliver")
 STATE_STREAM = "_tidewire.tolliver"
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
+MAX_COUNTED = 4096  # remotes whose resends are counted past their connections, at least
 OFFSETS_PER_CHANNEL = 4  # offsets kept: at most max_channels times this (RemoteOffsets)
 MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
@@ -434,10 +435,21 @@ class TolliverServer:
             handle = self._dirty.pop(key, None)
             if handle is not None:
                 handle.cancel()
+            self.origins.forget(*key)
             if self.kept.forget(key):
                 unlisted.append(key[1])
             self._record_later({"remote": str(key[0]), "channel": key[1], "drop": True})
         self.listed.remove(unlisted)
+
+    def count_resends(self, peer: uuid.UUID, resends: int) -> None:
+        """Add a closed connection's resends to ``peer``'s count (the metrics'). Kept for the
+        remotes the hub remembers (connected, or with offsets): past ``MAX_COUNTED`` remotes,
+        the others' are dropped (remotes passing by with new UUIDs leave nothing behind)."""
+        self.resends[peer] = self.resends.get(peer, 0) + resends
+        if len(self.resends) > MAX_COUNTED:
+            for other in list(self.resends):
+                if other not in self.by_peer and other not in self.kept.by_remote:
+                    del self.resends[other]
 
     def left(self, peer: uuid.UUID) -> None:
         """``peer``'s connection ended: when it was last seen is kept (its retention runs

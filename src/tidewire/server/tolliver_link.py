@@ -229,7 +229,7 @@ class HubLink(Link):
         self.server.links.discard(self)
         peer = self.conn.peer
         if peer is not None:  # (the metrics' counter lives on across connections)
-            self.server.resends[peer] = self.server.resends.get(peer, 0) + self.conn.resends
+            self.server.count_resends(peer, self.conn.resends)
         if peer is not None and self.server.by_peer.get(peer) is self:
             del self.server.by_peer[peer]
             self.server.left(peer)

@@ -41,6 +41,10 @@ class Origins:
         """``peer``'s runs in ``stream`` (``None``: none; see :func:`within`)."""
         return self._runs.get((peer, stream))
 
+    def forget(self, peer: uuid.UUID, stream: str) -> None:
+        """``peer`` no longer follows ``stream``: its runs there are dropped."""
+        self._runs.pop((peer, stream), None)
+
     def passed(self, peer: uuid.UUID, stream: str, next_id: int) -> None:
         """``peer`` will never be delivered an event of ``stream`` below ``next_id`` again."""
         runs = self._runs.get((peer, stream))
