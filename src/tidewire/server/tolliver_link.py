@@ -330,8 +330,8 @@ class HubLink(Link):
                     if not self._vet():
                         return
                     old = self.server.by_peer.get(peer)
-                    if (old is not None and old is not self and not old.dialed
-                            and not self.dialed and old.principal != self.principal):
+                    both_vetted = old is not None and not (old.dialed or self.dialed)
+                    if both_vetted and old is not None and old.principal != self.principal:
                         self._refuse(f"{self.principal} may not take over instance {peer}, "
                                      f"connected as {old.principal}")  # fmt: skip
                         return
