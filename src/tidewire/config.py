@@ -113,6 +113,17 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "tube.max_message_bytes": (int, 128 * 1024 * 1024, "largest Tube message, after inflation"),
     "tolliver.max_message_bytes": (int, 16 * 1024 * 1024, "largest Tolliver message body"),
     "tolliver.max_subscriptions": (int, 1024, "subscriptions one Tolliver remote may hold"),
+    # -- Tolliver, issue 20 (channels, unacked bytes, identity)
+    "tolliver.max_channels": (int, 16384,
+                              "channels the hub's own Tolliver subscription list holds at most"),
+    "tolliver.max_unacked_bytes": (int, 32 * 1024 * 1024,
+                                   "deliveries awaiting one Tolliver remote's acks, in bytes"),
+    "tolliver.remote_retention_seconds": (float, 30 * 86400.0,
+                                          "a Tolliver remote away this long: its offsets are "
+                                          "forgotten"),
+    "tolliver.allow_plaintext": (bool, False,
+                                 "with an ACL, accept Tolliver remotes without TLS (as "
+                                 "anonymous)"),
     "log.segment_bytes": (int, 128 * 1024 * 1024, "roll a segment past this size"),
     "log.index_interval_bytes": (int, 4096, "bytes of records between sparse-index entries"),
     "log.retention_bytes": (int, -1, "keep at least this many bytes per stream (-1 = no limit)"),
@@ -283,6 +294,10 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "tube.max_message_bytes": (1024, 2**31),
     "tolliver.max_message_bytes": (1024, 2**31 - 1),
     "tolliver.max_subscriptions": (1, 2**20),
+    # -- Tolliver, issue 20
+    "tolliver.max_channels": (1, 65536),
+    "tolliver.max_unacked_bytes": (4096, 2**40),
+    "tolliver.remote_retention_seconds": (1, 10**10),
     "log.max_pending_bytes": (1, 2**62),
     "log.recent_bytes": (0, 2**62),
     "log.inline_commit_bytes": (0, 2**30),

@@ -326,21 +326,21 @@ def test_a_request_on_an_established_connection_is_answered_and_replaces_subscri
 
 
 def test_remotes_cannot_make_the_hub_unreachable_with_subscriptions(tmp_path: Path) -> None:
-    """Each remote stays within the limits; together they ask for 65537 channels. (Names that
-    are no stream names, so that the hub follows none of them and the test stays fast; with
-    stream names, one handshake of 65536 costs the hub seconds of its event loop.)"""
+    """Each remote stays within its limits; together they ask for more channels than
+    ``max_channels``: the hub lists at most that many (every remote must be able to take its
+    handshake: a decoder takes 65536 entries), and a new instance still connects. (Small
+    numbers, so that the test stays fast: the bound is what matters.)"""
 
     async def main() -> None:
         hub = Hub.open(str(tmp_path / "hub"))
-        # (the protocol's own bound, above the listener's default tolliver.max_subscriptions)
-        settings = TolliverSettings(max_subscriptions=LIMITS.max_subscriptions)
+        settings = TolliverSettings(max_subscriptions=300, max_channels=256)
         server = await start_tolliver_server(hub, HOST, 0, settings)
         first, second = await Raw.open(server.port), await Raw.open(server.port)
         instance = Instance(str(tmp_path / "late.db"))
         try:
-            await first.handshake(*(SubscriptionEntry(0, f"s {i}")
-                                    for i in range(LIMITS.max_subscriptions)))  # fmt: skip
-            await second.handshake(SubscriptionEntry(0, "one more"))
+            await first.handshake(*(SubscriptionEntry(0, f"s.{i}") for i in range(300)))
+            await second.handshake(SubscriptionEntry(0, "one.more"))
+            await until(lambda: len(server.wanted) == 256)  # (deliveries made in slices)
             async with asyncio.timeout(5):
                 assert await instance.connect(HOST, server.port) == server.instance
         finally:
@@ -351,3 +351,31 @@ def test_remotes_cannot_make_the_hub_unreachable_with_subscriptions(tmp_path: Pa
             await hub.close()
 
     run(main())
+
+
+def test_a_channel_that_is_not_a_stream_name_is_refused_before_the_hub_follows_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subscription to a channel no stream can be named (whitespace, over 255 bytes) is
+    refused before the handshake response (Tolliver's refusal: a log line, then the close),
+    and the hub's own list does not get it."""
+
+    async def main() -> None:
+        hub = Hub.open(str(tmp_path / "hub"))
+        server = await start_tolliver_server(hub, HOST, 0)
+        try:
+            for name in ("s 1", "x" * 4000):
+                raw = await Raw.open(server.port)
+                await raw.send(frame(HandshakeRequest(1, uuid.uuid4(),
+                                                      (SubscriptionEntry(0, name),))))  # fmt: skip
+                async with asyncio.timeout(5):
+                    assert await raw.reader.read() == b""  # no response: closed
+                raw.close()
+            assert server.wanted == set()
+        finally:
+            await server.close()
+            await hub.close()
+
+    with caplog.at_level(logging.WARNING, "tidewire.tolliver"):
+        run(main())
+    assert "refused: a subscription to a channel that is not a stream name" in caplog.text

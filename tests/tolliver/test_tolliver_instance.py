@@ -132,3 +132,34 @@ def test_a_reconnect_replaces_the_stale_connection(tmp_path: Path) -> None:
             await b.close()
 
     run(main())
+
+
+def test_an_instance_may_back_off_its_resends(tmp_path: Path) -> None:
+    """``resend_backoff`` (issue 20): what a remote leaves unacked is resent after 1 s, then
+    after 2 s, 4 s ... (the hub's way), instead of every second; by the instance's clock."""
+
+    async def main() -> None:
+        now = [0.0]
+        a = Instance(str(tmp_path / "a.db"), resend_backoff=2.0, resend_max_interval=4.0,
+                     clock=lambda: now[0])  # fmt: skip
+        b = Instance(str(tmp_path / "b.db"))
+        b.subscribe("x")
+        try:
+            port = await b.listen()
+            await a.connect("127.0.0.1", port)
+            await until(lambda: bool(a.links) and next(iter(a.links.values())).conn.established)
+            await a.send("x", "", b"held")  # b's application never takes it: never acked
+            link = next(iter(a.links.values()))
+            resent = []
+            for second in range(1, 12):
+                now[0] = float(second)
+                before = link.conn.resends
+                a.handle_timer()
+                if link.conn.resends > before:
+                    resent.append(second)
+            assert resent == [1, 3, 7, 11]  # waits of 1, 2, 4, then 4 (the most)
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main())

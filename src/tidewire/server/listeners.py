@@ -122,7 +122,11 @@ def tolliver_settings(config: ServerConfig) -> TolliverSettings:
     """The Tolliver listener's bounds from the ``tolliver.*`` settings."""
     v = config.values
     return TolliverSettings(max_message_bytes=int(v["tolliver.max_message_bytes"]),
-                            max_subscriptions=int(v["tolliver.max_subscriptions"]))  # fmt: skip
+                            max_subscriptions=int(v["tolliver.max_subscriptions"]),
+                            max_channels=int(v["tolliver.max_channels"]),
+                            max_unacked_bytes=int(v["tolliver.max_unacked_bytes"]),
+                            remote_retention_seconds=float(v["tolliver.remote_retention_seconds"]),
+                            allow_plaintext=bool(v["tolliver.allow_plaintext"]))  # fmt: skip
 
 
 def seguro_limits(config: ServerConfig) -> SeguroLimits:

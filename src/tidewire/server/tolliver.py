@@ -11,9 +11,15 @@
 * Acks move the remote's offset for the channel (up to the lowest id still unacked), recorded at
   most every 0.1 s; on its next connection the remote gets again everything after the recorded
   offset: unacked deliveries (and at most 0.1 s of acked ones) are resent.
-  They are also resent every second while the connection lasts (the sans-IO machine's timer).
-* The hub subscribes to every channel (all keys) that any remote subscribes to, so instances
-  send it their messages on those channels; it never unsubscribes (**decision**).
+  They are also resent while the connection lasts (the sans-IO machine's timer): after 1 s,
+  then each wait twice the last, at most ``RESEND_MAX_INTERVAL``; what awaits acks is at most
+  ``tolliver.max_unacked_bytes`` (and the connection's share of the memory budget).
+* The hub subscribes to every channel (all keys) that a remote follows (connected, or away with
+  its offset kept), so instances send it their messages on those channels, at most
+  ``tolliver.max_channels`` of them (the handshake every remote must take); a channel no remote
+  follows any more is unsubscribed. A remote's offsets are kept for the channels it follows
+  (one it stops following is forgotten) and for ``tolliver.remote_retention_seconds`` after it
+  was last seen.
 * A new connection from a UUID that has one replaces the old one.
 * A remote never gets its own messages back (no echo), and :meth:`TolliverServer.connect`
   dials another hub; two hubs linked so relay nothing in a loop (docs/protocols/tolliver.md,
@@ -33,7 +39,11 @@ delivered to a remote that does not read (its socket's buffer above the high-wat
 the guard drops it after ``limits.write_stall_seconds``; a remote whose messages wait for the
 log (more than the ingest path's ``max_pending_bytes``, ``MAX_PENDING_BYTES`` by default) is not
 read meanwhile. Messages are stored through the hub's ingest path (:mod:`tidewire.hub.ingest`,
-one pipeline per link): acks go out in the order the messages came.
+one pipeline per link): acks go out in the order the messages came. With an ACL and no TLS
+every connection is refused unless ``tolliver.allow_plaintext`` (a UUID over plain TCP proves
+nothing); each connection's frames, bodies on their way to the log and unacked deliveries are
+charged to its share of the hub's memory budget (docs/protocols/tolliver.md, "Identity",
+"Memory and deadlines").
 """
 
 from __future__ import annotations
@@ -51,10 +61,15 @@ from ..hub import INGEST_DEFAULTS, Hub
 from ..hub.access import Access
 from ..model import Batch, TidewireError
 from ..observe.metrics import TolliverPeer
+from ..observe.throttle import LogThrottle
 from ..protocols.tolliver import Message, Role
 from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener
-from .tolliver_link import MAX_UNACKED, HubLink, Origins
+from .tolliver_ledger import GroupedRecords
+from .tolliver_link import MAX_UNACKED, HubLink
+from .tolliver_list import HubList
+from .tolliver_offsets import RemoteOffsets
+from .tolliver_origins import Origins
 
 __all__ = ["TolliverServer", "TolliverSettings", "start_tolliver_server"]
 
@@ -63,6 +78,8 @@ log = logging.getLogger("tidewire.tolliver")
 STATE_STREAM = "_tidewire.tolliver"
 OFFSET_INTERVAL = 0.1  # seconds between records of one remote's offset for one channel
 MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (Limits)
+MAX_COUNTED = 4096  # remotes whose resends are counted past their connections, at least
+OFFSETS_PER_CHANNEL = 4  # offsets kept: at most max_channels times this (RemoteOffsets)
 MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
 ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 
@@ -71,14 +88,27 @@ ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 class TolliverSettings:
     """A remote's bounds (settings ``tolliver.*``): a message body at most
     ``max_message_bytes``; at most ``max_subscriptions`` held at once (handshake entries and
-    later subscribes together). Over either: the connection is closed."""
+    later subscribes together); over either, the connection is closed. Deliveries awaiting
+    its acks at most ``max_unacked_bytes`` (then nothing new goes out until acks free room).
+    The hub's own subscriptions (told to every remote) at most ``max_channels`` (a remote's
+    decoder takes at most ``MAX_HUB_SUBSCRIPTIONS``); a remote's offsets are forgotten
+    ``remote_retention_seconds`` after it was last seen. With an ACL and no TLS every
+    connection is refused unless ``allow_plaintext``."""
 
     max_message_bytes: int = 16 * 1024 * 1024
     max_subscriptions: int = 1024
+    max_channels: int = 16384
+    max_unacked_bytes: int = 32 * 1024 * 1024
+    remote_retention_seconds: float = 30 * 86400.0
+    allow_plaintext: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_message_bytes <= 2**32 - 1 or self.max_subscriptions < 0:
             raise ValueError("max_message_bytes is a u32 and max_subscriptions >= 0")
+        if not 0 < self.max_channels <= MAX_HUB_SUBSCRIPTIONS:
+            raise ValueError(f"max_channels is 1..{MAX_HUB_SUBSCRIPTIONS}")
+        if self.max_unacked_bytes <= 0 or self.remote_retention_seconds <= 0:
+            raise ValueError("max_unacked_bytes and remote_retention_seconds are > 0")
 
 
 class _Link(HubLink):
@@ -94,8 +124,14 @@ class _Link(HubLink):
         self._quiet = False  # shutting down: never read again
 
     def _hold(self, nbytes: int) -> None:
-        """Bodies on their way to the log (the ingest path counts them)."""
+        """Bodies on their way to the log (the ingest path counts them; so does the share)."""
         self.ingest.hold(nbytes)
+        self.share.hold("ingest", self.ingest.pending_bytes)
+
+    def receiving_since(self) -> float | None:
+        """As :meth:`HubLink.receiving_since`, but ``None`` while the hub does not read the
+        socket (the log is behind): that wait is the hub's, not the remote's."""
+        return None if self._paused else super().receiving_since()
 
     def _ingest_paused(self, paused: bool) -> None:
         """The ingest path's signal. Bodies on their way to the log past its bound: the socket
@@ -106,6 +142,7 @@ class _Link(HubLink):
                 self.transport.pause_reading()
         elif self._paused and not self._quiet:
             self._paused = False
+            self.reading_resumed()
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
 
@@ -135,7 +172,10 @@ class _Link(HubLink):
             except BaseException:
                 self.ingest.release(nbytes)
                 raise
-            stored = await self.pipeline.append(batch, assign_ids=True, held=nbytes)
+            try:
+                stored = await self.pipeline.append(batch, assign_ids=True, held=nbytes)
+            finally:
+                self.share.hold("ingest", self.ingest.pending_bytes)
             self._came(channel, stored)
         except TidewireError as exc:
             self.log.warning("(%s) %d message(s) on %r refused: %s",
@@ -159,13 +199,21 @@ class TolliverServer:
         admission: Admission | None = None,
         tls: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """``clock``: the time base of resends (seconds; tests give a fake one and call a
-        link's ``handle_timer``)."""
+        link's ``handle_timer``); ``wall``: the time kept with a remote's offsets (seconds
+        since the epoch, for ``remote_retention_seconds`` across restarts)."""
         self.hub = hub
         self.clock = clock
+        self.wall = wall
         self.settings = settings or TolliverSettings()
         self.access = access if access is not None else Access()
+        # with an ACL, a remote without TLS is anonymous and its UUID proves nothing: refused
+        # unless the operator says otherwise (docs/protocols/tolliver.md, "Identity")
+        self.plaintext_refused = (tls is None and not self.access.open
+                                  and not self.settings.allow_plaintext)  # fmt: skip
+        self.refusals = LogThrottle(clock=clock)  # refusals' log lines, rate-limited
         self.listener = Listener(
             "tolliver",
             lambda: _Link(self),
@@ -174,13 +222,19 @@ class TolliverServer:
         )
         self.links: set[HubLink] = set()
         self.by_peer: dict[uuid.UUID, HubLink] = {}
-        self.offsets: dict[tuple[uuid.UUID, str], int] = {}
         self.resends: dict[uuid.UUID, int] = {}  # by remote, over its past connections
         self.origins = Origins()  # which events came from which remote: never echoed to it
         hub.metrics.listeners.append(self.listener)
         hub.metrics.tolliver = self.peers
         self.tasks: set[asyncio.Task[None]] = set()
-        self.wanted: set[tuple[str, str]] = set()  # the hub's own subscriptions
+        self.listed = HubList(self.settings.max_channels, self.links, self.access,
+                              self.refusals)  # fmt: skip
+        self.wanted = self.listed.wanted  # the hub's own subscriptions
+        self.kept = RemoteOffsets(self.settings.max_subscriptions,
+                                  self.settings.max_channels * OFFSETS_PER_CHANNEL,
+                                  self.settings.remote_retention_seconds)  # fmt: skip
+        self.offsets = self.kept.next  # (remote, channel) -> next event id it gets
+        self._stale: list[tuple[uuid.UUID, str]] = []  # offsets dropped at load: to record
         self._dirty: dict[tuple[uuid.UUID, str], asyncio.TimerHandle] = {}  # not yet kept
         # The ids of deliveries: one sequence for every remote and connection, never restarted
         # (reserved ahead in the state stream), so that (hub, id) names one delivery, as an
@@ -191,6 +245,7 @@ class TolliverServer:
         self._reserving = False
         self.instance = uuid7()
         self.state = hub.ledger(STATE_STREAM)  # the UUID, the remotes' offsets, the ids kept
+        self.records = GroupedRecords(self.state)  # (appended in groups: one per loop turn)
         self._load()
 
     def peers(self) -> tuple[str, list[TolliverPeer]]:
@@ -215,25 +270,39 @@ class TolliverServer:
         return str(self.instance), sorted(out.values(), key=lambda p: p.uuid)
 
     def _load(self) -> None:
-        """The hub's UUID and the remotes' offsets, from ``_tidewire.tolliver``."""
+        """The hub's UUID, the ids reserved and the remotes' offsets, from
+        ``_tidewire.tolliver`` (:class:`RemoteOffsets`: those past the retention or the
+        bounds are dropped, and recorded so at :meth:`start`); the hub's list is rebuilt
+        within ``max_channels``."""
         found = False
+        remotes = []
         for record in self.state.load():
             if "instance" in record:
                 self.instance = uuid.UUID(record["instance"])
                 found = True
             elif "ids" in record:  # the last reservation: start after it
                 self.next_message_id = int(record["ids"])
-            else:
-                key = (uuid.UUID(record["remote"]), record["channel"])
-                self.offsets[key] = max(self.offsets.get(key, 0), record["next"])
+            elif "remote" in record:
+                remotes.append(record)
         self._needs_instance = not found
+        self._stale = self.kept.load(remotes, self.wall())
         # The channels remotes followed: the hub keeps taking messages on them for remotes that
-        # are away (their offsets say where they resume).
-        self.wanted = {(channel, "") for _, channel in self.offsets}
+        # are away (their offsets say where they resume); within max_channels.
+        for channel in sorted(self.kept.refs)[: self.settings.max_channels]:
+            self.wanted.add((channel, ""))  # (no remote is connected yet: none to tell)
 
     async def start(self, host: str, port: int) -> None:
         if self._needs_instance:
             await self._record({"instance": str(self.instance)})
+        for peer, channel in self._stale:  # (else a later record of the remote revives them)
+            self._record_later({"remote": str(peer), "channel": channel, "drop": True})
+        self._stale.clear()
+        await self.records.wait()
+        if self.plaintext_refused:
+            log.error("tolliver: an ACL is configured and the Tolliver listener has no TLS: "
+                      "every connection to it is refused (a remote's instance UUID would prove "
+                      "nothing); set tls.cert_file and tls.ca_file, or tolliver.allow_plaintext "
+                      "= true to let remotes in as 'anonymous'")  # fmt: skip
         try:
             await self._reserve_block()
         except TidewireError as exc:  # (a full disk): the hub starts; deliveries wait
@@ -310,31 +379,102 @@ class TolliverServer:
             self._reserving = False
 
     def want(self, channels: set[str]) -> None:
-        """Subscribe the hub to ``channels`` (every key), telling every connected remote."""
-        new = {(c, "") for c in channels} - self.wanted
-        room = MAX_HUB_SUBSCRIPTIONS - len(self.wanted)
-        if len(new) > room:  # every remote must be able to take the hub's handshake
-            log.warning("tolliver: the hub follows %d channels already; not %d more",
-                        len(self.wanted), len(new) - room)  # fmt: skip
-            new = set(sorted(new)[: max(0, room)])
-        if not new:
-            return
-        self.wanted |= new
-        for link in list(self.links):
-            for channel, key in sorted(new):
-                if link.conn.established:
-                    link.conn.subscribe(channel, key)
-                else:
-                    link.conn.subscriptions.add((channel, key))
-            link.flush()
+        """Subscribe the hub to ``channels`` (every key) for as long as it runs (the
+        operator's choice: :meth:`connect`), telling every connected remote."""
+        self.listed.pin(channels)
+
+    # ------------------------------------------------------------------ remotes' offsets
+
+    def follows(self, peer: uuid.UUID, channels: set[str]) -> None:
+        """``peer`` follows ``channels`` now (stream names, at most ``max_subscriptions``): its
+        offsets on others are forgotten, and the hub lists those it has offsets on (within
+        ``max_channels``; the others with their first offsets, :meth:`first_offsets`)."""
+        now = self.wall()
+        self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
+        if channels:
+            self.kept.seen[peer] = now
+        # (the channels new to it are listed with their first offsets, as its deliveries are
+        # made: one that leaves before leaves nothing behind)
+        self.listed.add(c for c in channels if c in self.kept.refs)
+
+    def first_offsets(self, keys: list[tuple[tuple[uuid.UUID, str], int]]
+                      ) -> asyncio.Future[None]:  # fmt: skip
+        """A remote's first offsets on channels (``(key, start)``), on their way to the
+        ledger, in one group (delivery waits for it: a hub restarted, even killed, later
+        resumes the remote there); the future never fails (a failure is logged)."""
+        for key, start in keys:
+            self.kept.add(key, start)
+        self.listed.add(key[1] for key, _ in keys)
+        self._forget(self.kept.excess(self.by_peer))
+        now = self.wall()
+        done = None
+        for (peer, channel), start in keys:
+            done = self.records.add({"remote": str(peer), "channel": channel, "next": start,
+                                     "at": now})  # fmt: skip
+        kept: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(group: asyncio.Future[None]) -> None:
+            if not group.cancelled() and (exc := group.exception()) is not None:
+                log.warning("tolliver: %d first offset(s) not kept: %s", len(keys), exc)
+            if not kept.done():
+                kept.set_result(None)
+
+        if done is None:
+            kept.set_result(None)
+        else:
+            done.add_done_callback(settle)
+        return kept
+
+    def _forget(self, keys: list[tuple[uuid.UUID, str]]) -> None:
+        """Forget remotes' offsets on channels, in the ledger too; a channel no remote follows
+        any more leaves the hub's list (told to the remotes at once, for all of them)."""
+        unlisted = []
+        for key in keys:
+            if key not in self.kept.next:
+                continue
+            handle = self._dirty.pop(key, None)
+            if handle is not None:
+                handle.cancel()
+            self.origins.forget(*key)
+            if self.kept.forget(key):
+                unlisted.append(key[1])
+            self._record_later({"remote": str(key[0]), "channel": key[1], "drop": True})
+        self.listed.remove(unlisted)
+
+    def count_resends(self, peer: uuid.UUID, resends: int) -> None:
+        """Add a closed connection's resends to ``peer``'s count (the metrics'). Kept for the
+        remotes the hub remembers (connected, or with offsets): past ``MAX_COUNTED`` remotes,
+        the others' are dropped (remotes passing by with new UUIDs leave nothing behind)."""
+        self.resends[peer] = self.resends.get(peer, 0) + resends
+        if len(self.resends) > MAX_COUNTED:
+            for other in list(self.resends):
+                if other not in self.by_peer and other not in self.kept.by_remote:
+                    del self.resends[other]
+
+    def left(self, peer: uuid.UUID) -> None:
+        """``peer``'s connection ended: when it was last seen is kept (its retention runs
+        from then)."""
+        if peer in self.kept.by_remote:
+            self.kept.seen[peer] = now = self.wall()
+            self._record_later({"remote": str(peer), "at": now})
+
+    def _record_later(self, record: dict[str, object]) -> None:
+        """Queue ``record``; a failure is logged (a full disk: the next load may revive an
+        offset dropped, or forget a remote's last visit sooner)."""
+
+        def settle(group: asyncio.Future[None]) -> None:
+            if not group.cancelled() and (exc := group.exception()) is not None:
+                log.warning("tolliver: %s not kept: %s", record, exc)
+
+        self.records.add(record).add_done_callback(settle)
 
     def remember(self, peer: uuid.UUID, channel: str, next_id: int) -> None:
         """A remote's new offset for a channel: kept in the hub's stream, at most every
         ``OFFSET_INTERVAL`` seconds per remote and channel (a crash in between only means
         resending what was acked since)."""
         key = (peer, channel)
-        if next_id <= self.offsets.get(key, 0):
-            return
+        if key not in self.offsets or next_id <= self.offsets[key]:
+            return  # (forgotten: the remote stopped following the channel)
         self.offsets[key] = next_id
         self.origins.passed(peer, channel, next_id)
         if key not in self._dirty:
@@ -344,12 +484,14 @@ class TolliverServer:
 
     def _save(self, key: tuple[uuid.UUID, str]) -> None:
         self._dirty.pop(key, None)
-        self.spawn(self._keep_offset(key, self.offsets[key]))
+        if key in self.offsets:
+            self.spawn(self._keep_offset(key, self.offsets[key]))
 
     async def _keep_offset(self, key: tuple[uuid.UUID, str], next_id: int) -> None:
         peer, channel = key
         try:
-            await self._record({"remote": str(peer), "channel": channel, "next": next_id})
+            await self._record({"remote": str(peer), "channel": channel, "next": next_id,
+                                "at": self.wall()})  # fmt: skip
         except TidewireError as exc:
             # (A full disk, say.) A later ack keeps a newer offset; a restart before that only
             # resends what was acked since the last offset kept.
@@ -363,7 +505,7 @@ class TolliverServer:
         task.add_done_callback(self.tasks.discard)
 
     async def _record(self, record: dict[str, object]) -> None:
-        await self.state.record(record)
+        await self.records.add(record)
 
     @property
     def port(self) -> int:
@@ -381,6 +523,7 @@ class TolliverServer:
 
     async def close(self) -> None:
         self.listener.close()
+        self.listed.close()
         for link in list(self.links):
             if link.transport is not None:
                 link.transport.close()
@@ -390,6 +533,7 @@ class TolliverServer:
             self._save(key)
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.records.wait()
 
 
 async def start_tolliver_server(

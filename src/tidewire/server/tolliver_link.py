@@ -3,11 +3,21 @@
 (:class:`ChannelDelivery`); :mod:`tidewire.server.tolliver` is the hub's instance (state, ids,
 offsets, the listener) and the ingest of what remotes send.
 
-* **Vetting.** A remote's certificate must name the instance of its handshake; its principal
-  needs ``read`` on a channel to subscribe and ``write`` to send (docs/protocols/tolliver.md,
-  "Security and limits"). A remote the hub dialed itself (``role=CONNECTOR``) is trusted.
+* **Vetting.** A remote's certificate must name the instance of its handshake; a channel it
+  subscribes to must be a stream name; its principal needs ``read`` on a channel to subscribe
+  and ``write`` to send (docs/protocols/tolliver.md, "Security and limits"); with an ACL and
+  no TLS, nobody, unless ``tolliver.allow_plaintext``. A connection may not take over a UUID
+  that another principal's connection holds. A remote the hub dialed itself
+  (``role=CONNECTOR``) is trusted. The hub's own subscriptions it is shown are those it may
+  read or write.
+* **Memory.** Each connection has a :class:`~tidewire.hub.Share` of the hub's budget: the
+  frame being received (``"inbound"``, checked as declared by its header), bodies on their way
+  to the log (``"ingest"``), deliveries awaiting acks (``"unacked"``).
 * **Delivery.** Per channel the remote follows, a hub subscription on the stream, at most
-  ``MAX_UNACKED`` deliveries unacked; acks move the remote's offset.
+  ``MAX_UNACKED`` deliveries unacked; every channel together at most
+  ``tolliver.max_unacked_bytes`` (and the share's room): over it, nothing new is delivered until
+  acks free room; resends back off (1 s, doubling, at most ``RESEND_MAX_INTERVAL``). Acks move
+  the remote's offset.
 * **No echo.** Events that came from the remote itself are skipped (:class:`Origins`):
   docs/protocols/tolliver.md, "Echo and loops".
 """
@@ -15,13 +25,12 @@ offsets, the listener) and the ingest of what remotes send.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from ..hub import Subscription
+from ..hub import Share, Subscription
 from ..hub.access import (
     ANONYMOUS,
     Action,
@@ -45,6 +54,7 @@ from ..protocols.tolliver import (
 )
 from ..tolliver.link import HandshakeFailed, Link
 from .guard import established, peer_certificate
+from .tolliver_origins import within
 
 if TYPE_CHECKING:
     from .tolliver import TolliverServer
@@ -52,12 +62,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DELIVERY_BYTES",
     "MAX_UNACKED",
+    "RESEND_BACKOFF",
+    "RESEND_MAX_INTERVAL",
     "VERSION",
     "ChannelDelivery",
     "HubLink",
-    "Origins",
     "utf8_key",
-    "within",
 ]
 
 log = logging.getLogger("tidewire.tolliver")
@@ -65,47 +75,9 @@ log = logging.getLogger("tidewire.tolliver")
 VERSION = 1
 DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
-MAX_ORIGIN_RANGES = 256  # per remote and channel: runs of event ids it sent, not echoed to it
-MAX_EVENT_ID = 2**63 - 1
-
-
-class Origins:
-    """Which events came from which remote, so that none is delivered back to it (no echo):
-    per (remote, stream), runs ``(first, last)`` of event ids, ascending. Bounded: at most
-    ``MAX_ORIGIN_RANGES`` runs per remote and stream (the oldest forgotten first), and runs
-    below the remote's offset are dropped (:meth:`passed`: nothing below it is delivered
-    again). In memory: a restart forgets them (docs/protocols/tolliver.md, "Echo and
-    loops")."""
-
-    def __init__(self) -> None:
-        self._runs: dict[tuple[uuid.UUID, str], list[tuple[int, int]]] = {}
-
-    def __len__(self) -> int:
-        """How many (remote, stream) pairs have runs (for tests and the soak's bounds)."""
-        return len(self._runs)
-
-    def came(self, peer: uuid.UUID, stream: str, first: int, last: int) -> None:
-        """Events ``first..last`` of ``stream`` are messages from ``peer``."""
-        runs = self._runs.setdefault((peer, stream), [])
-        if runs and runs[-1][1] + 1 == first:
-            runs[-1] = (runs[-1][0], last)  # (a remote sending alone: one run)
-        else:
-            runs.append((first, last))
-            if len(runs) > MAX_ORIGIN_RANGES:
-                del runs[0]
-
-    def of(self, peer: uuid.UUID, stream: str) -> list[tuple[int, int]] | None:
-        """``peer``'s runs in ``stream`` (``None``: none; see :func:`within`)."""
-        return self._runs.get((peer, stream))
-
-    def passed(self, peer: uuid.UUID, stream: str, next_id: int) -> None:
-        """``peer`` will never be delivered an event of ``stream`` below ``next_id`` again."""
-        runs = self._runs.get((peer, stream))
-        if runs is not None:
-            while runs and runs[0][1] < next_id:
-                del runs[0]
-            if not runs:
-                del self._runs[(peer, stream)]
+RESEND_BACKOFF = 2.0  # each resend of one delivery waits twice as long as the last ...
+RESEND_MAX_INTERVAL = 60.0  # ... at most this long (seconds)
+FOLLOW_SLICE = 16  # channel deliveries made per turn of the event loop
 
 
 class ChannelDelivery:
@@ -133,10 +105,14 @@ class ChannelDelivery:
                 await self.kept
             while True:
                 await link.writable.wait()  # a remote that does not read gets nothing more
+                await link.room.wait()  # nor one whose unacked deliveries fill its share
                 await link.server.ids_ready.wait()  # (ids for one delivery: <= MAX_UNACKED)
                 if (batches := await self.sub.next()) is None:
                     break
                 await link.settled(self.channel)  # (so that its own messages are known)
+                # (read while another channel filled the room: it waits, one delivery per
+                # channel at most, until acks free room)
+                await link.room.wait()
                 link.deliver(self, batches)
                 link.flush()  # once per delivery, not per message
         except asyncio.CancelledError:
@@ -179,10 +155,22 @@ class HubLink(Link):
         settings = server.settings
         limits = Limits(max_body_bytes=settings.max_message_bytes,
                         max_subscriptions=settings.max_subscriptions)  # fmt: skip
-        super().__init__(Connection(role, server.instance, VERSION,
-                                    frozenset({VERSION}), set(server.wanted), limits=limits,
-                                    auto_ack=False), server.clock)  # fmt: skip
+        # (its subscriptions, the hub's own, are filled in once the principal is known)
+        super().__init__(Connection(role, server.instance, VERSION, frozenset({VERSION}),
+                                    set(), limits=limits, auto_ack=False,
+                                    resend_backoff=RESEND_BACKOFF,
+                                    resend_max_interval=RESEND_MAX_INTERVAL),
+                         server.clock)  # fmt: skip
+        self.share: Share  # (its account in the hub's budget: made in connection_made)
+        # deliveries may go out: the unacked ones leave room in max_unacked_bytes and the share
+        self.room = asyncio.Event()
+        self.room.set()
+        self._since: float | None = None  # loop time the frame being received began
         self.channels: dict[str, ChannelDelivery] = {}
+        # channels followed whose delivery is not made yet (in order; the values are unused):
+        # made FOLLOW_SLICE per turn of the event loop (a thousand at once would stall it)
+        self._to_follow: dict[str, None] = {}
+        self._following: asyncio.Task[None] | None = None
         self.starts: dict[str, int] = {}  # stream -> next id, when the connection came
         self.peer = "?"  # the socket's address
         self.log = connection_log(log, None, "tolliver")
@@ -212,37 +200,58 @@ class HubLink(Link):
         return self.muted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
         self.log = connection_log(log, transport, "tolliver")
         self.peer = self.log.context.peer
         cert = peer_certificate(transport)
         self.cert_name = certificate_name(cert)
         self.principal = certificate_principal(cert) or ANONYMOUS
         self.log.context.principal = self.principal.name
+        self.share = self.server.hub.budget.share(self.principal.name, self.peer)
         self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
         self.server.links.add(self)
+        # the hub's own subscriptions, those this principal may see (before a dialed link's
+        # handshake request, in super().connection_made, is written with them)
+        self.conn.subscriptions = self.server.listed.shown(self)
+        super().connection_made(transport)
+        if not self.dialed and self.server.plaintext_refused:
+            self._refuse(f"an ACL is configured and this listener has no TLS, so {self.principal}"
+                         " proves nothing (set tls.cert_file and tls.ca_file, or "
+                         "tolliver.allow_plaintext = true)")  # fmt: skip
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.share.close()
+        self._since = None
+        self.room.set()  # (the pumps are cancelled below; none waits for ever)
         if not self.ready.done():
             self.ready.set_exception(ConnectionError(f"closed before the handshake: {exc}"))
             self.ready.exception()  # (retrieved: only a dialed link's is awaited)
         self.server.links.discard(self)
         peer = self.conn.peer
         if peer is not None:  # (the metrics' counter lives on across connections)
-            self.server.resends[peer] = self.server.resends.get(peer, 0) + self.conn.resends
+            self.server.count_resends(peer, self.conn.resends)
         if peer is not None and self.server.by_peer.get(peer) is self:
             del self.server.by_peer[peer]
-        for channel in self.channels.values():
-            channel.stop()
+            self.server.left(peer)
+        self._to_follow.clear()
+        if self._following is not None:
+            self._following.cancel()
+        deliveries, self.channels = list(self.channels.values()), {}
+        if len(deliveries) <= FOLLOW_SLICE:
+            for delivery in deliveries:
+                delivery.stop()
+        else:  # (a thousand tasks cancelled at once would all run in one turn of the loop)
+            self.server.spawn(_stop_all(deliveries))
 
     # ------------------------------------------------------------------ access
 
     def _refuse(self, reason: str) -> None:
         """A refusal (identity, ACL): logged with the principal; the connection is closed
         with nothing more sent (Tolliver has no error message outside the handshake)."""
-        self.log.warning("refused: %s; closing the connection", reason)
+        self.server.refusals.log(self.log, logging.WARNING,
+                                 "refused: %s; closing the connection", reason)  # fmt: skip
         self.refuse()  # (a handshake response, acks: never sent)
+        self._since = None
 
     def _vet(self, changed: bool = True) -> bool:
         """Whether the peer may be the instance its handshake names and hold its
@@ -262,15 +271,30 @@ class HubLink(Link):
                 self.principal = Principal(f"cert:{peer}")  # the UUID's canonical text
             self._vetted_peer = peer
         subscriptions = conn.peer_subscriptions
-        if self.server.access.open or not (changed or subscriptions is not self._subscriptions):
+        if not (changed or subscriptions is not self._subscriptions):
             return True
+        access = self.server.access
         for channel, _ in subscriptions - self._vetted:
-            if not self.server.access.may(self.principal, "read", channel):
+            try:  # (before the hub follows it, or lists it to every remote)
+                validate_stream_name(channel)
+            except TidewireError as exc:
+                self._refuse(f"a subscription to a channel that is not a stream name: {exc}")
+                return False
+            if not access.open and not access.may(self.principal, "read", channel):
                 self._refuse(self._forbidden("read", channel, "a subscription to it"))
                 return False
         self._vetted = set(subscriptions)
         self._subscriptions = subscriptions  # (a handshake request makes a new set)
         return True
+
+    def shows(self, channel: str) -> bool:
+        """Whether the hub's own subscription to ``channel`` is told to this remote: those it
+        may read or write (a name it may neither read nor write is not its to know; one it may
+        write is what the hub wants from it)."""
+        access = self.server.access
+        if access.open or self.dialed:
+            return True
+        return access.may(self.principal, "read", channel) or self._may_write(channel)
 
     def _forbidden(self, action: Action, channel: str, what: str) -> str:
         return f"{self.principal} may not {action} stream {channel!r} ({what})"
@@ -305,8 +329,13 @@ class HubLink(Link):
                 case Established(peer):
                     if not self._vet():
                         return
-                    established(self.transport)  # the handshake deadline no longer applies
                     old = self.server.by_peer.get(peer)
+                    both_vetted = old is not None and not (old.dialed or self.dialed)
+                    if both_vetted and old is not None and old.principal != self.principal:
+                        self._refuse(f"{self.principal} may not take over instance {peer}, "
+                                     f"connected as {old.principal}")  # fmt: skip
+                        return
+                    established(self.transport)  # the handshake deadline no longer applies
                     self.server.by_peer[peer] = self
                     if old is not None and old is not self and old.transport is not None:
                         old.transport.close()  # a reconnect replaces the stale connection
@@ -334,7 +363,7 @@ class HubLink(Link):
             self._acked(acks)
         for channel, messages in arrived.items():
             self._hold(sum(len(m.body) for m in messages))
-            if channel in self.channels:  # (its own messages are not delivered back to it)
+            if self.follows(channel):  # (its own messages are not delivered back to it)
                 self._storing.setdefault(channel, [0, 0])[0] += 1
                 self.server.spawn(self._store_counted(channel, messages))
             else:
@@ -342,32 +371,59 @@ class HubLink(Link):
         self.flush()
 
     def _follow(self, channels: set[str]) -> None:
-        """Follow the streams of the channels subscribed to; stop the others. The hub itself
-        subscribes to every channel a remote wants, so that instances send it their messages
-        (it stores and relays them)."""
-        self.server.want(channels)
+        """Follow the streams of the channels subscribed to; stop the others, and forget this
+        remote's offsets on them. The hub itself subscribes to every channel a remote follows
+        (within ``tolliver.max_channels``), so that instances send it their messages (it
+        stores and relays them)."""
         for name in list(self.channels):
             if name not in channels:
                 self.channels.pop(name).stop()
+        for name in list(self._to_follow):
+            if name not in channels:
+                del self._to_follow[name]
         peer = self.conn.peer
         assert peer is not None
-        for name in channels - set(self.channels):
-            try:
-                validate_stream_name(name)
-            except TidewireError:
-                continue  # no stream can have that name: nothing to deliver
-            key = (peer, name)
-            known = self.server.offsets.get(key)
-            start = known or self.starts.get(name, 1)
-            kept = None
-            if known is None:
-                # A remote's first subscription to a channel: its offset is kept at once, and
-                # nothing is delivered before, so that a hub restarted (even killed) later
-                # resumes it there; else it would start over where the stream then stands,
-                # and what was stored while it was away would never reach it.
-                self.server.offsets[key] = start
-                kept = asyncio.ensure_future(self.server._keep_offset(key, start))
-            self.channels[name] = ChannelDelivery(self, name, start, kept)
+        valid = channels  # (vetted: stream names)
+        if self.dialed:  # (not vetted: the operator's choice)
+            valid = set()
+            for name in channels:
+                try:
+                    valid.add(validate_stream_name(name))
+                except TidewireError:
+                    continue  # no stream can have that name
+        self.server.follows(peer, valid)
+        for name in sorted(valid - set(self.channels) - set(self._to_follow)):
+            self._to_follow[name] = None
+        if self._to_follow and self._following is None:
+            self._following = asyncio.create_task(self._make_deliveries(peer))
+
+    async def _make_deliveries(self, peer: uuid.UUID) -> None:
+        """Make the deliveries of the channels followed, ``FOLLOW_SLICE`` per turn of the event
+        loop. (Where each starts was fixed when the connection came, so making it a little
+        later loses nothing: the seed's rule holds.)
+
+        A remote's first subscription to a channel: its offset is kept at once (one ledger
+        group per slice), and nothing is delivered before, so that a hub restarted (even
+        killed) later resumes it there; else it would start over where the stream then
+        stands, and what was stored while it was away would never reach it."""
+        offsets, starts = self.server.offsets, self.starts
+        try:
+            while self._to_follow and not self.lost:
+                names = list(self._to_follow)[:FOLLOW_SLICE]
+                for name in names:
+                    del self._to_follow[name]
+                first = [((peer, n), starts.get(n, 1)) for n in names if (peer, n) not in offsets]
+                kept = self.server.first_offsets(first) if first else None
+                for name in names:
+                    start = offsets.get((peer, name)) or starts.get(name, 1)
+                    self.channels[name] = ChannelDelivery(self, name, start, kept)
+                await asyncio.sleep(0)
+        finally:
+            self._following = None
+
+    def follows(self, channel: str) -> bool:
+        """Whether the remote follows ``channel`` (its delivery made, or to be made)."""
+        return channel in self.channels or channel in self._to_follow
 
     def deliver(self, channel: ChannelDelivery, batches: list[Batch]) -> None:
         """The events of ``batches`` (stream ``channel.channel``) as reliable messages, those
@@ -405,6 +461,7 @@ class HubLink(Link):
             channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
         if items:
             self.conn.send_many(name, items, self.clock())
+            self.charge()
             if skipped:  # (what was skipped is not counted as sent)
                 nbytes = sum(20 + len(k) + len(v) for k, v, _ in items)
             else:
@@ -428,6 +485,50 @@ class HubLink(Link):
                 moved = channel.acked(acked)
                 if moved is not None and peer is not None:
                     self.server.remember(peer, channel.channel, moved)
+        self.charge()
+
+    def charge(self) -> None:
+        """The deliveries awaiting acks, charged to the share (``"unacked"``); new ones may go
+        out while they leave room for one more delivery in ``tolliver.max_unacked_bytes`` and
+        in the share (and always when none awaits an ack: each remote has at least one)."""
+        unacked = self.conn.unacked_bytes
+        self.share.hold("unacked", unacked)
+        if not unacked or (
+            unacked + DELIVERY_BYTES <= self.server.settings.max_unacked_bytes
+            and self.share.available() >= DELIVERY_BYTES
+        ):
+            self.room.set()
+        else:
+            self.room.clear()
+
+    # ------------------------------------------------------------------ receiving
+
+    def data_received(self, data: bytes) -> None:
+        """The frame being received is checked against the share as declared (a message's
+        header gives its whole size) before the rest of it is waited for."""
+        frames = self.conn.frames_received
+        super().data_received(data)
+        if self.muted or self.conn.closed:
+            return
+        declared = self.conn.receiving
+        if not declared:
+            self._since = None
+        elif self._since is None or self.conn.frames_received != frames:
+            self._since = asyncio.get_running_loop().time()  # (a new frame began in it)
+        if not self.share.try_hold("inbound", declared):
+            self._refuse(f"a frame of {declared} bytes does not fit the memory budget "
+                         f"({self.share.available()} bytes free in its share)")  # fmt: skip
+
+    def reading_resumed(self) -> None:
+        """The hub reads the socket again: an unfinished frame's time starts over now."""
+        if self._since is not None:
+            self._since = asyncio.get_running_loop().time()
+
+    def receiving_since(self) -> float | None:
+        """When the unfinished frame began (``loop.time()``), for the guard's
+        ``limits.message_seconds``; ``None``: none is unfinished (or this side is not reading
+        it: see the subclass)."""
+        return self._since
 
     async def settled(self, channel: str) -> None:
         """Until every store of this remote's messages on ``channel`` begun so far is over, so
@@ -445,7 +546,7 @@ class HubLink(Link):
     def _came(self, channel: str, stored: Batch) -> None:
         """Remember that ``stored`` came from this remote, if it follows ``channel``."""
         peer = self.conn.peer
-        if peer is not None and channel in self.channels:
+        if peer is not None and self.follows(channel):
             self.server.origins.came(peer, channel, stored.first_id, stored.last_id)
 
     async def _store_counted(self, channel: str, messages: list[Message]) -> None:
@@ -479,10 +580,12 @@ class HubLink(Link):
         raise NotImplementedError
 
 
-def within(ranges: list[tuple[int, int]], event_id: int) -> bool:
-    """Whether ``event_id`` is in one of ``ranges`` (sorted, disjoint, inclusive)."""
-    at = bisect.bisect_right(ranges, (event_id, MAX_EVENT_ID)) - 1
-    return at >= 0 and ranges[at][1] >= event_id
+async def _stop_all(deliveries: list[ChannelDelivery]) -> None:
+    """Stop ``deliveries``, ``FOLLOW_SLICE`` per turn of the event loop."""
+    for at in range(0, len(deliveries), FOLLOW_SLICE):
+        for delivery in deliveries[at : at + FOLLOW_SLICE]:
+            delivery.stop()
+        await asyncio.sleep(0)
 
 
 def utf8_key(key: bytes | None) -> bytes:

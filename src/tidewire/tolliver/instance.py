@@ -62,7 +62,8 @@ _Handled = list[tuple[InstanceLink, uuid.UUID, int]]
 class Instance:
     """A Tolliver instance whose state lives in the SQLite file ``path``."""
 
-    def __init__(self, path: str, *, resend_interval: float = 1.0, dedupe: bool = False,
+    def __init__(self, path: str, *, resend_interval: float = 1.0, resend_backoff: float = 1.0,
+                 resend_max_interval: float = 60.0, dedupe: bool = False,
                  dedupe_window: int = 100_000, inbox_limit: int = 10_000,
                  inbox_bytes: int = 64 * 1024 * 1024, outbox_bytes: int = 1024 * 1024 * 1024,
                  clock: Callable[[], float] = time.monotonic,
@@ -71,9 +72,13 @@ class Instance:
         messages the application finished with (kept in the store) or holds now.
         ``outbox_bytes``: the bodies kept unacked, at most (a send over it is refused with
         :class:`~tidewire.model.LimitExceeded`). ``clock`` (seconds) and ``sleep``: time for
-        resends and the supervisors' pacing."""
+        resends and the supervisors' pacing. ``resend_backoff``: each resend of a message on
+        one connection waits that many times longer than the last, at most
+        ``resend_max_interval`` (1, the default: every ``resend_interval``; the hub uses 2)."""
         self.store = Store.open(path)
         self.resend_interval = resend_interval
+        self.resend_backoff = resend_backoff
+        self.resend_max_interval = resend_max_interval
         self.outbox_bytes = outbox_bytes
         self.dedupe = dedupe
         self.dedupe_window = dedupe_window

@@ -53,6 +53,8 @@ class InstanceLink(Link):
     def __init__(self, instance: Instance, role: Role) -> None:
         conn = Connection(role, instance.store.instance, VERSION, frozenset({VERSION}),
                           set(instance.subscriptions), resend_interval=instance.resend_interval,
+                          resend_backoff=instance.resend_backoff,
+                          resend_max_interval=instance.resend_max_interval,
                           auto_ack=False)  # acked once handled (Instance._deliver)  # fmt: skip
         super().__init__(conn, instance.clock)
         self.instance = instance

@@ -38,6 +38,7 @@ __all__ = [
     "Message",
     "SubscriptionEntry",
     "encode",
+    "encode_control",
     "encode_entry",
     "encode_message",
     "parse_entry",
@@ -167,6 +168,16 @@ def encode_entry(entry: SubscriptionEntry, out: bytearray | None = None) -> byte
     return out
 
 
+_CONTROL = CONTROL_CHANNEL.encode()
+
+
+def encode_control(op: int, channel: bytes, key: bytes) -> bytes:
+    """A subscription change as its message frame (unreliable, on the reserved channel, no
+    key; the body one entry) from encoded names."""
+    body = b"".join((_ENTRY.pack(op, len(channel), len(key)), channel, key))
+    return encode_message(_CONTROL, b"", body, UNRELIABLE)
+
+
 def encode_message(channel: bytes, key: bytes, body: bytes, message_id: int) -> bytes:
     """One message frame from encoded names (the bulk senders' path: encode the names once)."""
     if not 0 <= message_id <= MAX_U32 or len(body) > MAX_U32:
@@ -258,6 +269,10 @@ class Decoder:
         self._rx = ReceiveBuffer(self.limits.buffer_limit)
         self._dead: RemoteProtocolError | None = None
         self._names: dict[bytes, str] = {}  # channel and key bytes -> str, recently seen
+        self._frames = 0
+        # a handshake coming in pieces: (entries walked, offset from the frame's start) of its
+        # length fields, kept between calls so that no piece makes it walk from the start again
+        self._walked = (0, 0)
 
     def _name(self, raw: bytes, what: str) -> str:
         name = self._names.get(raw)
@@ -275,6 +290,25 @@ class Decoder:
     def buffered(self) -> int:
         """Bytes received and not parsed yet (at most ``limits.buffer_limit``)."""
         return self._rx.buffered
+
+    @property
+    def declared(self) -> int:
+        """The size of the frame being received, as far as it is known: a message's whole
+        frame once its 17-byte header is in (its declared lengths), else the bytes buffered
+        (a handshake's size is known only entry by entry). 0: nothing unfinished. Constant
+        time: the adapter checks it against its memory budget after every read, before the
+        rest of a declared body is waited for."""
+        buf, pos = self._rx.view()
+        buffered = len(buf) - pos
+        if buffered >= _MSG.size and buf[pos] == 3:
+            _, clen, klen, blen, _ = _MSG.unpack_from(buf, pos)
+            return max(buffered, _MSG.size + int(clen) + int(klen) + int(blen))
+        return buffered
+
+    @property
+    def frames(self) -> int:
+        """Frames parsed so far (an adapter tells from it that a new frame has begun)."""
+        return self._frames
 
     @property
     def names_cached(self) -> int:
@@ -303,7 +337,32 @@ class Decoder:
             self._rx.clear()
             raise
         rx.advance_to(end)
+        self._frames += 1
+        self._walked = (0, 0)
         return frame
+
+    def _walk(self, buf: bytes | bytearray, start: int, first: int, count: int) -> None:
+        """Walk a handshake's entries by their length fields (checking each as it comes),
+        from where the last call stopped; :class:`_NeedData` until all ``count`` are in. So a
+        handshake that comes in many pieces is walked once and decoded once, not decoded
+        again from its start at every piece (a quadratic cost a peer could ask for)."""
+        walked, offset = self._walked
+        at = start + offset if walked else first
+        limits = self.limits
+        while walked < count:
+            if len(buf) < at + _ENTRY.size:
+                self._walked = (walked, at - start)
+                raise _NeedData
+            op, clen, klen = _ENTRY.unpack_from(buf, at)
+            if op not in (0, 1):
+                raise RemoteProtocolError(f"subscription op {op} (0 sub, 1 unsub)")
+            if clen > limits.max_name_bytes or klen > limits.max_name_bytes:
+                raise RemoteProtocolError(f"a channel or key over {limits.max_name_bytes} bytes")
+            end = at + _ENTRY.size + clen + klen
+            if len(buf) < end:
+                self._walked = (walked, at - start)
+                raise _NeedData
+            walked, at = walked + 1, end
 
     def _parse(self, buf: bytes | bytearray, pos: int) -> tuple[Frame, int]:
         if pos >= len(buf):
@@ -342,6 +401,7 @@ class Decoder:
             if count > limits.max_subscriptions:
                 raise RemoteProtocolError(f"{count} subscriptions in a handshake, over "
                                           f"{limits.max_subscriptions}")  # fmt: skip
+            self._walk(buf, pos - 1, pos + head, count)  # (_NeedData until it is all in)
             pos += head
             entries = []
             for _ in range(count):

@@ -10,8 +10,11 @@ bytes to send; time is an argument (``now``, seconds) for resends.
   or final is ignored (the seed).
 * **Messages.** Nothing but the handshake before it completes. A reliable message (id other than
   2**31-1) is acked on receipt, every time, and handed to the application every time
-  (at-least-once). Reliable messages this side sends are resent every ``resend_interval``
-  seconds (:meth:`handle_timer`) until acked; an ack for an id not awaited is ignored.
+  (at-least-once). Reliable messages this side sends are resent (:meth:`handle_timer`) until
+  acked, first ``resend_interval`` seconds after they were sent, then each wait
+  ``resend_backoff`` times the last, at most ``resend_max_interval`` (a backoff of 1, the
+  default: every ``resend_interval``); an ack for an id not awaited is ignored. What awaits
+  acks is counted in bytes (:attr:`Connection.unacked_bytes`), for the adapter's budget.
 * **Subscriptions.** The peer's are those of its handshake, then changed by messages on the
   reserved channel ``tolliver`` (no key; body: one subscription entry). An application message
   on that channel is a breach; :meth:`send` refuses to send one. The peer holds at most
@@ -46,6 +49,7 @@ from .codec import (
     SubscriptionEntry,
     check_name,
     encode,
+    encode_control,
     encode_entry,
     encode_message,
     parse_entry,
@@ -125,6 +129,8 @@ class Connection:
     subscriptions: set[tuple[str, str]] = field(default_factory=set)  # this side's
     limits: Limits = field(default_factory=Limits)
     resend_interval: float = 1.0
+    resend_backoff: float = 1.0  # each resend waits this times longer than the last
+    resend_max_interval: float = 60.0  # ... but never longer than this
     auto_ack: bool = True  # False: the application acks (:meth:`ack`), e.g. once it is durable
     state: _State = _State.HANDSHAKE
     peer: uuid.UUID | None = None
@@ -134,12 +140,21 @@ class Connection:
     _decoder: Decoder = field(init=False)
     _out: bytearray = field(default_factory=bytearray)
     _events: deque[Event] = field(default_factory=deque)
-    # id -> (frame, due), in order of due time (a resend moves an entry to the end): the first
-    # is the next due
-    _unacked: OrderedDict[int, tuple[bytes, float]] = field(default_factory=OrderedDict)
+    # What awaits acks, by how long it waits between resends: level k waits _waits[k]
+    # (resend_interval, times resend_backoff each level, at most resend_max_interval). In one
+    # level every entry waits the same, so id -> (frame, due) is in due order (a resend moves
+    # an entry to the end of the next level): each level's first entry is its next due.
+    _levels: list[OrderedDict[int, tuple[bytes, float]]] = field(init=False)
+    _waits: list[float] = field(init=False)
+    _unacked_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._decoder = Decoder(self.limits)
+        waits = [self.resend_interval]
+        while self.resend_backoff > 1 and waits[-1] < self.resend_max_interval:
+            waits.append(min(waits[-1] * self.resend_backoff, self.resend_max_interval))
+        self._waits = waits
+        self._levels = [OrderedDict() for _ in waits]
         self.supported = frozenset(self.supported) | {self.version}
 
     # ------------------------------------------------------------------ output
@@ -190,8 +205,9 @@ class Connection:
         frame = bytes(encode(message))
         self._out += frame
         if message.id != UNRELIABLE:
-            self._unacked.pop(message.id, None)
-            self._unacked[message.id] = (frame, now + self.resend_interval)
+            self._forget(message.id)
+            self._levels[0][message.id] = (frame, now + self.resend_interval)
+            self._unacked_bytes += len(frame)
 
     def send_many(
         self, channel: str, messages: Iterable[tuple[bytes, bytes, int]], now: float
@@ -208,11 +224,14 @@ class Connection:
         encoded = [(message_id, encode_message(raw, key, body, message_id))
                    for key, body, message_id in messages]  # fmt: skip
         due = now + self.resend_interval
-        unacked = self._unacked
+        first = self._levels[0]
+        added = 0
         for message_id, frame in encoded:
             if message_id != UNRELIABLE:
-                unacked.pop(message_id, None)
-                unacked[message_id] = (frame, due)
+                self._forget(message_id)
+                first[message_id] = (frame, due)
+                added += len(frame)
+        self._unacked_bytes += added
         self._out += b"".join([frame for _, frame in encoded])
 
     def subscribe(self, channel: str, key: str = "", *, op: int = 0) -> None:
@@ -228,6 +247,24 @@ class Connection:
         if self.established:
             body = bytes(encode_entry(entry))
             self._out += encode(Message(CONTROL_CHANNEL, "", body, UNRELIABLE))
+
+    def subscribe_many(self, subscriptions: Iterable[tuple[str, str]], *, op: int = 0) -> None:
+        """:meth:`subscribe` (``op`` 0) or unsubscribe (1) each ``(channel, key)``, in one go
+        (the hub telling every remote about many channels: no object per entry)."""
+        if op not in (0, 1):
+            raise LocalProtocolError("a subscription entry's op is 0 (sub) or 1 (unsub)")
+        frames = []
+        for channel, key in subscriptions:
+            if channel == CONTROL_CHANNEL:
+                raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
+            raw_channel, raw_key = check_name("channel", channel), check_name("key", key)
+            if op == 0:
+                self.subscriptions.add((channel, key))
+            else:
+                self.subscriptions.discard((channel, key))
+            if self.established:
+                frames.append(encode_control(op, raw_channel, raw_key))
+        self._out += b"".join(frames)
 
     def unsubscribe(self, channel: str, key: str = "") -> None:
         self.subscribe(channel, key, op=1)
@@ -246,36 +283,72 @@ class Connection:
             raise LocalProtocolError("an ack's id is a u32") from None
 
     def unacked(self) -> list[int]:
-        return sorted(self._unacked)
+        return sorted(i for level in self._levels for i in level)
 
     @property
     def unacked_count(self) -> int:
         """Reliable messages sent and not acked yet."""
-        return len(self._unacked)
+        return sum(len(level) for level in self._levels)
+
+    @property
+    def unacked_bytes(self) -> int:
+        """The frames of reliable messages sent and not acked yet, in bytes (kept for
+        resending: the adapter charges them to its memory budget)."""
+        return self._unacked_bytes
+
+    @property
+    def receiving(self) -> int:
+        """The size of the frame being received, as declared by its header (a message's
+        lengths) or as far as it has come (a handshake); 0 when none is unfinished. The
+        adapter checks it against its budget after each read, before waiting for the rest."""
+        return self._decoder.declared
+
+    @property
+    def frames_received(self) -> int:
+        """Frames parsed so far (one more: a new frame has begun since)."""
+        return self._decoder.frames
+
+    def _forget(self, message_id: int) -> bool:
+        """Stop awaiting ``message_id``'s ack; whether it was awaited."""
+        for level in self._levels:  # (most acks come before the first resend: level 0)
+            entry = level.pop(message_id, None)
+            if entry is not None:
+                self._unacked_bytes -= len(entry[0])
+                return True
+        return False
 
     # ------------------------------------------------------------------ time
 
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` has something to resend (``None``: nothing)."""
-        if not self._unacked or not self.established:
+        if not self.established:
             return None
-        return next(iter(self._unacked.values()))[1]
+        dues = [next(iter(level.values()))[1] for level in self._levels if level]
+        return min(dues) if dues else None
 
     def handle_timer(self, now: float) -> None:
-        """Resend every reliable message still unacked whose time has come."""
+        """Resend every reliable message still unacked whose time has come; each waits
+        ``resend_backoff`` times longer for its next resend (at most ``resend_max_interval``)."""
         if not self.established:
             return
-        due = []
-        for message_id, (frame, when) in self._unacked.items():
-            if when > now:
-                break
-            due.append((message_id, frame))
-        later = now + self.resend_interval
-        self.resends += len(due)
-        for message_id, frame in due:
-            self._out += frame
-            self._unacked[message_id] = (frame, later)
-            self._unacked.move_to_end(message_id)
+        levels, last = self._levels, len(self._levels) - 1
+        # the last level first: what moves into it from the one below must not be resent again
+        for k in range(last, -1, -1):
+            level = levels[k]
+            due = []
+            for message_id, (frame, when) in level.items():
+                if when > now:
+                    break
+                due.append((message_id, frame))
+            if not due:
+                continue
+            self.resends += len(due)
+            into = levels[min(k + 1, last)]
+            later = now + self._waits[min(k + 1, last)]
+            for message_id, frame in due:
+                self._out += frame
+                del level[message_id]
+                into[message_id] = (frame, later)
 
     # ------------------------------------------------------------------ input
 
@@ -293,7 +366,7 @@ class Connection:
 
     def next_event(self) -> Event | None:
         """The next event, or ``None`` until more bytes come (or once closed)."""
-        events, decoder, unacked = self._events, self._decoder, self._unacked
+        events, decoder = self._events, self._decoder
         while not events and self.state is not _State.CLOSED:
             try:
                 frame = decoder.next_frame()
@@ -306,7 +379,7 @@ class Connection:
                             self._out += ACK.pack(4, frame.id)
                         return Received(frame)
                     if isinstance(frame, Ack):
-                        if unacked.pop(frame.id, None) is not None:
+                        if self._forget(frame.id):
                             return Acked(frame.id)
                         continue  # an ack for an id not awaited: ignored
                 self._receive(frame)
@@ -349,7 +422,7 @@ class Connection:
                     return
                 self._events.append(Received(frame))
             case Ack(message_id):
-                if self._unacked.pop(message_id, None) is not None:
+                if self._forget(message_id):
                     self._events.append(Acked(message_id))
                 # an ack for an id not awaited (acked already, or never sent): ignored
 

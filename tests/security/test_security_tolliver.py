@@ -34,9 +34,11 @@ from tidewire.protocols.tolliver import (
     Acked,
     Closed,
     Connection,
+    Decoder,
     Established,
     Event,
     HandshakeRequest,
+    HandshakeResponse,
     Limits,
     Message,
     Received,
@@ -47,6 +49,7 @@ from tidewire.protocols.tolliver import (
 from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.tolliver import TolliverServer, TolliverSettings, start_tolliver_server
 from tidewire.tolliver import Delivery, Instance, uuid7
+from tidewire.tolliver.store import Store
 
 if TYPE_CHECKING:
     from certs import Pki
@@ -394,14 +397,40 @@ def test_a_message_on_a_channel_the_acl_does_not_allow_is_refused(
     run(main())
 
 
+def test_with_an_acl_plain_tcp_is_refused_unless_the_operator_allows_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without TLS a remote's UUID proves nothing: with an ACL, every connection is refused
+    (no handshake response; an error at start says why and what to set)."""
+    caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
+
+    async def main() -> None:
+        async with tolliver_hub(tmp_path, acl='[principal.anonymous]\nread = ["*"]\n') as s:
+            remote = await Remote.open(s.port, subscriptions=["public.news"])
+            try:
+                remote.conn.initiate()
+                remote.flush()
+                await remote.closed()
+                assert remote.received == b""
+            finally:
+                remote.close()
+        assert "tolliver.allow_plaintext = true" in caplog.text
+        assert "refused: an ACL is configured and this listener has no TLS" in caplog.text
+
+    run(main())
+
+
 def test_the_acl_applies_to_anonymous_remotes_over_plain_tcp(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """With ``tolliver.allow_plaintext`` (the operator's explicit choice), remotes come in
+    over plain TCP as ``anonymous``."""
     caplog.set_level(logging.WARNING, logger="tidewire.tolliver")
     acl = '[principal.anonymous]\nread = ["public.*"]\nwrite = ["carry-on"]\n'
 
     async def main() -> None:
-        async with tolliver_hub(tmp_path, acl=acl) as s:
+        async with tolliver_hub(tmp_path, acl=acl,
+                                settings=TolliverSettings(allow_plaintext=True)) as s:
             ok = await Remote.open(s.port, subscriptions=["public.news"])
             try:
                 await ok.handshake()
@@ -665,5 +694,281 @@ def test_a_remote_that_never_reads_gets_nothing_more_and_is_dropped(
             finally:
                 deaf.close()
                 other.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- issue 20: real hubs
+#
+# Each attack runs against a real ``tidewire serve`` (tests/security/harness.py) with small
+# memory budgets, a well-behaved RS.io client alongside (the bystander), and asserts that the
+# attacker was refused or bounded, the hub's peak RSS stayed within a bound derived from the
+# budget, and the bystander saw no stall over BYSTANDER_MAX_STALL_S.
+
+MiB = 1024 * 1024
+SMALL_BUDGET: dict[str, object] = {
+    "memory.budget_bytes": 64 * MiB,
+    "memory.principal_bytes": 32 * MiB,
+    "memory.connection_bytes": 16 * MiB,
+}
+# what the hub costs at rest plus its budget and the log's own caches: what an attack may not pass
+RSS_BOUND = 400 * MiB
+ATTACK_SECONDS = 60.0  # every attack is bounded in time (asyncio.timeout)
+
+
+def entries(names: Iterable[str]) -> tuple[SubscriptionEntry, ...]:
+    return tuple(SubscriptionEntry(0, name) for name in names)
+
+
+def request(instance: uuid.UUID, names: Iterable[str]) -> bytes:
+    """A handshake request's bytes (made before an attack starts: the test's process shares
+    its CPU with the bystander's thread)."""
+    return bytes(encode(HandshakeRequest(1, instance, entries(names))))
+
+
+async def answered(port: int, data: bytes, *, tls: ssl.SSLContext | None = None) -> bool:
+    """Send ``data`` (a handshake request): whether the hub answered before closing."""
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
+    try:
+        writer.write(data)
+        try:
+            return bool(await reader.read(65536))
+        except (ConnectionError, ssl.SSLError):
+            return False
+    finally:
+        writer.close()
+
+
+async def response_to(port: int, data: bytes, *, tls: ssl.SSLContext | None = None
+                      ) -> HandshakeResponse | None:  # fmt: skip
+    """Send ``data`` (a handshake request); the hub's response, or ``None`` if it closed
+    without one."""
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
+    try:
+        writer.write(data)
+        decoder = Decoder(Limits())
+        while True:
+            try:
+                chunk = await reader.read(1 << 20)
+            except (ConnectionError, ssl.SSLError):
+                chunk = b""
+            if not chunk:
+                return None
+            decoder.feed(chunk)
+            if isinstance(frame := decoder.next_frame(), HandshakeResponse):
+                return frame
+    finally:
+        writer.close()
+
+
+def test_one_remote_cannot_poison_the_hubs_subscription_list(tmp_path: Path) -> None:
+    """The issue's attack: an instance with ``read`` on one glob subscribes to thousands of
+    channels, 4,000-byte names included, over many connections and UUIDs. Names that are not
+    stream names are refused before the hub follows them; each remote's channels replace its
+    earlier ones (the hub forgets an offset on a channel it stops following); the hub's own
+    list stays within ``tolliver.max_channels``, so a new instance's handshake still works."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    acl = ('[principal.anonymous]\nread = ["glob.*", "bystander.*"]\n'
+           'write = ["glob.*", "bystander.*"]\n')  # fmt: skip
+    settings = {**SMALL_BUDGET, "tolliver.allow_plaintext": True, "tolliver.max_channels": 1500}
+
+    long_names = request(uuid7(), (f"glob.{i:04d}" + "x" * 3990 for i in range(200)))
+    one = uuid7()  # one UUID, a new thousand channels each time; then more UUIDs
+    rounds = [request(one, (f"glob.r{r}.c{i}" for i in range(1000))) for r in range(4)]
+    rounds += [request(uuid7(), (f"glob.u{u}.c{i}" for i in range(1000))) for u in range(3)]
+
+    async def attack(port: int) -> int:
+        refused = 0
+        for _ in range(5):  # 4,000-byte names: refused, no response
+            refused += not await answered(port, long_names)
+        for data in rounds:
+            assert await answered(port, data)
+        return refused
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings, acl=acl) as hub:
+            async with asyncio.timeout(ATTACK_SECONDS):
+                refused, report = await asyncio.gather(attack(hub.tolliver_port),
+                                                       bystander(hub, 3.0))  # fmt: skip
+                response = await response_to(hub.tolliver_port, request(uuid7(), ()))
+            assert refused == 5
+            assert response is not None
+            names = [e.channel for e in response.subscriptions]
+            assert len(names) <= 1500  # (a remote that leaves at once leaves little behind)
+            assert all(name.startswith("glob.") and len(name) < 256 for name in names)
+            assert not any(name.startswith("glob.r0.") for name in names)  # forgotten
+            assert "not a stream name" in hub.log_text()
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
+
+    run(main())
+
+
+def test_a_certificate_cannot_take_over_another_instances_uuid(pki: Pki, tmp_path: Path) -> None:
+    """The issue's takeover: a connection that claims a connected instance's UUID. Over TLS
+    (with an ACL, Tolliver refuses plain TCP unless the operator allows it) a certificate
+    names its instance: the attacker's own valid certificate, claiming the victim's UUID, is
+    refused before any response, every time, and the victim keeps its session and what is
+    delivered to it."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    import tidewire
+
+    store = Store.open(str(tmp_path / "victim.db"))  # (the victim's UUID, for the ACL)
+    victim, attacker = store.instance, uuid7()
+    store.close()
+    acl = (f'[principal."cert:{victim}"]\nread = ["news"]\n'
+           f'[principal."cert:{attacker}"]\nread = ["news"]\n'
+           '[principal.anonymous]\nread = ["bystander.*"]\nwrite = ["bystander.*", "news"]\n')
+    # (only Tolliver speaks TLS: the bystander's RS.io is plain TCP)
+    settings = {**SMALL_BUDGET, "rsio.tls": False, "http.tls": False, "seguro.tls": False}
+    tries = 20
+
+    async def attack(port: int) -> int:
+        refused = 0
+        for _ in range(tries):
+            claim = await Remote.open(port, ssl=certified(pki, attacker), instance=victim,
+                                      subscriptions=["news"])  # fmt: skip
+            claim.conn.initiate()
+            claim.flush()
+            await claim.closed()
+            claim.close()
+            refused += claim.received == b""
+        return refused
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings, acl=acl, pki=pki) as hub:
+            hub.scheme_tls = False
+            owner = Instance(str(tmp_path / "victim.db"))
+            owner.subscribe("news")
+            try:
+                async with asyncio.timeout(ATTACK_SECONDS):
+                    await owner.connect(HOST, hub.tolliver_port, ssl=certified(pki, victim))
+                    refused, report = await asyncio.gather(attack(hub.tolliver_port),
+                                                           bystander(hub, 2.0))  # fmt: skip
+                    async with await tidewire.connect(hub.rsio_url) as client:
+                        await client.publish("news", [b"still yours"])
+                    assert (await take(owner)).body == b"still yours"
+            finally:
+                await owner.close()
+            assert refused == tries
+            assert f"may not be instance {victim}" in hub.log_text()
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
+
+    run(main())
+
+
+def test_unacked_deliveries_are_bounded_by_bytes_and_resends_back_off(tmp_path: Path) -> None:
+    """The issue's remote that never acks: it reads everything the hub sends but acks
+    nothing. The hub delivers at most ``tolliver.max_unacked_bytes`` (plus one delivery per
+    channel read meanwhile) and then nothing new; what it resends backs off (1 s, then 2 s)
+    instead of coming every second."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    import tidewire
+
+    limit = 2 * MiB
+    settings = {**SMALL_BUDGET, "tolliver.max_unacked_bytes": limit}
+    channels = [f"flood.{i}" for i in range(4)]
+    value = 64 * 1024
+
+    async def fill(url: str) -> None:
+        async with await tidewire.connect(url) as client:
+            for channel in channels:
+                for _ in range(4):  # 4 MiB per channel
+                    await client.publish(channel, [bytes(value)] * 16)
+
+    async def attack(port: int, url: str, seconds: float) -> tuple[int, int, int]:
+        """(distinct messages, their body bytes, message frames received). A new remote starts
+        at the streams' end: they are filled once its handshake is answered."""
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.write(request(uuid7(), channels))
+        decoder, seen, nbytes, frames = Decoder(Limits()), set(), 0, 0
+        filling = None
+        try:
+            async with asyncio.timeout(seconds):
+                while data := await reader.read(1 << 20):
+                    decoder.feed(data)
+                    while (frame := decoder.next_frame()) is not None:
+                        if isinstance(frame, HandshakeResponse) and filling is None:
+                            filling = asyncio.create_task(fill(url))
+                        if isinstance(frame, Message) and frame.channel != "tolliver":
+                            frames += 1
+                            if frame.id not in seen:
+                                seen.add(frame.id)
+                                nbytes += len(frame.body)
+        except TimeoutError:
+            pass
+        finally:
+            writer.close()
+        assert filling is not None
+        await filling
+        return len(seen), nbytes, frames
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings) as hub:
+            async with asyncio.timeout(ATTACK_SECONDS):
+                (count, nbytes, frames), report = await asyncio.gather(
+                    attack(hub.tolliver_port, hub.rsio_url, 4.0), bystander(hub, 3.0))  # fmt: skip
+            assert MiB <= nbytes <= limit + len(channels) * (256 * 1024 + value)
+            assert frames <= 3 * count  # sent, resent after 1 s, after 2 s more: no more
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
+
+    run(main())
+
+
+def test_after_a_restart_the_hubs_list_is_still_within_its_bound(tmp_path: Path) -> None:
+    """The issue's restart: remotes fill the hub's list (and its ledger of offsets) up to
+    ``tolliver.max_channels`` and beyond; the hub restarts on the same data; the list it
+    rebuilds is still within the bound, so instances are still accepted (until issue 20 it
+    exceeded the handshake's 65,536 entries and every instance was refused)."""
+    from harness import BYSTANDER_MAX_STALL_S, bystander, real_hub
+
+    most = 1500
+    settings = {**SMALL_BUDGET, "tolliver.max_channels": most,
+                "data_dir": str(tmp_path / "data")}  # fmt: skip
+    remotes = [request(uuid7(), (f"r{r}.c{i}" for i in range(1000))) for r in range(3)]
+
+    async def fill(port: int) -> int:
+        """Connect the remotes, and keep them until the hub lists ``most`` channels."""
+        held = [await asyncio.open_connection(HOST, port) for _ in remotes]
+        try:
+            for (_, writer), data in zip(held, remotes, strict=True):
+                writer.write(data)
+            while True:
+                response = await response_to(port, request(uuid7(), ()))
+                assert response is not None
+                if len(response.subscriptions) >= most:
+                    return len(response.subscriptions)
+                await asyncio.sleep(0.05)
+        finally:
+            for _, writer in held:
+                writer.close()
+
+    async def main() -> None:
+        with real_hub(tmp_path, settings=settings) as hub:
+            async with asyncio.timeout(ATTACK_SECONDS):
+                assert await fill(hub.tolliver_port) == most
+        with real_hub(tmp_path, settings=settings) as hub:
+            instance = Instance(str(tmp_path / "after.db"))
+            try:
+                async with asyncio.timeout(ATTACK_SECONDS):
+                    await instance.connect(HOST, hub.tolliver_port)
+                    response, report = await asyncio.gather(
+                        response_to(hub.tolliver_port, request(uuid7(), ())),
+                        bystander(hub, 1.0))  # fmt: skip
+            finally:
+                await instance.close()
+            assert response is not None
+            assert 0 < len(response.subscriptions) <= most
+            assert report.errors == []
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert hub.peak_rss() < RSS_BOUND
 
     run(main())
