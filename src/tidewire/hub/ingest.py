@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 
 from ..model import Batch
 from ..registry import PROTOCOLS
-from .access import ANONYMOUS
 from .txn import TxnReceipt
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class Ingest:
         via: str,
         limits: IngestLimits,
         on_pause: Callable[[bool], None] | None = None,
-        principal: str = ANONYMOUS.name,
+        principal: str = "anonymous",
         share: Share | None = None,
     ) -> None:
         self.hub = hub

@@ -60,7 +60,6 @@ from typing import TYPE_CHECKING, Any
 from crc32c import crc32c
 
 from ..model import Batch, IdOrderError, TidewireError
-from .access import ANONYMOUS
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -193,7 +192,7 @@ class Transactions:
         return len(gone)
 
     async def commit(self, txn: str, batch: Batch, *,
-                     principal: str = ANONYMOUS.name) -> TxnReceipt:  # fmt: skip
+                     principal: str = "anonymous") -> TxnReceipt:  # fmt: skip
         """Append ``batch`` (its ids are ignored) unless ``principal`` committed ``txn`` to
         ``batch.stream`` before; return where its events are either way. Another principal's
         transaction of the same id, or this one's into another stream, is another
