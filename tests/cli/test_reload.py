@@ -12,7 +12,8 @@ import pytest
 from tidewire.config import ConfigError, ServerConfig, load_config
 from tidewire.hub.access import Access, mint_token
 from tidewire.model import Forbidden, Unauthenticated
-from tidewire.server.serve import parser_reason, reload_access, security
+from tidewire.server.app import parser_reason
+from tidewire.server.serve import reload_access, security
 
 ACL_ALL = '[principal."token:*"]\nread = ["*"]\nwrite = ["*"]\n'
 ACL_READ = '[principal."token:*"]\nread = ["*"]\n'

@@ -74,6 +74,7 @@ __all__ = [
     "GuardedSite",
     "build_app",
     "http_listener",
+    "parser_reason",
     "start_http_site",
 ]
 
@@ -479,19 +480,22 @@ class _QuietErrors(RequestHandler):
                      exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:  # fmt: skip
         if isinstance(exc, HttpProcessingError):
-            reason = _parse_reason(exc.message)
+            reason = parser_reason(str(exc.message))
             exc.message = reason
             exc.args = (reason,)
             message = reason
         return super().handle_error(request, status, exc, message)
 
 
-def _parse_reason(text: str) -> str:
-    """The first line of an aiohttp parser error, without what it quotes of the request."""
-    first = text.strip().split("\n", 1)[0].strip().rstrip(":")
-    if not first or "'" in first or '"' in first or not first.isprintable():
-        return "Bad Request"
-    return first[:100]
+def parser_reason(message: str) -> str:
+    """The reason of an HTTP parser error without the request bytes it quotes: llhttp's
+    ``Invalid header value char:\n\n  b'Authorization: Bearer ...'`` and aiohttp's
+    ``Got more than 8190 bytes when reading: b'...'`` (or ``...bytearray(b'...')``) keep
+    what is before the quote."""
+    reason = message.strip()
+    for quote in ("\n", "b'", 'b"', "bytearray(", "'", '"'):  # where quoted bytes begin
+        reason = reason.split(quote, 1)[0]
+    return reason.rstrip(" :.")[:200] or "a malformed request"
 
 
 def _refuse_connection(reason: str) -> bytes:

@@ -32,7 +32,7 @@ from ..hub.access import Access, AccessFileError, Acl, Tokens
 from ..hub.budget import Budget
 from ..registry import PROTOCOLS, listeners
 from . import app as http_app
-from .app import build_app
+from .app import build_app, parser_reason
 from .guard import Admission, ConnectionLimits, TlsSettings, server_context
 from .listeners import HTTP_LISTENER, STARTERS, Front, ListenerServer
 from .listeners import budget_limits as budget_limits
@@ -194,17 +194,6 @@ class _QuietBadRequests(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return True
-
-
-def parser_reason(message: str) -> str:
-    """The reason of an HTTP parser error without the request bytes it quotes: llhttp's
-    ``Invalid header value char:\n\n  b'Authorization: Bearer ...'`` and aiohttp's
-    ``Got more than 8190 bytes when reading: b'...'`` (or ``...bytearray(b'...')``) keep
-    what is before the quote."""
-    reason = message.strip()
-    for quote in ("\n", "b'", 'b"', "bytearray(", "'", '"'):  # where quoted bytes begin
-        reason = reason.split(quote, 1)[0]
-    return reason.rstrip(" :.")[:200] or "a malformed request"
 
 
 def quiet_bad_requests() -> None:
