@@ -101,7 +101,13 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "http.header_seconds": (float, 10.0, "a request's headers must arrive within it (slowloris)"),
     "http.body_seconds": (float, 60.0, "a request's body must arrive within it"),
     "http.max_body_bytes": (int, 16 * 1024 * 1024, "largest request body (RS.io HTTP publish)"),
-    "tube.max_message_bytes": (int, 128 * 1024 * 1024, "largest Tube message, after inflation"),
+    # Tube (issue 20): the message bound, the fragment floor, the Origin allow-list
+    "tube.max_message_bytes": (int, 32 * 1024 * 1024, "largest Tube message, after inflation"),
+    "tube.min_fragment_size": (int, 4096,
+                               "smallest fragment size a Tube peer may ask for (0 aside)"),
+    "tube.allowed_origins": (str, "",
+                             "Origins allowed on /tube besides the hub's own and none, comma- "
+                             "separated (*: any)"),
     "tolliver.max_message_bytes": (int, 16 * 1024 * 1024, "largest Tolliver message body"),
     "tolliver.max_subscriptions": (int, 1024, "subscriptions one Tolliver remote may hold"),
     "log.segment_bytes": (int, 128 * 1024 * 1024, "roll a segment past this size"),
@@ -266,7 +272,9 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "http.header_seconds": (0.01, 10**6),
     "http.body_seconds": (0.01, 10**6),
     "http.max_body_bytes": (1024, 2**31),
+    # Tube (issue 20)
     "tube.max_message_bytes": (1024, 2**31),
+    "tube.min_fragment_size": (8, 2**31 - 1),
     "tolliver.max_message_bytes": (1024, 2**31 - 1),
     "tolliver.max_subscriptions": (1, 2**20),
     "log.max_pending_bytes": (1, 2**62),
