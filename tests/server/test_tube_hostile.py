@@ -8,6 +8,7 @@ the carrier's sweep called with a later ``now``: no waiting for timers)."""
 from __future__ import annotations
 
 import asyncio
+import random
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,11 +26,18 @@ from tidewire.client.tube import TubeStream, connect
 from tidewire.hub import BudgetLimits, Hub
 from tidewire.hub.budget import Budget
 from tidewire.log import LogConfig
+from tidewire.model import Batch
 from tidewire.protocols.rsio import ClientHello, Decoder, OnError, Request, Subscribe, encode
 from tidewire.protocols.rsio_http import ERROR_HEADER
 from tidewire.protocols.tube import CODE_DEFLATE, CODE_PLAIN, encode_header, push_varint
 from tidewire.server.app import TUBE_CONNECTIONS_KEY, build_app
-from tidewire.server.tube import TubeCarrier, TubeSettings, origin_allowed
+from tidewire.server.tube import (
+    GAUGE,
+    WRITE_HIGH_WATER,
+    TubeCarrier,
+    TubeSettings,
+    origin_allowed,
+)
 
 MiB = 1024 * 1024
 RUN_SECONDS = 60.0
@@ -150,10 +158,10 @@ def test_an_unfinished_message_is_charged_and_bounded_by_the_share(
             fragment = bytes(64 * 1024)
             await ws.send_bytes(encode_header(CODE_PLAIN, 400) + fragment[:-3])  # 25 MiB due
             (carrier,) = await until_carriers(served)
-            await until(lambda: carrier.share.gauge("inbound") == len(fragment) - 3, "charged")
+            await until(lambda: carrier.share.gauge(GAUGE) == len(fragment) - 3, "charged")
             for _ in range(15):
                 await ws.send_bytes(fragment)
-            await until(lambda: carrier.share.gauge("inbound") == 16 * len(fragment) - 3,
+            await until(lambda: carrier.share.gauge(GAUGE) == 16 * len(fragment) - 3,
                         "one MiB less three bytes held")  # fmt: skip
             await ws.send_bytes(fragment)  # past 1 MiB: refused before it is taken
             assert await close_code(ws) == 1009
@@ -171,7 +179,7 @@ async def until_carriers(served: Served, n: int = 1) -> list[TubeCarrier]:
 
 def test_a_deflate_bomb_is_refused_at_the_share_as_it_inflates(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
-        budget = BudgetLimits(total=64 * MiB, principal=8 * MiB, connection=2 * MiB)
+        budget = BudgetLimits(total=64 * MiB, principal=8 * MiB, connection=1 * MiB)
         async with tube_hub(tmp_path, budget=budget) as served, \
                 aiohttp.ClientSession() as session:  # fmt: skip
             ws = await opened(session, served.url)
@@ -181,7 +189,7 @@ def test_a_deflate_bomb_is_refused_at_the_share_as_it_inflates(tmp_path: Path, r
             assert len(bomb) < 64 * 1024  # one WebSocket message of about 30 KB
             await ws.send_bytes(encode_header(CODE_PLAIN, 1) + encode(ClientHello()))
             await ws.send_bytes(bomb)
-            assert await close_code(ws) == 1009
+            assert await close_code(ws, 30) == 1009
             await until(lambda: served.hub.budget.used == 0, "everything returned")
 
     run(main())
@@ -260,6 +268,53 @@ def test_an_unfinished_message_is_closed_at_its_deadline(tmp_path: Path, run: Ru
             carrier.sweep(since + 60.0)
             assert carrier.is_closing()
             assert await close_code(ws) == 1008
+            await until(lambda: served.hub.budget.used == 0, "everything returned")
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- large and slow
+
+
+def test_a_publish_over_the_message_limit_goes_in_several_messages(
+    tmp_path: Path, run: Run
+) -> None:
+    """The Python client splits a write over 4 MiB into several Tube messages (RS.io is a byte
+    stream), so an element larger than ``tube.max_message_bytes`` still goes through."""
+
+    async def main() -> None:
+        settings = TubeSettings(max_message_bytes=8 * MiB)
+        async with tube_hub(tmp_path, settings) as served, connect(served.url) as client:
+            values = [random.randbytes(10 * MiB), b"small"]  # an element over the limit
+            receipt = await client.publish("big", values)
+            assert receipt.count == 2
+            got = []
+            async for batch in client.subscribe("big", until_id=receipt.last_id):
+                got += [e.value for e in batch]
+            assert got == values
+
+    run(main())
+
+
+def test_a_subscriber_that_does_not_read_is_charged_what_waits(tmp_path: Path, run: Run) -> None:
+    """What waits for a Tube peer that reads nothing is the connection's ``outbound`` gauge,
+    as the carrier reports it (its queue and the HTTP transport's buffer), and stays bounded:
+    the high-water mark and a delivery or so (RS.io's deliveries, 1 MiB), not the stream."""
+
+    async def main() -> None:
+        async with tube_hub(tmp_path) as served, aiohttp.ClientSession() as session:
+            values = [random.randbytes(MiB) for _ in range(40)]  # (incompressible)
+            await served.hub.append(Batch.build("s", values), assign_ids=True)
+            ws = await opened(session, served.url, push_varint(0))
+            hello = encode(ClientHello()) + encode(Subscribe("s?from=earliest", 1, 1000))
+            await ws.send_bytes(encode_header(CODE_PLAIN, 1) + hello)
+            (carrier,) = await until_carriers(served)
+            await until(lambda: carrier.get_write_buffer_size() > WRITE_HIGH_WATER,
+                        "past the high-water mark")  # fmt: skip
+            await asyncio.sleep(0.2)  # (what more the hub would write, if it did)
+            assert carrier.share.gauge("outbound") == carrier.get_write_buffer_size()
+            assert carrier.get_write_buffer_size() <= WRITE_HIGH_WATER + 2 * MiB
+            await ws.close()
             await until(lambda: served.hub.budget.used == 0, "everything returned")
 
     run(main())

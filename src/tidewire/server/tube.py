@@ -24,14 +24,17 @@ wait, and it pauses reading the WebSocket), until the queue drains below ``WRITE
 transport's buffer); it is the connection's ``outbound`` gauge in the hub's memory budget.
 
 Hostile input (issue 20): what a message holds while it arrives (its fragments, a deflated one
-until inflated, and its running inflated size) is the ``inbound`` gauge of the connection's
-:class:`~tidewire.hub.Share`, checked *before* each WebSocket message is taken and at each
-inflated slice; refused, the WebSocket closes with 1009. A deflated message is inflated a slice
-at a time (``Connection.next_event``) and RS.io gets its bytes in slices sized to take under a
-millisecond each, with a turn of the event loop every ``TURN_SECONDS``, so a 12 KB message
-inflating to megabytes of refused requests never holds the loop for long. A message of several
-fragments left unfinished for ``message_seconds`` is closed (1008: the machine's deadline, on
-this carrier's timer, :meth:`TubeCarrier.sweep`). A peer asking for fragments under
+until inflated, and its running inflated size) is the ``tube`` gauge of the connection's
+:class:`~tidewire.hub.Share` (the RS.io session's, when it has one: one account per
+connection; RS.io's own undecoded bytes are its ``inbound``), checked *before* each WebSocket
+message is taken and at each inflated slice; refused, the WebSocket closes with 1009. A
+deflated message is inflated a slice at a time (``Connection.next_event``) and RS.io gets its
+bytes in slices sized to take well under a millisecond each, with a turn of the event loop
+every ``TURN_SECONDS`` of such work (:meth:`TubeCarrier._deliver`), so a 12 KB message
+inflating to megabytes of refused requests never holds the loop for long; the session's
+answers meanwhile are gathered into few Tube messages. A message of several fragments, or an
+RS.io frame, left unfinished for ``message_seconds`` is closed (1008: the deadlines, on this
+carrier's timer, :meth:`TubeCarrier.sweep`). A peer asking for fragments under
 ``min_fragment_size`` is closed (1008). An upgrade whose ``Origin`` is not allowed
 (:func:`origin_allowed`) is answered 403 before any WebSocket.
 """
@@ -68,9 +71,12 @@ log = logging.getLogger("tidewire.tube")
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
-FEED_MIN = 512  # RS.io gets slices of these bounds (adapting to their cost, _deliver)
+FEED_MIN = 64  # RS.io gets slices of these bounds (adapting to their cost, _deliver)
 FEED_MAX = 64 * 1024
-TURN_SECONDS = 0.002  # the most handing RS.io bytes over goes without a turn of the loop
+TURN_SECONDS = 0.0005  # the most handing RS.io bytes over goes without a turn of the loop
+PAUSE_SECONDS = 0.001  # the turn after costly bytes: for other connections' several steps
+GAUGE = "tube"  # what Tube holds of the peer's messages, in the connection's budget share
+COALESCE_BYTES = 64 * 1024  # the session's answers to input gathered into one Tube message
 _TLS_INFO = frozenset({"peercert", "sslcontext", "cipher", "compression", "ssl_object"})
 _DEFAULT_PORTS = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
 _refused_origins = LogThrottle()  # (one line per refused Origin would let a page flood the log)
@@ -129,8 +135,9 @@ class TubeCarrier:
     def __init__(self, ws: web.WebSocketResponse, tube: Connection, session: RsioSession,
                  peer: str, http: asyncio.BaseTransport | None = None,
                  share: Share | None = None) -> None:  # fmt: skip
-        """``share``: the connection's share of the hub's memory budget (default: a new one
-        of ``session.hub.budget``); closed when :meth:`run` ends."""
+        """``share``: the connection's share of the hub's memory budget (default: the
+        session's own, when it has one, else a new one of ``session.hub.budget``, closed
+        when :meth:`run` ends)."""
         self.ws = ws
         self.tube = tube
         self.session = session
@@ -149,20 +156,41 @@ class TubeCarrier:
         self._wake = asyncio.Event()  # the writer task has messages to send, or must close
         self._in_writer = 0  # bytes the writer task took and has not sent yet
         self._timer: asyncio.TimerHandle | None = None
-        self.share = share or session.hub.budget.share(str(session.principal), f"tube {peer}")
+        own: Share | None = getattr(session, "share", None)  # (an RS.io session's account)
+        self._own_share = share is None and own is None
+        self.share = share or own or session.hub.budget.share(str(session.principal), peer)
         self._draining = False  # run() is handing events to the session (it yields meanwhile)
         self._feed = FEED_MIN  # the slice RS.io gets next (adapts, _deliver)
         self._turn = self._loop.time()  # when input handling last gave the loop a turn
         self._inflating = 0  # the running size of the deflated message being inflated
+        self._held: list[bytes | memoryview] = []  # the session's writes while input is fed
+        self._held_bytes = 0
 
     # ------------------------------------------------------------------ Carrier
 
     def write_chunks(self, chunks: list[bytes | memoryview]) -> None:
-        """One Tube message of ``chunks`` (dropped once closing, as a closed socket would)."""
+        """One Tube message of ``chunks`` (dropped once closing, as a closed socket would).
+        While input is being handed to the session, its writes (answers: onError for each
+        refused subscribe...) are gathered into one Tube message per turn of the loop, or
+        per ``COALESCE_BYTES``, instead of one WebSocket message each."""
         if self._closing or not self.tube.established:
+            return
+        if self._draining:
+            self._held += chunks
+            self._held_bytes += sum(len(c) for c in chunks)
+            if self._held_bytes >= COALESCE_BYTES:
+                self._send_held()
             return
         self.tube.send_chunks(chunks, self._loop.time())
         self._flush()
+
+    def _send_held(self) -> None:
+        """The writes gathered while input was fed, as one Tube message."""
+        if self._held:
+            held, self._held, self._held_bytes = self._held, [], 0
+            if self.tube.established:  # (else the connection broke meanwhile: dropped)
+                self.tube.send_chunks(held, self._loop.time())
+            self._flush()
 
     def pause_reading(self) -> None:
         self._readable.clear()
@@ -172,6 +200,8 @@ class TubeCarrier:
 
     def close(self) -> None:
         """The writer task sends what is queued, then closes the WebSocket."""
+        if not self._closing and self.tube.established:
+            self._send_held()  # (a goodbye among them)
         self._closing = True
         self._wake.set()
         self._readable.set()  # (nothing more is read: a reader waiting for it must see so)
@@ -196,7 +226,7 @@ class TubeCarrier:
     def get_write_buffer_size(self) -> int:
         """Bytes written and not yet sent: Tube messages queued (in the machine and the
         writer task) and what the HTTP transport under the WebSocket still buffers."""
-        return self.queued + self._transport_buffered()
+        return self.queued + self._held_bytes + self._transport_buffered()
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         """``(low, high)``: past ``high`` the session is paused, below ``low`` resumed."""
@@ -231,7 +261,7 @@ class TubeCarrier:
                 if message.type == WSMsgType.BINARY:
                     data = message.data
                     # Checked before the machine takes it: what it will hold with this message.
-                    if not self.share.try_hold("inbound", self.tube.buffered + len(data)):
+                    if not self.share.try_hold(GAUGE, self.tube.buffered + len(data)):
                         self._refuse("a message past the connection's memory share", 1009)
                         break
                     self.tube.receive_data(data, self._loop.time())
@@ -254,7 +284,8 @@ class TubeCarrier:
                 self.session.connection_lost()
             self.close()
             await writer
-            self.share.close()
+            if self._own_share:
+                self.share.close()
 
     async def _handle(self) -> None:
         """The Tube machine's events into the session (:meth:`_deliver`: in slices, with
@@ -270,8 +301,9 @@ class TubeCarrier:
                     self._on_event(event)
         finally:
             self._draining = False
+            self._send_held()
         if not self.share.closed:
-            self.share.hold("inbound", self.tube.buffered)  # (lowering: never refused)
+            self.share.hold(GAUGE, self.tube.buffered)  # (lowering: never refused)
         if str(self.session.principal) != self.share.principal:  # (an in-band authenticate)
             self.share.rebind(str(self.session.principal))
         self._flush()
@@ -282,23 +314,29 @@ class TubeCarrier:
         so far, and what is still compressed (False: refused, the connection is closing)."""
         self._inflating = 0 if part.final else self._inflating + len(part.data)
         running = self._inflating + (len(part.data) if part.final else 0)
-        if self.share.try_hold("inbound", self.tube.buffered + running):
+        if self.share.try_hold(GAUGE, self.tube.buffered + running):
             return True
         self._refuse("a deflated message inflating past the connection's memory share", 1009)
         return False
 
     async def _deliver(self, data: bytes) -> None:
         """``data`` into the session in slices, none while the session has paused reading,
-        with a turn of the loop once ``TURN_SECONDS`` have gone without one. The slice adapts
-        to what the bytes cost: halved when one took over half a turn (megabytes of refused
-        requests), doubled up to ``FEED_MAX`` when cheap (a large publish), so no slice holds
-        the loop for long whatever the bytes are, and plain data goes in large slices."""
+        with a turn of the loop once ``TURN_SECONDS`` of this work have gone without one.
+
+        The slice adapts to what the bytes cost: halved while one takes over a quarter of a
+        turn (megabytes of refused requests: down to ``FEED_MIN``), doubled while cheap (a
+        large publish: up to ``FEED_MAX``). Cheap bytes get a single pass of the loop as
+        their turn; costly ones a pause of ``PAUSE_SECONDS``, since another connection's
+        request and answer need several passes: so input that costs far more than its size
+        gets at most a third of the loop while others wait, and plain data is not slowed."""
         loop, pos = self._loop, 0
         while pos < len(data):
             if loop.time() - self._turn >= TURN_SECONDS:
-                await asyncio.sleep(0)  # (let every other connection have its turn)
+                self._send_held()
+                await asyncio.sleep(PAUSE_SECONDS if self._feed < FEED_MAX else 0)
                 self._turn = loop.time()
             if not self._readable.is_set():
+                self._send_held()
                 await self._readable.wait()
             if self._closing:
                 return
@@ -308,9 +346,9 @@ class TubeCarrier:
             began = loop.time()
             self.session.receive_data(piece)
             took = loop.time() - began
-            if took > TURN_SECONDS / 2:
+            if took > TURN_SECONDS / 4:
                 self._feed = max(FEED_MIN, n // 2)
-            elif took < TURN_SECONDS / 8 and len(piece) == n:
+            elif took < TURN_SECONDS / 16 and len(piece) == n:
                 self._feed = min(FEED_MAX, n * 2)
             self._flush()
 
@@ -335,13 +373,28 @@ class TubeCarrier:
     def _arm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        deadline = self.tube.next_deadline()
-        self._timer = None if deadline is None else self._loop.call_at(deadline, self.sweep)
+        deadlines = [d for d in (self.tube.next_deadline(), self._frame_deadline()) if d]
+        self._timer = self._loop.call_at(min(deadlines), self.sweep) if deadlines else None
+
+    def _frame_deadline(self) -> float | None:
+        """When the RS.io frame the peer began and left unfinished is due (a session that
+        tells, with ``receiving_since``): the same ``message_seconds`` as a Tube message's,
+        since the guard's sweep does not reach connections under aiohttp."""
+        seconds = self.tube.limits.message_seconds
+        since_of = getattr(self.session, "receiving_since", None)
+        since = since_of() if seconds is not None and since_of is not None else None
+        return None if since is None or seconds is None else float(since) + seconds
 
     def sweep(self, now: float | None = None) -> None:
-        """The machine's deadlines at ``now`` (default: the loop's time): keepalive, silence,
-        an unfinished message (what the timer calls; tests may call it with a later ``now``)."""
-        self.tube.handle_timer(self._loop.time() if now is None else now)
+        """The deadlines at ``now`` (default: the loop's time): the machine's (keepalive,
+        silence, an unfinished Tube message) and an unfinished RS.io frame's (what the
+        timer calls; tests may call it with a later ``now``)."""
+        now = self._loop.time() if now is None else now
+        self.tube.handle_timer(now)
+        frame = self._frame_deadline()
+        if frame is not None and now >= frame and not self._closing:
+            self._refuse(f"an RS.io frame unfinished after {self.tube.limits.message_seconds:g} s",
+                         1008)  # fmt: skip
         if not self._draining:  # (else run() is handing events over and will meet these)
             while (event := self.tube.next_event()) is not None:
                 if not isinstance(event, MessageReceived):  # (none comes from a timer)
@@ -352,7 +405,7 @@ class TubeCarrier:
     def _flush(self) -> None:
         """Wake the writer task; past the high-water mark, pause the session."""
         self._wake.set()
-        self.queued = self.tube.pending + self._in_writer
+        self.queued = self.tube.pending + self._in_writer + self._held_bytes
         self.share.hold("outbound", self.queued + self._transport_buffered())
         if not self._paused and self.queued > WRITE_HIGH_WATER:
             self._paused = True
