@@ -31,6 +31,7 @@ from tidewire.protocols.rsio import ClientHello, Decoder, OnError, Request, Subs
 from tidewire.protocols.rsio_http import ERROR_HEADER
 from tidewire.protocols.tube import CODE_DEFLATE, CODE_PLAIN, encode_header, push_varint
 from tidewire.server.app import TUBE_CONNECTIONS_KEY, build_app
+from tidewire.server.rsio_session import RsioSession
 from tidewire.server.tube import (
     GAUGE,
     WRITE_HIGH_WATER,
@@ -213,9 +214,13 @@ def test_a_bomb_of_refused_subscribes_does_not_hold_the_loop(tmp_path: Path, run
                     await asyncio.sleep(0.005)
                     lags.append(loop.time() - before - 0.005)
 
+            messages = 0
+
             async def refusals() -> int:
+                nonlocal messages
                 decoder, refused = Decoder(), 0
                 while refused < count and (data := await stream.read()):
+                    messages += 1
                     decoder.feed(data)
                     while (message := decoder.next_message()) is not None:
                         refused += isinstance(message, OnError)
@@ -230,6 +235,7 @@ def test_a_bomb_of_refused_subscribes_does_not_hold_the_loop(tmp_path: Path, run
                 stream.close()
                 await stream.wait_closed()
             assert refused >= 100  # all of them, or as many as the hub took before ending it
+            assert messages <= refused // 20 + 5  # answers gathered: not a message each
             assert lags
             assert max(lags) < 0.05, f"the loop was held {max(lags) * 1000:.0f} ms"
 
@@ -316,5 +322,36 @@ def test_a_subscriber_that_does_not_read_is_charged_what_waits(tmp_path: Path, r
             assert carrier.get_write_buffer_size() <= WRITE_HIGH_WATER + 2 * MiB
             await ws.close()
             await until(lambda: served.hub.budget.used == 0, "everything returned")
+
+    run(main())
+
+
+def frame_since(carrier: TubeCarrier) -> float | None:
+    """The RS.io session's ``receiving_since()`` (looked up: not every session has it)."""
+    since: float | None = getattr(carrier.session, "receiving_since")()  # noqa: B009
+    return since
+
+
+def test_an_unfinished_rsio_frame_is_closed_at_the_deadline(tmp_path: Path, run: Run) -> None:
+    """An RS.io frame begun in a Tube message and never finished: the guard does not sweep
+    aiohttp's connections, so the Tube carrier applies ``message_seconds`` to it as well."""
+    if not hasattr(RsioSession, "receiving_since"):
+        pytest.skip("the RS.io session does not tell when its unfinished frame began")
+
+    async def main() -> None:
+        async with tube_hub(tmp_path, TubeSettings(message_seconds=60.0)) as served, \
+                aiohttp.ClientSession() as session:  # fmt: skip
+            ws = await opened(session, served.url)
+            begun = encode(ClientHello()) + encode(Subscribe("some.stream", 1, 1))[:4]
+            await ws.send_bytes(encode_header(CODE_PLAIN, 1) + begun)
+            (carrier,) = await until_carriers(served)
+            await until(lambda: frame_since(carrier) is not None, "a frame begun")
+            assert carrier.receiving_since() is None  # (the Tube message itself is whole)
+            since = frame_since(carrier)
+            assert since is not None
+            carrier.sweep(since + 59.0)
+            assert not carrier.is_closing()
+            carrier.sweep(since + 60.0)
+            assert await close_code(ws) == 1008
 
     run(main())
