@@ -302,17 +302,30 @@ def test_a_publish_over_the_message_limit_goes_in_several_messages(
     run(main())
 
 
-def test_a_subscriber_that_does_not_read_is_charged_what_waits(tmp_path: Path, run: Run) -> None:
+TAKING_TURNS = hasattr(RsioSession, "receiving_since")  # (the RS.io session of issue 20)
+
+
+@pytest.mark.parametrize("subscriptions", [
+    1,
+    pytest.param(20, marks=pytest.mark.skipif(
+        not TAKING_TURNS, reason="the RS.io session's pumps do not take turns at the output")),
+])  # fmt: skip
+def test_a_subscriber_that_does_not_read_is_charged_what_waits(
+    tmp_path: Path, run: Run, subscriptions: int
+) -> None:
     """What waits for a Tube peer that reads nothing is the connection's ``outbound`` gauge,
-    as the carrier reports it (its queue and the HTTP transport's buffer), and stays bounded:
-    the high-water mark and a delivery or so (RS.io's deliveries, 1 MiB), not the stream."""
+    as the carrier reports it (its queue and the HTTP transport's buffer), and stays bounded,
+    whatever the number of subscriptions: the high-water mark and one delivery (RS.io's
+    deliveries, 1 MiB) or so, not the stream."""
 
     async def main() -> None:
         async with tube_hub(tmp_path) as served, aiohttp.ClientSession() as session:
             values = [random.randbytes(MiB) for _ in range(40)]  # (incompressible)
             await served.hub.append(Batch.build("s", values), assign_ids=True)
             ws = await opened(session, served.url, push_varint(0))
-            hello = encode(ClientHello()) + encode(Subscribe("s?from=earliest", 1, 1000))
+            hello = encode(ClientHello()) + b"".join(
+                encode(Subscribe("s?from=earliest", i, 1000)) for i in range(subscriptions)
+            )
             await ws.send_bytes(encode_header(CODE_PLAIN, 1) + hello)
             (carrier,) = await until_carriers(served)
             await until(lambda: carrier.get_write_buffer_size() > WRITE_HIGH_WATER,
