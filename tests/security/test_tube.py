@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import logging
+import os
 import shutil
 import time
 import zlib
@@ -52,7 +53,8 @@ from tidewire.protocols.rsio_http import ERROR_HEADER
 from tidewire.protocols.tube import CODE_DEFLATE, CODE_PLAIN, encode_header, push_varint
 from tidewire.server.app import TUBE_CONNECTIONS_KEY
 from tidewire.server.guard import ConnectionLimits
-from tidewire.server.tube import TubeSettings
+from tidewire.server.rsio_session import RsioSession
+from tidewire.server.tube import WRITE_HIGH_WATER, TubeSettings
 
 Runner = Run
 _T = TypeVar("_T")
@@ -475,6 +477,40 @@ def test_tiny_fragments_are_refused(tmp_path: Path) -> None:
 
         assert run_bounded(at_the_floor()) == bytes(100_000)
         assert "a fragment size of 8, below 4096" in hub.log_text()
+
+
+async def never_reading(url: str, subscriptions: int, seconds: float) -> None:
+    """One anonymous Tube connection subscribing ``subscriptions`` times to the stream ``big``
+    with ample demand and reading nothing for ``seconds``."""
+    async with aiohttp.ClientSession() as session:
+        ws = await handshake(session, url)
+        frames = encode(ClientHello()) + b"".join(
+            encode(Subscribe("big?from=earliest", i, 10_000)) for i in range(subscriptions)
+        )
+        await ws.send_bytes(encode_header(CODE_PLAIN, 1) + frames)
+        await asyncio.sleep(seconds)  # (the attack: not reading, for this long)
+        await ws.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(RsioSession, "receiving_since"),
+    reason="the RS.io session's pumps do not take turns at the output",
+)
+def test_a_tube_subscriber_that_never_reads_costs_the_mark_and_a_delivery(tmp_path: Path) -> None:
+    with real_hub(tmp_path, settings=BUDGET, tokens=["good"]) as hub:
+
+        async def fill() -> None:
+            async with tube.connect(hub.tube_url, token=hub.tokens["good"]) as client:
+                for _ in range(8):  # 48 MiB, incompressible
+                    await client.publish("big", [os.urandom(MiB) for _ in range(6)])
+
+        run_bounded(fill())
+        before = hub.rss()
+        _, report, slowest = run_bounded(alongside(hub, never_reading(hub.tube_url, 100, 4.0)))
+        # 100 subscriptions, each with demand for the whole stream: what waits for the peer
+        # is the high-water mark (4 MiB) and one delivery (1 MiB), not 100 deliveries.
+        assert hub.peak_rss() < before + WRITE_HIGH_WATER + 2 * MiB + RSS_MARGIN
+        served_well(hub, report, slowest, before)
 
 
 async def foreign_origins(url: str, origin: str, times: int) -> list[int]:
