@@ -497,12 +497,13 @@ async def never_reading(url: str, subscriptions: int, seconds: float) -> None:
     reason="the RS.io session's pumps do not take turns at the output",
 )
 def test_a_tube_subscriber_that_never_reads_costs_the_mark_and_a_delivery(tmp_path: Path) -> None:
-    with real_hub(tmp_path, settings=BUDGET, tokens=["good"]) as hub:
+    settings = {**BUDGET, "memory.principal_bytes": 32 * MiB, "memory.connection_bytes": 16 * MiB}
+    with real_hub(tmp_path, settings=settings, tokens=["good"]) as hub:
 
         async def fill() -> None:
             async with tube.connect(hub.tube_url, token=hub.tokens["good"]) as client:
-                for _ in range(8):  # 48 MiB, incompressible
-                    await client.publish("big", [os.urandom(MiB) for _ in range(6)])
+                for _ in range(12):  # 48 MiB, incompressible
+                    await client.publish("big", [os.urandom(MiB // 4) for _ in range(16)])
 
         run_bounded(fill())
         before = hub.rss()

@@ -285,7 +285,7 @@ def test_an_unfinished_message_is_closed_at_its_deadline(tmp_path: Path, run: Ru
 def test_a_publish_over_the_message_limit_goes_in_several_messages(
     tmp_path: Path, run: Run
 ) -> None:
-    """The Python client splits a write over 4 MiB into several Tube messages (RS.io is a byte
+    """The Python client splits a write over 1 MiB into several Tube messages (RS.io is a byte
     stream), so an element larger than ``tube.max_message_bytes`` still goes through."""
 
     async def main() -> None:

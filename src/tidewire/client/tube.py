@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["TubeStream", "connect"]
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
-MESSAGE_BYTES = 4 * 1024 * 1024  # the largest Tube message a write becomes (a hub takes 32 MiB)
+MESSAGE_BYTES = 1024 * 1024  # the largest Tube message a write becomes (a hub takes 32 MiB,
+# as its connection's memory share allows: 1 MiB at least)
 
 
 class TubeStream:
