@@ -510,7 +510,8 @@ def test_a_tube_subscriber_that_never_reads_costs_the_mark_and_a_delivery(tmp_pa
         _, report, slowest = run_bounded(alongside(hub, never_reading(hub.tube_url, 100, 4.0)))
         # 100 subscriptions, each with demand for the whole stream: what waits for the peer
         # is the high-water mark (4 MiB) and one delivery (1 MiB), not 100 deliveries.
-        assert hub.peak_rss() < before + WRITE_HIGH_WATER + 2 * MiB + RSS_MARGIN
+        # (16 MiB for the interpreter's churn: without turns it grew by 34-243 MiB)
+        assert hub.peak_rss() < before + WRITE_HIGH_WATER + 2 * MiB + 16 * MiB
         served_well(hub, report, slowest, before)
 
 
