@@ -110,7 +110,13 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "http.max_subscriptions_per_principal": (int, 1_000,
                                              "RS.io over HTTP: subscriptions of one principal "
                                              "at once (anonymous peers are one principal)"),
-    "tube.max_message_bytes": (int, 128 * 1024 * 1024, "largest Tube message, after inflation"),
+    # Tube (issue 20): the message bound, the fragment floor, the Origin allow-list
+    "tube.max_message_bytes": (int, 32 * 1024 * 1024, "largest Tube message, after inflation"),
+    "tube.min_fragment_size": (int, 4096,
+                               "smallest fragment size a Tube peer may ask for (0 aside)"),
+    "tube.allowed_origins": (str, "",
+                             "Origins allowed on /tube besides the hub's own and none, comma- "
+                             "separated (*: any)"),
     "tolliver.max_message_bytes": (int, 16 * 1024 * 1024, "largest Tolliver message body"),
     "tolliver.max_subscriptions": (int, 1024, "subscriptions one Tolliver remote may hold"),
     # -- Tolliver, issue 20 (channels, unacked bytes, identity)
@@ -291,7 +297,9 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "http.max_body_bytes": (1024, 2**31),
     # issue 20, RS.io over HTTP: quotas per principal
     "http.max_subscriptions_per_principal": (1, 2**24),
+    # Tube (issue 20)
     "tube.max_message_bytes": (1024, 2**31),
+    "tube.min_fragment_size": (8, 2**31 - 1),
     "tolliver.max_message_bytes": (1024, 2**31 - 1),
     "tolliver.max_subscriptions": (1, 2**20),
     # -- Tolliver, issue 20

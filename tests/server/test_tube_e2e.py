@@ -445,7 +445,8 @@ def test_a_subscriber_receives_no_more_than_its_demand(tmp_path: Path, run: Runn
     that asked for 3 and stops requesting gets 3, however many events there are."""
 
     async def main() -> None:
-        async with tube_hub(tmp_path, TubeSettings(fragment_size=1024)) as served:
+        settings = TubeSettings(fragment_size=1024, min_fragment_size=1024)  # (floor: 4096)
+        async with tube_hub(tmp_path, settings) as served:
             await append(served.hub, "s", [b"e%d" % i for i in range(100)])
             await append(served.hub, "t", [b"mark"])
             stream = await TubeStream.open(served.url, fragment_size=1024)

@@ -4,10 +4,11 @@ as ``tidewire.connect("rsio://...")`` (subscribe with demand, publish), its byte
 messages (seed 001) over aiohttp's WebSocket client.
 
 :class:`TubeStream` is the adapter: the RS.io client reads the payloads of Tube messages and
-each of its writes is one Tube message; a writer task sends them in order, and ``drain()``
-waits while more than ``WRITE_HIGH_WATER`` bytes are queued. Tube's keepalive (ping after
-``keepalive`` seconds of quiet, close a peer silent for three times that) runs on the read
-side's timeouts.
+each of its writes is one Tube message (a write over ``MESSAGE_BYTES`` several: RS.io is a byte
+stream, and a hub refuses messages over its ``tube.max_message_bytes``); a writer task sends
+them in order, and ``drain()`` waits while more than ``WRITE_HIGH_WATER`` bytes are queued.
+Tube's keepalive (ping after ``keepalive`` seconds of quiet, close a peer silent for three
+times that) runs on the read side's timeouts.
 
 Credentials: ``token=`` goes in the upgrade request's ``Authorization: Bearer`` header (a hub
 that refuses it answers 401 before the upgrade: :class:`~tidewire.model.Unauthenticated` here);
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["TubeStream", "connect"]
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+MESSAGE_BYTES = 1024 * 1024  # the largest Tube message a write becomes (a hub takes 32 MiB,
+# as its connection's memory share allows: 1 MiB at least)
 
 
 class TubeStream:
@@ -136,7 +139,9 @@ class TubeStream:
 
     def write(self, data: bytes) -> None:
         if self.closed_reason is None and data:
-            self.tube.send(data, self._loop.time())
+            view, now = memoryview(data), self._loop.time()
+            for start in range(0, len(data), MESSAGE_BYTES):
+                self.tube.send(view[start : start + MESSAGE_BYTES], now)
             self._kick()
 
     def _kick(self) -> None:

@@ -114,8 +114,12 @@ that every listener the registry names is here or is :data:`HTTP_LISTENER`)."""
 
 
 def tube_settings(config: ServerConfig) -> TubeSettings:
-    """Tube's bound from ``tube.max_message_bytes``."""
-    return TubeSettings(max_message_bytes=int(config.values["tube.max_message_bytes"]))
+    """Tube's bounds from the ``tube.*`` settings and ``limits.message_seconds``."""
+    v, seconds = config.values, float(config.values["limits.message_seconds"])
+    origins = tuple(o for o in str(v["tube.allowed_origins"]).replace(",", " ").split() if o)
+    return TubeSettings(max_message_bytes=int(v["tube.max_message_bytes"]),
+                        min_fragment_size=int(v["tube.min_fragment_size"]),
+                        message_seconds=seconds or None, allowed_origins=origins)  # fmt: skip
 
 
 def tolliver_settings(config: ServerConfig) -> TolliverSettings:

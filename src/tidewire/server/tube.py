@@ -20,39 +20,111 @@ and offer against the ACL itself.
 Flow control: the Tube messages queued (in the machine and in the writer task, which sends
 them in order) are bounded: past ``WRITE_HIGH_WATER`` bytes the session is paused (its pumps
 wait, and it pauses reading the WebSocket), until the queue drains below ``WRITE_LOW_WATER``.
+:meth:`TubeCarrier.get_write_buffer_size` says truthfully what waits (the queue and the HTTP
+transport's buffer); it is the connection's ``outbound`` gauge in the hub's memory budget.
+
+Hostile input (issue 20): what a message holds while it arrives (its fragments, a deflated one
+until inflated, and its running inflated size) is the ``tube`` gauge of the connection's
+:class:`~tidewire.hub.Share` (the RS.io session's, when it has one: one account per
+connection; RS.io's own undecoded bytes are its ``inbound``), checked *before* each WebSocket
+message is taken and at each inflated slice; refused, the WebSocket closes with 1009. A
+deflated message is inflated a slice at a time (``Connection.next_event``) and RS.io gets its
+bytes in slices sized to take well under a millisecond each, with a turn of the event loop
+every ``TURN_SECONDS`` of such work (:meth:`TubeCarrier._deliver`), so a 12 KB message
+inflating to megabytes of refused requests never holds the loop for long; the session's
+answers meanwhile are gathered into few Tube messages. A message of several fragments, or an
+RS.io frame, left unfinished for ``message_seconds`` is closed (1008: the deadlines, on this
+carrier's timer, :meth:`TubeCarrier.sweep`). A peer asking for fragments under
+``min_fragment_size`` is closed (1008). An upgrade whose ``Origin`` is not allowed
+(:func:`origin_allowed`) is answered 403 before any WebSocket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMsgType, hdrs, web
 
-from ..hub import Hub
+from ..hub import Hub, Share
 from ..hub.access import Access
 from ..observe.logs import connection_log
-from ..protocols.tube import Closed, Connection, Established, Limits, MessageReceived, Role
+from ..observe.throttle import LogThrottle
+from ..protocols.rsio_http import ERROR_HEADER
+from ..protocols.tube import (
+    Closed,
+    Connection,
+    Established,
+    Event,
+    Limits,
+    MessageReceived,
+    Role,
+)
 from .rsio_http import principal
 from .rsio_session import RsioSession, RsioSettings
 
-__all__ = ["TubeCarrier", "TubeSettings", "add_tube_route"]
+__all__ = ["TubeCarrier", "TubeSettings", "add_tube_route", "origin_allowed"]
 
 log = logging.getLogger("tidewire.tube")
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+FEED_MIN = 64  # RS.io gets slices of these bounds (adapting to their cost, _deliver)
+FEED_MAX = 64 * 1024
+TURN_SECONDS = 0.0005  # the most handing RS.io bytes over goes without a turn of the loop
+PAUSE_SECONDS = 0.001  # the turn after costly bytes: for other connections' several steps
+GAUGE = "tube"  # what Tube holds of the peer's messages, in the connection's budget share
+COALESCE_BYTES = 64 * 1024  # the session's answers to input gathered into one Tube message
 _TLS_INFO = frozenset({"peercert", "sslcontext", "cipher", "compression", "ssl_object"})
+_DEFAULT_PORTS = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
+_refused_origins = LogThrottle()  # (one line per refused Origin would let a page flood the log)
 
 
 @dataclass(frozen=True, slots=True)
 class TubeSettings:
+    """The ``tube.*`` settings (and ``limits.message_seconds``). ``allowed_origins``: the
+    ``Origin`` values allowed besides the hub's own origin and none at all (``*``: any);
+    ``message_seconds`` None: no deadline on an unfinished message."""
+
     fragment_size: int = 64 * 1024  # what the hub asks peers to split at
-    max_message_bytes: int = 128 * 1024 * 1024
+    max_message_bytes: int = 32 * 1024 * 1024  # (an RS.io element is at most 16 MiB)
     keepalive_seconds: float | None = 30.0  # ping after this much quiet; close after 3x silence
     compression: str = "smart"
+    min_fragment_size: int = 4096  # the least a peer may ask the hub to split at (0 aside)
+    message_seconds: float | None = 60.0
+    allowed_origins: tuple[str, ...] = ()
+
+    def limits(self) -> Limits:
+        return Limits(max_message_bytes=self.max_message_bytes,
+                      min_fragment_size=self.min_fragment_size,
+                      message_seconds=self.message_seconds)  # fmt: skip
+
+
+def _origin(value: str) -> str:
+    """An origin as compared: lower case, without its scheme's default port."""
+    value = value.strip().lower().rstrip("/")
+    scheme = value.split("://", 1)[0]
+    port = _DEFAULT_PORTS.get(scheme)
+    return value[: -len(port)] if port and value.endswith(port) else value
+
+
+def origin_allowed(request: web.BaseRequest, allowed: tuple[str, ...] = ()) -> bool:
+    """Whether the upgrade ``request`` may open ``/tube``: no ``Origin`` header (not a browser,
+    which always sends one on a WebSocket), the hub's own origin (the request's scheme and
+    ``Host``: a page the hub served), or one of ``allowed`` (``*``: any). Several ``Origin``
+    headers are refused (RFC 6454: one)."""
+    origins = request.headers.getall(hdrs.ORIGIN, [])
+    if not origins:
+        return True
+    if len(origins) > 1:
+        return False
+    origin = _origin(origins[0])
+    if "*" in allowed or origin in {_origin(a) for a in allowed}:
+        return True
+    return origin == _origin(f"{request.scheme}://{request.host}")
 
 
 class TubeCarrier:
@@ -62,7 +134,11 @@ class TubeCarrier:
     the HTTP connection under the WebSocket (the guard's connection, the TLS facts)."""
 
     def __init__(self, ws: web.WebSocketResponse, tube: Connection, session: RsioSession,
-                 peer: str, http: asyncio.BaseTransport | None = None) -> None:  # fmt: skip
+                 peer: str, http: asyncio.BaseTransport | None = None,
+                 share: Share | None = None) -> None:  # fmt: skip
+        """``share``: the connection's share of the hub's memory budget (default: the
+        session's own, when it has one, else a new one of ``session.hub.budget``, closed
+        when :meth:`run` ends)."""
         self.ws = ws
         self.tube = tube
         self.session = session
@@ -81,15 +157,41 @@ class TubeCarrier:
         self._wake = asyncio.Event()  # the writer task has messages to send, or must close
         self._in_writer = 0  # bytes the writer task took and has not sent yet
         self._timer: asyncio.TimerHandle | None = None
+        own: Share | None = getattr(session, "share", None)  # (an RS.io session's account)
+        self._own_share = share is None and own is None
+        self.share = share or own or session.hub.budget.share(str(session.principal), peer)
+        self._draining = False  # run() is handing events to the session (it yields meanwhile)
+        self._feed = FEED_MIN  # the slice RS.io gets next (adapts, _deliver)
+        self._turn = time.perf_counter()  # when input handling last gave the loop a turn
+        self._inflating = 0  # the running size of the deflated message being inflated
+        self._held: list[bytes | memoryview] = []  # the session's writes while input is fed
+        self._held_bytes = 0
 
     # ------------------------------------------------------------------ Carrier
 
     def write_chunks(self, chunks: list[bytes | memoryview]) -> None:
-        """One Tube message of ``chunks`` (dropped once closing, as a closed socket would)."""
+        """One Tube message of ``chunks`` (dropped once closing, as a closed socket would).
+        While input is being handed to the session, its writes (answers: onError for each
+        refused subscribe...) are gathered into one Tube message per turn of the loop, or
+        per ``COALESCE_BYTES``, instead of one WebSocket message each."""
         if self._closing or not self.tube.established:
+            return
+        if self._draining:
+            self._held += chunks
+            self._held_bytes += sum(len(c) for c in chunks)
+            if self._held_bytes >= COALESCE_BYTES:
+                self._send_held()
             return
         self.tube.send_chunks(chunks, self._loop.time())
         self._flush()
+
+    def _send_held(self) -> None:
+        """The writes gathered while input was fed, as one Tube message."""
+        if self._held:
+            held, self._held, self._held_bytes = self._held, [], 0
+            if self.tube.established:  # (else the connection broke meanwhile: dropped)
+                self.tube.send_chunks(held, self._loop.time())
+            self._flush()
 
     def pause_reading(self) -> None:
         self._readable.clear()
@@ -99,8 +201,11 @@ class TubeCarrier:
 
     def close(self) -> None:
         """The writer task sends what is queued, then closes the WebSocket."""
+        if not self._closing and self.tube.established:
+            self._send_held()  # (a goodbye among them)
         self._closing = True
         self._wake.set()
+        self._readable.set()  # (nothing more is read: a reader waiting for it must see so)
 
     def abort(self) -> None:
         self.close()  # (a WebSocket has no reset; the close is immediate enough)
@@ -113,9 +218,31 @@ class TubeCarrier:
         ``sslcontext``, ``cipher``, ``ssl_object``) are the HTTP connection's."""
         if name == "peername":
             return self.peer
+        if name == "budget_share":
+            return self.share
         if (name == "guard" or name in _TLS_INFO) and self.http is not None:
             return self.http.get_extra_info(name, default)
         return default
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes written and not yet sent: Tube messages queued (in the machine and the
+        writer task) and what the HTTP transport under the WebSocket still buffers."""
+        return self.queued + self._held_bytes + self._transport_buffered()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        """``(low, high)``: past ``high`` the session is paused, below ``low`` resumed."""
+        return WRITE_LOW_WATER, WRITE_HIGH_WATER
+
+    def _transport_buffered(self) -> int:
+        http = self.http
+        size = getattr(http, "get_write_buffer_size", None)
+        if http is None or size is None or http.is_closing():
+            return 0
+        return int(size())
+
+    def receiving_since(self) -> float | None:
+        """``loop.time()`` when the unfinished inbound message's header came (None: none)."""
+        return self.tube.receiving_since
 
     def established(self) -> None:
         """Nothing to tell: the guard's handshake deadline ended with the upgrade request."""
@@ -129,10 +256,17 @@ class TubeCarrier:
             self._arm()
             while not self._closing:
                 await self._readable.wait()
+                if self._closing:
+                    break
                 message = await self.ws.receive()
                 if message.type == WSMsgType.BINARY:
-                    self.tube.receive_data(message.data, self._loop.time())
-                    self._handle()
+                    data = message.data
+                    # Checked before the machine takes it: what it will hold with this message.
+                    if not self.share.try_hold(GAUGE, self.tube.buffered + len(data)):
+                        self._refuse("a message past the connection's memory share", 1009)
+                        break
+                    self.tube.receive_data(data, self._loop.time())
+                    await self._handle()
                 elif message.type == WSMsgType.TEXT:
                     self.log.warning("a text WebSocket message (Tube is binary): closing")
                     await self.ws.close(code=1003, message=b"Tube messages are binary")
@@ -151,38 +285,129 @@ class TubeCarrier:
                 self.session.connection_lost()
             self.close()
             await writer
+            if self._own_share:
+                self.share.close()
 
-    def _handle(self) -> None:
-        """The Tube machine's events into the session; then send, and re-arm the timer."""
-        while (event := self.tube.next_event()) is not None:
-            if isinstance(event, MessageReceived):
-                if event.data:  # (an empty message is no end of stream)
-                    self.session.receive_data(event.data)
-            elif isinstance(event, Established):
-                self._started = True
-                self.session.start(self)
-            elif isinstance(event, Closed):
-                if event.error:
-                    self.log.warning("closing: %s", event.reason)
-                self.close_code, self.close_reason = event.code, event.reason
-                self.close()
+    async def _handle(self) -> None:
+        """The Tube machine's events into the session (:meth:`_deliver`: in slices, with
+        turns of the loop between); then send, and re-arm the timer."""
+        self._draining = True
+        try:
+            while not self._closing and (event := self.tube.next_event()) is not None:
+                if isinstance(event, MessageReceived):
+                    if event.compressed and not self._charge(event):
+                        break
+                    await self._deliver(event.data)
+                else:
+                    self._on_event(event)
+        finally:
+            self._draining = False
+            self._send_held()
+        if not self.share.closed:
+            self.share.hold(GAUGE, self.tube.buffered)  # (lowering: never refused)
+        if str(self.session.principal) != self.share.principal:  # (an in-band authenticate)
+            self.share.rebind(str(self.session.principal))
         self._flush()
         self._arm()
+
+    def _charge(self, part: MessageReceived) -> bool:
+        """Count a deflated message's part against the connection's share: its running size
+        so far, and what is still compressed (False: refused, the connection is closing)."""
+        self._inflating = 0 if part.final else self._inflating + len(part.data)
+        running = self._inflating + (len(part.data) if part.final else 0)
+        if self.share.try_hold(GAUGE, self.tube.buffered + running):
+            return True
+        self._refuse("a deflated message inflating past the connection's memory share", 1009)
+        return False
+
+    async def _deliver(self, data: bytes) -> None:
+        """``data`` into the session in slices, none while the session has paused reading,
+        with a turn of the loop once ``TURN_SECONDS`` of this work have gone without one.
+
+        The slice adapts to what the bytes cost: halved while one takes over a quarter of a
+        turn (megabytes of refused requests: down to ``FEED_MIN``), doubled while cheap (a
+        large publish: up to ``FEED_MAX``). Cheap bytes get a single pass of the loop as
+        their turn; costly ones a pause of ``PAUSE_SECONDS``, since another connection's
+        request and answer need several passes: so input that costs far more than its size
+        gets at most a third of the loop while others wait, and plain data is not slowed."""
+        clock, pos = time.perf_counter, 0  # (not loop.time(): uvloop's is per pass, in ms)
+        while pos < len(data):
+            if clock() - self._turn >= TURN_SECONDS:
+                self._send_held()
+                await asyncio.sleep(PAUSE_SECONDS if self._feed < FEED_MAX else 0)
+                self._turn = clock()
+            if not self._readable.is_set():
+                self._send_held()
+                await self._readable.wait()
+            if self._closing:
+                return
+            n = self._feed
+            piece = data if pos == 0 and len(data) <= n else data[pos : pos + n]
+            pos += len(piece)
+            began = clock()
+            self.session.receive_data(piece)
+            took = clock() - began
+            if took > TURN_SECONDS / 4:
+                self._feed = max(FEED_MIN, n // 2)
+            elif took < TURN_SECONDS / 16 and len(piece) == n:
+                self._feed = min(FEED_MAX, n * 2)
+            self._flush()
+
+    def _on_event(self, event: Event) -> None:
+        """Any event but a message: the session starts, or the connection closes."""
+        if isinstance(event, Established):
+            self._started = True
+            self.session.start(self)
+        elif isinstance(event, Closed):
+            if event.error:
+                self.log.warning("closing: %s", event.reason)
+            self.close_code, self.close_reason = event.code, event.reason
+            self.close()
+
+    def _refuse(self, reason: str, code: int) -> None:
+        """Close at once with ``code`` (Tube has no error message)."""
+        self.log.warning("closing: %s", reason)
+        self.close_code, self.close_reason = code, reason
+        self.tube.close(reason, code)
+        self.close()
 
     def _arm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        deadline = self.tube.next_deadline()
-        self._timer = None if deadline is None else self._loop.call_at(deadline, self._on_timer)
+        deadlines = [d for d in (self.tube.next_deadline(), self._frame_deadline()) if d]
+        self._timer = self._loop.call_at(min(deadlines), self.sweep) if deadlines else None
 
-    def _on_timer(self) -> None:
-        self.tube.handle_timer(self._loop.time())
-        self._handle()
+    def _frame_deadline(self) -> float | None:
+        """When the RS.io frame the peer began and left unfinished is due (a session that
+        tells, with ``receiving_since``): the same ``message_seconds`` as a Tube message's,
+        since the guard's sweep does not reach connections under aiohttp."""
+        seconds = self.tube.limits.message_seconds
+        since_of = getattr(self.session, "receiving_since", None)
+        since = since_of() if seconds is not None and since_of is not None else None
+        return None if since is None or seconds is None else float(since) + seconds
+
+    def sweep(self, now: float | None = None) -> None:
+        """The deadlines at ``now`` (default: the loop's time): the machine's (keepalive,
+        silence, an unfinished Tube message) and an unfinished RS.io frame's (what the
+        timer calls; tests may call it with a later ``now``)."""
+        now = self._loop.time() if now is None else now
+        self.tube.handle_timer(now)
+        frame = self._frame_deadline()
+        if frame is not None and now >= frame and not self._closing:
+            self._refuse(f"an RS.io frame unfinished after {self.tube.limits.message_seconds:g} s",
+                         1008)  # fmt: skip
+        if not self._draining:  # (else run() is handing events over and will meet these)
+            while (event := self.tube.next_event()) is not None:
+                if not isinstance(event, MessageReceived):  # (none comes from a timer)
+                    self._on_event(event)
+        self._flush()
+        self._arm()
 
     def _flush(self) -> None:
         """Wake the writer task; past the high-water mark, pause the session."""
         self._wake.set()
-        self.queued = self.tube.pending + self._in_writer
+        self.queued = self.tube.pending + self._in_writer + self._held_bytes
+        self.share.hold("outbound", self.queued + self._transport_buffered())
         if not self._paused and self.queued > WRITE_HIGH_WATER:
             self._paused = True
             self.session.pause_writing()
@@ -199,7 +424,8 @@ class TubeCarrier:
                     # (aiohttp takes any bytes-like object, a view too, though typed bytes)
                     await self.ws.send_bytes(cast(bytes, message))
                     self._in_writer -= len(message)
-                self.queued = self._in_writer
+                self.queued = self.tube.pending + self._in_writer
+                self.share.hold("outbound", self.queued + self._transport_buffered())
                 if self._paused and self.queued < WRITE_LOW_WATER:
                     self._paused = False
                     self.session.resume_writing()
@@ -209,6 +435,7 @@ class TubeCarrier:
             self.log.info("writing stopped: %s", exc)
         finally:
             self._closing = True
+            self._readable.set()
             if not self.ws.closed:
                 await self.ws.close(code=self.close_code,
                                     message=self.close_reason[:120].encode())  # fmt: skip
@@ -224,6 +451,12 @@ def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioSession],
     access = access if access is not None else Access()
 
     async def tube(request: web.Request) -> web.StreamResponse:
+        if not origin_allowed(request, settings.allowed_origins):
+            origin = ascii(request.headers.get(hdrs.ORIGIN))  # (escaped: a peer's string)
+            _refused_origins.log(log, logging.WARNING, "refused /tube from %s: Origin %s",
+                                 request.remote, origin)  # fmt: skip
+            return web.Response(status=403, text="forbidden: this Origin may not open /tube\n",
+                                headers={ERROR_HEADER: "true"})  # fmt: skip
         # WebSocket messages are Tube fragments, at most the fragment size the hub asked for
         # (the header counts against it); aiohttp closes with 1009 past that.
         limit = (
@@ -234,8 +467,7 @@ def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioSession],
         ws = web.WebSocketResponse(max_msg_size=limit, compress=False, autoping=True)
         await ws.prepare(request)
         machine = Connection(
-            Role.SERVER, fragment_size=settings.fragment_size,
-            limits=Limits(max_message_bytes=settings.max_message_bytes),
+            Role.SERVER, fragment_size=settings.fragment_size, limits=settings.limits(),
             compression=settings.compression,  # type: ignore[arg-type]
             keepalive=settings.keepalive_seconds, now=asyncio.get_running_loop().time(),
         )  # fmt: skip

@@ -18,8 +18,16 @@ end of the stream.
   right after one is ignored (what tidewire sent before: ``01`` then an empty fragment).
 * **Limits.** A message over ``max_message_bytes`` is refused as soon as that is known: at its
   header when ``count`` fragments of this side's fragment size cannot fit, else when the bytes
-  received pass it; a deflated message is inflated at most to the limit. A breach closes the
-  connection (Tube has no error message): :class:`Closed` with a WebSocket close code.
+  received pass it. A breach closes the connection (Tube has no error message): :class:`Closed`
+  with a WebSocket close code. A peer may not ask for fragments smaller than
+  ``min_fragment_size`` (1008), and a message of several fragments begun and unfinished for
+  ``message_seconds`` closes the connection (1008, :meth:`next_deadline`).
+* **Inflating in slices.** A deflated message is not inflated when its last fragment comes but
+  by :meth:`next_event`, one slice of at most ``inflate_slice_bytes`` a call: a deflated
+  message comes as one or more :class:`MessageReceived` parts, the last with ``final`` set.
+  So no call does work proportional to what a message inflates to (a deflate bomb), and the
+  adapter can check the running size (:attr:`inflated`) against its memory budget between
+  parts; past ``max_message_bytes`` it is a breach (1009) at the slice that passes it.
 * **Compression.** ``"never"``, ``"always"`` or ``"smart"`` (deflate only when the message is at
   least 256 bytes and shrinks by an eighth). A compressed message with an id this side does not
   support is answered with control code ``8 + id`` and dropped; when the peer says it does not
@@ -67,6 +75,7 @@ __all__ = [
 CLOSE_PROTOCOL_ERROR = 1002  # WebSocket close codes (RFC 6455 7.4.1)
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
 SMART_MIN_BYTES = 256
 
 
@@ -87,8 +96,23 @@ class _State(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_message_bytes: int = 128 * 1024 * 1024
+    """What this side accepts. ``max_message_bytes``: a message's payload, after inflation.
+    ``min_fragment_size``: the smallest fragment size (other than 0) a peer may ask this side
+    to split at (8 by default, the least that holds a header; the hub asks 4096).
+    ``message_seconds``: how long a message of several fragments may stay unfinished (None:
+    no deadline). ``inflate_slice_bytes``: the most one :meth:`Connection.next_event` inflates."""
+
+    max_message_bytes: int = 32 * 1024 * 1024
     max_fragments: int = MAX_FRAGMENTS
+    min_fragment_size: int = 8
+    message_seconds: float | None = None
+    inflate_slice_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        if self.min_fragment_size < 8:
+            raise LocalProtocolError("a fragment-size floor below 8 bytes cannot hold a header")
+        if self.inflate_slice_bytes < 1:
+            raise LocalProtocolError("inflate_slice_bytes is at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +122,13 @@ class Established:
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
+    """A message's payload, or for a deflated one a part of it (``final``: the last part;
+    parts come in order, nothing else between them). Tube payloads carrying a byte stream
+    (RS.io) can be fed part by part as they come."""
+
     data: bytes
     compressed: bool
+    final: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +162,44 @@ Event = Established | MessageReceived | Ping | Pong | CompressionRefused | Close
 class _Incoming:
     code: int
     count: int
+    since: float  # when its header came
     received: int = 0
+
+
+class _Inflation:
+    """A deflated message waiting in the event queue: inflated a slice per step."""
+
+    __slots__ = ("inflated", "inflater", "tail")
+
+    def __init__(self, payload: bytes) -> None:
+        self.inflater = zlib.decompressobj()
+        self.tail = payload  # compressed bytes not yet given to the inflater
+        self.inflated = 0
+
+    @property
+    def pending(self) -> int:
+        """Compressed bytes still held."""
+        return len(self.tail)
+
+    def step(self, limit: int, slice_bytes: int) -> tuple[bytes, bool]:
+        """The next at most ``slice_bytes`` inflated bytes and whether they are the last;
+        :class:`TooBig` past ``limit`` in all, :class:`RemoteProtocolError` when the bytes do
+        not inflate or end early."""
+        inflater = self.inflater
+        try:  # (max_length: never more than a slice, whatever the ratio)
+            part = inflater.decompress(self.tail, min(slice_bytes, limit - self.inflated + 1))
+        except zlib.error as exc:
+            raise RemoteProtocolError(f"a deflated message that does not inflate: {exc}") from None
+        self.tail = inflater.unconsumed_tail
+        self.inflated += len(part)
+        if self.inflated > limit:
+            raise TooBig(f"a deflated message inflating over {limit} bytes")
+        if inflater.eof:
+            self.tail = b""
+            return part, True
+        if not part and not self.tail:  # (all the input taken, no output, no end)
+            raise RemoteProtocolError("a deflated message cut short")
+        return part, False
 
 
 class _Cursor:
@@ -176,7 +242,7 @@ class Connection:
     state: _State = _State.AWAIT_SIZE
     peer_fragment_size: int | None = None
     _out: list[bytes | memoryview] = field(default_factory=list)
-    _events: deque[Event] = field(default_factory=deque)
+    _events: deque[Event | _Inflation] = field(default_factory=deque)
     _incoming: _Incoming | None = None  # the message being reassembled (its fragments: _rx)
     _rx: ReceiveBuffer = field(init=False)
     _after_empty: bool = False  # the last WebSocket message was an empty Tube message
@@ -203,14 +269,28 @@ class Connection:
 
     @property
     def buffered(self) -> int:
-        """Bytes received of the message being reassembled (at most
-        ``limits.max_message_bytes``: more closes with 1009)."""
-        return self._rx.buffered
+        """Bytes received and held: of the message being reassembled (at most
+        ``limits.max_message_bytes``: more closes with 1009), and the compressed bytes of
+        deflated messages not yet inflated by :meth:`next_event`."""
+        return self._rx.buffered + sum(e.pending for e in self._events
+                                       if isinstance(e, _Inflation))  # fmt: skip
+
+    @property
+    def inflated(self) -> int:
+        """Bytes the deflated message being inflated has given so far (0: none is): its
+        running size, at most ``limits.max_message_bytes``."""
+        head = self._events[0] if self._events else None
+        return head.inflated if isinstance(head, _Inflation) else 0
 
     @property
     def receiving(self) -> bool:
         """Whether a message is being reassembled (its header came, not all its fragments)."""
         return self._incoming is not None
+
+    @property
+    def receiving_since(self) -> float | None:
+        """When the header of the message being reassembled came (None: none is)."""
+        return None if self._incoming is None else self._incoming.since
 
     def data_to_send(self) -> list[bytes]:
         """Every WebSocket message queued for the peer, in order (``[]``: none)."""
@@ -317,15 +397,34 @@ class Connection:
     # ------------------------------------------------------------------ time
 
     def next_deadline(self) -> float | None:
-        if self.keepalive is None or self.state is _State.CLOSED:
+        """When :meth:`handle_timer` has something to do: a keepalive ping or silence, an
+        unfinished message's deadline (None: nothing to time)."""
+        if self.state is _State.CLOSED:
             return None
-        silence = self._last_received + 3 * self.keepalive
-        if self.state is not _State.OPEN:  # no ping before the exchange: only the silence
-            return silence
-        return min(self._last_sent + self.keepalive, silence)
+        deadlines = [] if self._message_deadline is None else [self._message_deadline]
+        if self.keepalive is not None:
+            deadlines.append(self._last_received + 3 * self.keepalive)
+            if self.state is _State.OPEN:  # no ping before the exchange: only the silence
+                deadlines.append(self._last_sent + self.keepalive)
+        return min(deadlines, default=None)
+
+    @property
+    def _message_deadline(self) -> float | None:
+        seconds = self.limits.message_seconds
+        if seconds is None or self._incoming is None:
+            return None
+        return self._incoming.since + seconds
 
     def handle_timer(self, now: float) -> None:
-        if self.keepalive is None or self.state is _State.CLOSED:
+        """Act on the deadlines passed at ``now`` (callable any time: a sweep)."""
+        if self.state is _State.CLOSED:
+            return
+        deadline = self._message_deadline
+        if deadline is not None and now >= deadline:
+            self._close(f"a message unfinished after {self.limits.message_seconds:g} s",
+                        CLOSE_POLICY, error=True)  # fmt: skip
+            return
+        if self.keepalive is None:
             return
         if now >= self._last_received + 3 * self.keepalive:
             self._close(f"the peer was silent for {now - self._last_received:.1f} s",
@@ -350,14 +449,35 @@ class Connection:
             self._close(f"protocol error: {exc}", code, error=True)
 
     def next_event(self) -> Event | None:
-        """The next event, or ``None`` until another WebSocket message comes."""
-        return self._events.popleft() if self._events else None
+        """The next event, or ``None`` until another WebSocket message comes. A deflated
+        message is inflated here, a slice (``limits.inflate_slice_bytes``) a call."""
+        if not self._events:
+            return None
+        head = self._events[0]
+        if not isinstance(head, _Inflation):
+            self._events.popleft()
+            return head
+        limits = self.limits
+        try:
+            part, final = head.step(limits.max_message_bytes, limits.inflate_slice_bytes)
+        except RemoteProtocolError as exc:  # what came after it is void: the breach ends it
+            self._events.clear()  # (a close queued behind it is replaced by this one)
+            self.state = _State.CLOSED
+            self._incoming = None
+            self._rx.clear()
+            code = CLOSE_TOO_BIG if isinstance(exc, TooBig) else CLOSE_PROTOCOL_ERROR
+            return Closed(f"protocol error: {exc}", code, True)
+        if final:
+            self._events.popleft()
+        return MessageReceived(part, True, final)
 
     def _close(self, reason: str, code: int, *, error: bool) -> None:
         if self.state is not _State.CLOSED:
             self.state = _State.CLOSED
             self._incoming = None
             self._rx.clear()
+            if error:  # (a breach: the deflated messages not yet inflated are dropped)
+                self._events = deque(e for e in self._events if not isinstance(e, _Inflation))
             self._events.append(Closed(reason, code, error))
 
     def _receive(self, data: bytes, now: float) -> None:
@@ -372,6 +492,10 @@ class Connection:
                 raise RemoteProtocolError(f"a negative fragment size ({size})")
             if 0 < size < 8:  # (**decision**: no room for a header with a varint count)
                 raise RemoteProtocolError(f"a fragment size of {size} (0, or at least 8)")
+            if 0 < size < self.limits.min_fragment_size:  # (**decision**: a floor, 1008)
+                self._close(f"a fragment size of {size}, below {self.limits.min_fragment_size}",
+                            CLOSE_POLICY, error=True)  # fmt: skip
+                return
             self.peer_fragment_size = size
             if self.role is Role.SERVER:  # answered once the client's has been read
                 self._queue(push_varint(self.fragment_size), now)
@@ -407,7 +531,7 @@ class Connection:
         if size and least > limits.max_message_bytes:
             raise TooBig(f"a message of {count} fragments of {size} bytes: over "
                          f"{limits.max_message_bytes} bytes")  # fmt: skip
-        incoming = _Incoming(code, count)
+        incoming = _Incoming(code, count, now)
         self._incoming = incoming
         if offset == len(data):  # the header alone: the first fragment is the next message
             return  # (the seed's literal reading; with one fragment, above, an empty message)
@@ -432,23 +556,10 @@ class Connection:
     def _message(self, code: int, payload: bytes) -> None:
         if code == CODE_PLAIN:
             self._events.append(MessageReceived(payload, False))
-        elif code == CODE_DEFLATE:
-            self._events.append(MessageReceived(self._inflate(payload), True))
+        elif code == CODE_DEFLATE:  # (inflated by next_event, a slice at a time)
+            self._events.append(_Inflation(payload))
         else:  # a compression this side does not know: say so, drop the message (README)
             self._queue(encode_header(8 + code, 0), self._last_received)
-
-    def _inflate(self, payload: bytes) -> bytes:
-        limit = self.limits.max_message_bytes
-        inflater = zlib.decompressobj()
-        try:
-            data = inflater.decompress(payload, limit + 1)
-        except zlib.error as exc:
-            raise RemoteProtocolError(f"a deflated message that does not inflate: {exc}") from None
-        if len(data) > limit or inflater.unconsumed_tail:
-            raise TooBig(f"a deflated message inflating over {limit} bytes")
-        if not inflater.eof:
-            raise RemoteProtocolError("a deflated message cut short")
-        return data
 
     def _control(self, code: int, now: float) -> None:
         if code == CODE_PING:

@@ -445,7 +445,8 @@ def test_an_empty_message_is_the_header_byte_alone() -> None:
     assert client.data_to_send() == [b"\x88"]
     # what tidewire sent before (01, then an empty fragment) still reads as one empty message
     assert feed(client, [b"\x01", b"", b"\x01hi"]) == [
-        MessageReceived(b"", False), MessageReceived(b"hi", False)
+        MessageReceived(b"", False),
+        MessageReceived(b"hi", False),
     ]
     # ...but an empty WebSocket message anywhere else is still a breach
     assert closed(feed(client, [b""])).code == 1002
@@ -627,7 +628,9 @@ def test_a_peer_silent_before_the_exchange_is_closed() -> None:
 def test_a_100_mib_message_within_a_128_mib_limit() -> None:
     f = 1 << 20
     payload = bytes(range(256)) * (100 * 4096)  # 100 MiB
-    server = server_with_peer_size(0, fragment_size=f)
+    server = server_with_peer_size(
+        0, fragment_size=f, limits=Limits(max_message_bytes=128 * 1024 * 1024)
+    )
     count = -(-(len(payload) + 3) // f)  # a 3-byte header
     header = encode_header(CODE_PLAIN, count)
     assert len(header) == 3
