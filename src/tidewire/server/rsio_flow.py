@@ -1,0 +1,137 @@
+"""How an RS.io session stays bounded under hostile load: the pieces it shares with nothing else.
+
+* **Slices.** Decoded input is handled at most :data:`SLICE_MESSAGES` messages or
+  :data:`SLICE_BYTES` bytes at a time; then the session pauses reading, yields to the event
+  loop and goes on (:class:`Slicer`). A Tube message inflated to megabytes of refused
+  subscribes therefore never holds the loop for more than a slice (about a millisecond), and
+  the peer's next input waits meanwhile (reading is paused, so nothing more piles up).
+* **Read-ahead accounts.** Every subscription of a connection charges what it keeps read ahead
+  (its carry) to one gauge of the connection's budget share, ``"readahead"``
+  (:class:`ReadAhead`, one :class:`~tidewire.hub.subscription.Account` per subscription).
+* **Refusal log lines.** One :class:`~tidewire.observe.throttle.LogThrottle` per hub
+  (:func:`refusal_log`) for every RS.io connection, TCP and Tube: a flood of refusals from
+  many connections is still a few lines and a count.
+* **Output size.** A carrier that can tell how many bytes it holds for the peer
+  (:class:`Buffering`) has them charged as ``"outbound"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from ..hub import Hub, Share
+from ..observe.throttle import LogThrottle
+
+__all__ = [
+    "SLICE_BYTES",
+    "SLICE_MESSAGES",
+    "Buffering",
+    "ReadAhead",
+    "Slicer",
+    "refusal_log",
+]
+
+SLICE_MESSAGES = 256
+"""Decoded messages handled before yielding to the loop. A refused subscribe costs about
+10-20 us (the ACL, the onError, the log throttle), so a slice is a few ms at worst."""
+
+SLICE_BYTES = 256 * 1024
+"""Decoded input handled before yielding: one TCP read (so a publisher's bulk input, decoded
+in runs, is still one slice per read; a Tube message of megabytes is many)."""
+
+
+@runtime_checkable
+class Buffering(Protocol):
+    """A carrier that can say how many bytes it holds for the peer (charged as
+    ``"outbound"``). Optional: a :class:`~.rsio_session.Carrier` without it is not charged."""
+
+    def get_write_buffer_size(self) -> int: ...
+
+
+class Slicer:
+    """Runs ``step`` (one slice: True when more remains) now and then again from the loop,
+    with ``pause(True)`` while a continuation is pending and ``pause(False)`` once the input
+    is drained. :meth:`run` is idempotent while a continuation is pending (the pending one
+    will see the new input)."""
+
+    def __init__(self, step: Callable[[], bool], pause: Callable[[bool], None]) -> None:
+        self._step = step
+        self._pause = pause
+        self._handle: asyncio.Handle | None = None
+        self.slices = 0
+        """Continuations scheduled so far (tests and metrics: was the input sliced?)."""
+
+    @property
+    def pending(self) -> bool:
+        """A continuation is scheduled: input is waiting to be handled."""
+        return self._handle is not None
+
+    def run(self) -> None:
+        if self._handle is not None:
+            return
+        if self._step():
+            self.slices += 1
+            self._pause(True)
+            self._handle = asyncio.get_running_loop().call_soon(self._continue)
+        else:
+            self._pause(False)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _continue(self) -> None:
+        self._handle = None
+        self.run()
+
+
+class ReadAhead:
+    """The read-ahead of every subscription on one connection, as one ``"readahead"`` gauge
+    of its budget ``share``."""
+
+    def __init__(self, share: Share) -> None:
+        self.share = share
+        self.total = 0
+
+    def account(self) -> _Part:
+        """A new subscription's part (a :class:`~tidewire.hub.subscription.Account`)."""
+        return _Part(self)
+
+
+class _Part:
+    """One subscription's part of a :class:`ReadAhead`."""
+
+    __slots__ = ("held", "whole")
+
+    def __init__(self, whole: ReadAhead) -> None:
+        self.whole = whole
+        self.held = 0
+
+    def try_hold(self, nbytes: int) -> bool:
+        whole = self.whole
+        total = whole.total - self.held + nbytes
+        if not whole.share.try_hold("readahead", total):
+            return False
+        whole.total, self.held = total, nbytes
+        return True
+
+    def hold(self, nbytes: int) -> None:
+        whole = self.whole
+        whole.total = whole.total - self.held + nbytes
+        self.held = nbytes
+        whole.share.hold("readahead", whole.total)
+
+
+_throttles: weakref.WeakKeyDictionary[Hub, LogThrottle] = weakref.WeakKeyDictionary()
+
+
+def refusal_log(hub: Hub) -> LogThrottle:
+    """The hub's rate limiter for RS.io refusal log lines (one for every connection)."""
+    throttle = _throttles.get(hub)
+    if throttle is None:
+        throttle = _throttles[hub] = LogThrottle()
+    return throttle
