@@ -284,6 +284,12 @@ class RsioSession:
         return self.ingest.pending_bytes > 0 and not self.conn.closed
 
     @property
+    def slices(self) -> int:
+        """How many times decoded input was left for the loop to go on with (a slice was
+        full): 0 for a peer whose input never needed more than one slice at a time."""
+        return self._slicer.slices
+
+    @property
     def inlets(self) -> dict[int, Inlet]:
         """The offers being received, by offer id."""
         return self.offers.inlets

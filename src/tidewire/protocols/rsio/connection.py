@@ -213,8 +213,7 @@ class Connection:
 
     @property
     def frames_received(self) -> int:
-        """Frames decoded so far (refused ones too): the peer's progress."""
-        return self._decoder.decoded
+        return self._decoder.decoded  # frames decoded so far (refused ones too): progress
 
     def refuse_input(self, reason: str) -> None:
         """End the connection for a frame the adapter will not hold (its declared body is
@@ -594,6 +593,7 @@ class Connection:
 
     def _close(self, reason: str, *, by_peer: bool, error: bool = False) -> None:
         self.state = State.CLOSED
+        self._decoder.discard()  # (whatever the peer sent after: never decoded, not held)
         self._mine.clear()
         self._theirs.clear()
         self._offers.clear()
