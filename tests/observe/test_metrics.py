@@ -677,6 +677,32 @@ def test_lag_never_goes_below_zero() -> None:
     assert subscription_lag(0, 1) == 0
 
 
+def test_the_memory_budget_is_exported(tmp_path: Path, run: Run) -> None:
+    async def go() -> None:
+        hub = Hub.open(str(tmp_path))
+        try:
+            held = hub.budget.share("token:a", "peer")
+            held.hold("inbound", 1000)
+            held.hold("outbound", 24)
+            other = hub.budget.share()
+            other.hold("inbound", 5)
+            assert not other.try_hold("readahead", hub.budget.limits.connection)
+            m = Samples(generate_latest(registry(hub)).decode())
+            assert m.one("tidewire_memory_held_bytes", kind="inbound") == 1005
+            assert m.one("tidewire_memory_held_bytes", kind="outbound") == 24
+            assert m.one("tidewire_memory_refused_total") == 1
+            assert m.one("tidewire_memory_budget_bytes", share="connection") \
+                == hub.budget.limits.connection  # fmt: skip
+            held.close()
+            other.close()
+            m = Samples(generate_latest(registry(hub)).decode())
+            assert m.find("tidewire_memory_held_bytes") == []
+        finally:
+            await hub.close()
+
+    run(go())
+
+
 def test_the_api_shows_the_sampled_rates(tmp_path: Path, run: Run) -> None:
     """The hub is not started: its sampler does not run; the test samples with a fake clock."""
 

@@ -118,6 +118,30 @@ class HubCollector:
         yield refused
         yield from self._subscriptions(hub)
         yield from self._tolliver(metrics)
+        yield from self._budget(hub)
+
+    @staticmethod
+    def _budget(hub: Hub) -> Iterator[Metric]:
+        budget = hub.budget
+        limit = GaugeMetricFamily("tidewire_memory_budget_bytes",
+                                  "The memory budget's shares (memory.*), by share",
+                                  labels=["share"])  # fmt: skip
+        for share, n in (("total", budget.limits.total), ("principal", budget.limits.principal),
+                         ("connection", budget.limits.connection)):  # fmt: skip
+            limit.add_metric([share], n)
+        used = GaugeMetricFamily("tidewire_memory_held_bytes",
+                                 "Bytes held for peers, every connection, by what holds them",
+                                 labels=["kind"])  # fmt: skip
+        kinds: dict[str, int] = {}
+        for account in budget:
+            for kind, n in account.gauges().items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        for kind, n in sorted(kinds.items()):
+            used.add_metric([kind], n)
+        refused = CounterMetricFamily("tidewire_memory_refused",
+                                      "Requests for memory the budget refused")  # fmt: skip
+        refused.add_metric([], budget.refused)
+        yield from (limit, used, refused)
 
     @staticmethod
     def _traffic(traffic: Mapping[str, Mapping[str, Traffic]]) -> Iterator[Metric]:
