@@ -306,7 +306,8 @@ def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(
         assert len(carrier.data) <= carrier.high + MAX_DELIVERY_BYTES + 64 * 1024
         assert session.share.gauge("outbound") == len(carrier.data)
         session.connection_lost()
-        assert session.share.closed and hub.budget.used == 0
+        assert session.share.closed
+        assert hub.budget.used == 0
         await hub.close()
 
     run(main())

@@ -1,10 +1,11 @@
 """How an RS.io session stays bounded under hostile load: the pieces it shares with nothing else.
 
-* **Slices.** Decoded input is handled at most :data:`SLICE_MESSAGES` messages or
-  :data:`SLICE_BYTES` bytes at a time; then the session pauses reading, yields to the event
-  loop and goes on (:class:`Slicer`). A Tube message inflated to megabytes of refused
-  subscribes therefore never holds the loop for more than a slice (about a millisecond), and
-  the peer's next input waits meanwhile (reading is paused, so nothing more piles up).
+* **Slices.** Decoded input is handled at most :data:`SLICE_MESSAGES` messages,
+  :data:`SLICE_SECONDS` or :data:`SLICE_BYTES` bytes at a time; then the session pauses
+  reading, yields to the event loop and goes on (:class:`Slicer`). A Tube message inflated to
+  megabytes of refused subscribes therefore never holds the loop for more than a slice (about
+  half a millisecond), and the peer's next input waits meanwhile (reading is paused, so nothing
+  more piles up).
 * **Read-ahead accounts.** Every subscription of a connection charges what it keeps read ahead
   (its carry) to one gauge of the connection's budget share, ``"readahead"``
   (:class:`ReadAhead`, one :class:`~tidewire.hub.subscription.Account` per subscription).
@@ -27,7 +28,9 @@ from ..observe.throttle import LogThrottle
 
 __all__ = [
     "SLICE_BYTES",
+    "SLICE_CHECK",
     "SLICE_MESSAGES",
+    "SLICE_SECONDS",
     "Buffering",
     "ReadAhead",
     "Slicer",
@@ -35,8 +38,17 @@ __all__ = [
 ]
 
 SLICE_MESSAGES = 256
-"""Decoded messages handled before yielding to the loop. A refused subscribe costs about
-10-20 us (the ACL, the onError, the log throttle), so a slice is a few ms at worst."""
+"""Decoded messages handled before yielding to the loop, at most (runs of elements count one)."""
+
+SLICE_SECONDS = 0.0005
+"""...or this long, whichever comes first (checked every :data:`SLICE_CHECK` messages). A
+refused subscribe costs about 20 us (the ACL, the onError, the log throttle): a flood of them
+goes 16-32 at a time, and a bystander's every step through the loop waits for at most one such
+slice (measured: 64-message slices let a flood stall a bystander by 150-250 ms on a busy
+2-core machine; half-millisecond slices, not at all)."""
+
+SLICE_CHECK = 16
+"""Messages between two looks at the clock."""
 
 SLICE_BYTES = 256 * 1024
 """Decoded input handled before yielding: one TCP read (so a publisher's bulk input, decoded

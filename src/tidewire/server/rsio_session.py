@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -72,7 +73,16 @@ from ..protocols.rsio.events import Event
 from ..protocols.rsio.names import OfferName, PublisherName, PublisherNameError
 from ..protocols.rsio.runs import OfferRun
 from .guard import peer_certificate
-from .rsio_flow import SLICE_BYTES, SLICE_MESSAGES, Buffering, ReadAhead, Slicer, refusal_log
+from .rsio_flow import (
+    SLICE_BYTES,
+    SLICE_CHECK,
+    SLICE_MESSAGES,
+    SLICE_SECONDS,
+    Buffering,
+    ReadAhead,
+    Slicer,
+    refusal_log,
+)
 from .rsio_offers import Inlet, Offers
 
 __all__ = [
@@ -340,16 +350,23 @@ class RsioSession:
         """Handle decoded input, at most a slice of it; True when more is left."""
         conn = self.conn
         start_bytes, start_frames = conn.buffered, conn.frames_received
+        deadline = time.perf_counter() + SLICE_SECONDS
+        check = SLICE_CHECK
         more = False
         while not self._closing():
             frames = conn.frames_received - start_frames
+            if frames >= check:
+                check = frames + SLICE_CHECK
+                if time.perf_counter() >= deadline:
+                    more = True
+                    break
             if frames >= SLICE_MESSAGES or start_bytes - conn.buffered >= SLICE_BYTES:
                 more = True
                 break
-            event = conn.next_event(SLICE_MESSAGES - frames)
+            event = conn.next_event(check - frames)
             if event is not None:
                 self._handle_event(event)
-            elif conn.frames_received - start_frames < SLICE_MESSAGES:
+            elif conn.frames_received - start_frames < check:
                 break  # nothing more until more data arrives
         if not more:
             self._settle()

@@ -73,14 +73,19 @@ def test_an_element_frame_for_an_id_never_subscribed_is_a_breach_at_its_header(
     frame = bytes([kind]) + varint(7)  # type, subscriber id (two bytes: the header)
     conn.receive_data(frame[:1])
     assert drain(conn) == []
-    assert not conn.closed and conn.data_to_send() == b""
+    assert not conn.closed
+    assert conn.data_to_send() == b""
     conn.receive_data(frame[1:])
     events = drain(conn)
-    assert len(events) == 1 and isinstance(events[0], ConnectionClosed) and events[0].error
+    assert len(events) == 1
+    assert isinstance(events[0], ConnectionClosed)
+    assert events[0].error
     assert conn.data_to_send() == GOODBYE_7
-    assert conn.buffered == 0 and conn.awaiting == 0
+    assert conn.buffered == 0
+    assert conn.awaiting == 0
     conn.receive_data(varint(16 * 1024 * 1024) + b"x" * 1000)  # (the declared body: ignored)
-    assert drain(conn) == [] and conn.buffered == 0
+    assert drain(conn) == []
+    assert conn.buffered == 0
 
 
 def test_a_multi_byte_subscriber_id_is_judged_once_complete() -> None:
@@ -127,7 +132,8 @@ def test_declared_bytes_are_awaiting_until_they_arrive() -> None:
     assert client.buffered + client.awaiting == len(frame)
     client.receive_data(frame[500:])
     assert drain(client) == [OnNext(1, element)]
-    assert client.buffered == 0 and client.awaiting == 0
+    assert client.buffered == 0
+    assert client.awaiting == 0
 
 
 def test_an_element_over_the_limit_is_refused_when_its_length_is_read() -> None:
@@ -141,13 +147,16 @@ def test_refuse_input_is_a_breach_in_the_protocols_words() -> None:
     client = client_subscribed()
     client.receive_data(b"\x07\x01" + varint(1_000_000))
     assert drain(client) == []
-    assert client.buffered == 5 and client.awaiting == 1_000_000  # the body, declared
+    assert client.buffered == 5
+    assert client.awaiting == 1_000_000
     client.refuse_input("a frame of 1000005 bytes does not fit")
     events = drain(client)
-    assert len(events) == 1 and isinstance(events[0], ConnectionClosed)
+    assert len(events) == 1
+    assert isinstance(events[0], ConnectionClosed)
     reason = b"protocol error: a frame of 1000005 bytes does not fit"
     assert client.data_to_send() == b"\x02" + varint(len(reason)) + reason
-    assert client.closed and client.awaiting == 0
+    assert client.closed
+    assert client.awaiting == 0
     client.refuse_input("again")  # (idempotent once closed)
     assert client.data_to_send() == b""
 
