@@ -312,11 +312,6 @@ class Decoder:
         body (or the next field) beyond what is buffered; 0 when nothing is awaited."""
         return max(0, self._need - self._buf.buffered)
 
-    def discard(self) -> None:
-        """Drop whatever is buffered (the connection is over: nothing will be decoded)."""
-        self._buf = ReceiveBuffer(self.limits.max_buffered_bytes)
-        self._need = 0
-
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._dead is not None:
             raise self._dead

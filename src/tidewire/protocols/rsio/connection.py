@@ -213,7 +213,8 @@ class Connection:
 
     @property
     def frames_received(self) -> int:
-        return self._decoder.decoded  # frames decoded so far (refused ones too): progress
+        """Frames decoded so far (refused ones too): the peer's progress."""
+        return self._decoder.decoded
 
     def refuse_input(self, reason: str) -> None:
         """End the connection for a frame the adapter will not hold (its declared body is
@@ -593,7 +594,6 @@ class Connection:
 
     def _close(self, reason: str, *, by_peer: bool, error: bool = False) -> None:
         self.state = State.CLOSED
-        self._decoder.discard()  # (whatever the peer sent after: never decoded, not held)
         self._mine.clear()
         self._theirs.clear()
         self._offers.clear()
