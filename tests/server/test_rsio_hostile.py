@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+import tidewire
 from helpers import until
 from loops import Run
+from tidewire.client.rsio import RsioError
 from tidewire.hub import Budget, BudgetLimits, Hub
 from tidewire.hub.access import Access, Acl
 from tidewire.model import Batch
@@ -309,5 +311,30 @@ def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(
         assert session.share.closed
         assert hub.budget.used == 0
         await hub.close()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def test_a_transaction_over_the_connections_share_fails_the_offer_only(
+    tmp_path: Path, run: Run
+) -> None:
+    """A transaction offer staged past the connection's budget share is refused with its
+    ``offerEnded`` (the connection carries on, and what it staged is returned at once); one
+    within the share goes through on the same connection."""
+    budget = BudgetLimits(total=16 * MiB, principal=8 * MiB, connection=2 * MiB)
+
+    async def main() -> None:
+        async with rsio_hub(tmp_path, budget) as (hub, server), tidewire.connect(
+            f"rsio://127.0.0.1:{server.port}"
+        ) as client:
+            with pytest.raises(RsioError, match="exceed its memory budget"):
+                await client.publish("s", [b"v" * 64 * 1024] * 48, txn="big")  # 3 MiB
+            assert hub.latest("s") == 0
+            receipt = await client.publish("s", [b"v" * 64 * 1024] * 16, txn="small")
+            assert receipt.count == 16
+            assert hub.budget.used < 2 * MiB
 
     run(main())

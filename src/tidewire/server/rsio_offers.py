@@ -170,18 +170,28 @@ class Offers:
         if inlet.failed is not None:
             return
         if self.share is not None and not self.share.try_hold("txn", self.txn_bytes + nbytes):
-            # (checked before holding the elements: they are dropped with the offer)
-            inlet.failed = "transactions on this connection exceed its memory budget"
-            inlet.wake.set()
+            self._fail_txn(inlet, "transactions on this connection exceed its memory budget")
             return
         inlet.parts += parts
         inlet.count += count
         inlet.nbytes += nbytes
         self.txn_bytes += nbytes
         if self.txn_bytes > self.max_txn_bytes:
-            inlet.failed = f"transactions on this connection exceed {self.max_txn_bytes} bytes"
-        elif self.conn.is_subscribed(inlet.offer):
+            self._fail_txn(inlet, f"transactions on this connection exceed "
+                                  f"{self.max_txn_bytes} bytes")  # fmt: skip
+            return
+        if self.conn.is_subscribed(inlet.offer):
             self.conn.send(Request(inlet.offer, count))
+        inlet.wake.set()
+
+    def _fail_txn(self, inlet: Inlet, reason: str) -> None:
+        """Give up a transaction offer: what it staged is dropped at once (its elements will
+        never be committed), and its task ends it with ``offerEnded(reason)``."""
+        inlet.failed = reason
+        self.txn_bytes -= inlet.nbytes
+        inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+        if self.share is not None:
+            self.share.hold("txn", self.txn_bytes)
         inlet.wake.set()
 
     def _batch(self, inlet: Inlet, parts: list[bytes | OfferRun]) -> tuple[Batch, bool]:

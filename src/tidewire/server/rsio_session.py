@@ -21,11 +21,9 @@ budget's ``"ingest"`` gauge refused), while decoded input is handled in slices
 (:mod:`.rsio_flow`), and for good at shutdown; the session keeps the reasons and asks the
 carrier to pause or resume reading once.
 
-Hostile load: every byte waiting for the peer is charged to the connection's share of the hub's
-memory budget (``inbound``: received or declared and not decoded; ``outbound``; ``readahead``;
-``ingest``; ``txn``); refusals (forbidden streams, bad names, too many subscriptions) are
-counted and ``limits.max_refusals`` in a row end the connection with ``goodbye``; their log
-lines are rate-limited per hub.
+Hostile load (docs/protocols/rsio.md): every byte waiting for the peer is charged to the
+connection's budget share; ``limits.max_refusals`` refusals in a row end it; log lines of
+refusals are rate-limited per hub.
 """
 
 from __future__ import annotations
@@ -151,6 +149,8 @@ class Carrier(Protocol):
     def established(self) -> None:
         """The RS.io handshake is over (the guard's handshake deadline no longer applies)."""
 
+
+_ELEMENTS = frozenset({OnNextDecoded, OnNextRun, OnNext, OnNextPacked})
 
 _Source = Subscription | Listing | RecordSubscription
 """What a pump delivers from."""
@@ -325,10 +325,7 @@ class RsioSession:
             self._pause("budget")
 
     def _sliced(self, pending: bool) -> None:
-        if pending:
-            self._pause("slice")
-        else:
-            self._resume("slice")
+        (self._pause if pending else self._resume)("slice")
 
     def _pause(self, why: str) -> None:
         carrier = self.carrier
@@ -402,6 +399,8 @@ class RsioSession:
 
     def _handle_event(self, event: Event) -> None:
         offers = self.offers
+        if type(event) in _ELEMENTS:  # (decoded: counted as ingest or txn from now on)
+            self.share.hold("inbound", self.conn.buffered)
         match event:
             case OnNextDecoded(subscriber, _, OfferRun() as run):
                 offers.decoded(subscriber, run)
