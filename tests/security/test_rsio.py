@@ -36,8 +36,10 @@ from tidewire.protocols.rsio import (
     ClientHello,
     Decoder,
     Goodbye,
+    Offer,
     ServerHello,
     Subscribe,
+    Subscribed,
     encode,
 )
 from tidewire.server.guard import Admission, ConnectionLimits
@@ -632,6 +634,34 @@ def stall_bound(hub: RealHub) -> float:
     solo = helpers_run(bystander(hub, 1.5, token=hub.tokens["good"]))
     assert solo.errors == []
     return BYSTANDER_MAX_STALL_S + solo.max_stall_s
+
+
+def test_an_unfinished_element_has_a_deadline(tmp_path: Path, run: Run) -> None:
+    """An offer's element declared (1000 bytes) and never finished: the guard's sweep ends the
+    connection ``limits.message_seconds`` (60 s) after it began, not before (in process: the
+    sweep is called with the time, nothing sleeps)."""
+
+    async def main() -> None:
+        async with rsio_hub(tmp_path) as (_, server, url):
+            reader, writer = await raw(url)
+            writer.write(bytes(encode(ClientHello(0, (1, 2))) + encode(Offer(1, "s"))
+                               + encode(Subscribed(1, 0))) + b"\x07\x01\xe8\x07abc")  # fmt: skip
+            await until(lambda: len(server.connections) == 1)
+            (session,) = server.connections
+            await until(lambda: session.receiving_since() is not None)
+            since = session.receiving_since()
+            assert since is not None
+            server.listener.sweep(since + 59.9)
+            assert server.connections
+            server.listener.sweep(since + 60)
+            data = await read_all(reader)
+            writer.close()
+            assert decode_all(data)[-1] == Goodbye("a message unfinished for 60s")
+            assert data.endswith(bytes.fromhex(
+                "02 1c 61 20 6d 65 73 73 61 67 65 20 75 6e 66 69 6e 69 73 68 65 64 20 66 6f"
+                "72 20 36 30 73"))  # fmt: skip
+
+    run(main())
 
 
 def test_onnext_for_an_id_never_made_is_refused_at_its_header(tmp_path: Path) -> None:

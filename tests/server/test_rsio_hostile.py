@@ -1,10 +1,10 @@
 """The hub's RS.io session under hostile load, in process (issue 20): element frames for ids
 never subscribed refused at their header, declared lengths against the connection's budget
-share, a deadline for an unfinished frame (the guard's sweep, no sleeping), input handled in
-slices (a flood never holds the loop), refusals counted and their log lines throttled, and a
-subscriber that never reads costing the high-water mark plus one delivery whatever the number
-of subscriptions. Sockets are real, on 127.0.0.1, where the carrier is TCP; a recording
-carrier stands in for one that never drains (as Tube's would be)."""
+share, input handled in slices (a flood never holds the loop), refusals counted and their log
+lines throttled, a subscriber that never reads costing the high-water mark plus one delivery
+whatever the number of subscriptions, transactions within the share. (The unfinished
+element's deadline is in tests/security/test_rsio.py.) Sockets are real, on 127.0.0.1, where
+the carrier is TCP; a recording carrier stands in for one that never drains (as Tube's)."""
 
 from __future__ import annotations
 
@@ -135,29 +135,6 @@ def test_a_declared_element_over_the_connections_share_is_refused(
             ), goodbye
             await until(lambda: not server.connections)
             assert hub.budget.used == 0
-
-    run(main())
-
-
-def test_an_unfinished_frame_has_a_deadline(tmp_path: Path, run: Run) -> None:
-    """A subscribe whose publisher String is declared and never finished: the guard's sweep
-    ends the connection ``limits.message_seconds`` (60 s) after it began, not before."""
-
-    async def main() -> None:
-        async with rsio_hub(tmp_path) as (_, server):
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(HELLO + b"\x03" + varint(1000) + b"abc")
-            await until(lambda: len(server.connections) == 1)
-            session = the_session(server)
-            await until(lambda: session.receiving_since() is not None)
-            since = session.receiving_since()
-            assert since is not None
-            server.listener.sweep(since + 59.9)
-            assert server.connections
-            server.listener.sweep(since + 60)
-            data = await read_all(reader)
-            writer.close()
-            assert decode_all(data)[1:] == [Goodbye("a message unfinished for 60s")]
 
     run(main())
 
@@ -336,5 +313,30 @@ def test_a_transaction_over_the_connections_share_fails_the_offer_only(
             receipt = await client.publish("s", [b"v" * 64 * 1024] * 16, txn="small")
             assert receipt.count == 16
             assert hub.budget.used < 2 * MiB
+
+    run(main())
+
+
+def test_a_filtered_subscription_waiting_for_a_match_never_holds_the_others(
+    tmp_path: Path, run: Run
+) -> None:
+    """Subscriptions take turns at the output, but a turn never waits for events: one whose
+    key filter finds nothing does not keep another of the same connection from delivering."""
+
+    async def main() -> None:
+        hub = Hub.open(str(tmp_path))
+        await hub.append(Batch.build("a", [b"x"] * 100, keys=[b"other"] * 100), assign_ids=True)
+        session = RsioSession(hub)
+        carrier = Recorder(session)
+        session.start(carrier)
+        session.receive_data(HELLO + bytes(encode(Subscribe("a?key=wanted", 1, 10))))
+        await until(lambda: b"\x06\x01\x00" in carrier.data, "subscribed")
+        for _ in range(20):  # the filtered one reads what there is, finds nothing, waits
+            await asyncio.sleep(0)
+        await hub.append(Batch.build("b", [b"y"]), assign_ids=True)
+        session.receive_data(bytes(encode(Subscribe("b", 2, 10))))
+        await until(lambda: b"y" in carrier.data, "the other subscription's delivery")
+        session.connection_lost()
+        await hub.close()
 
     run(main())

@@ -145,6 +145,19 @@ class Subscription:
                 continue
             return
 
+    async def take(self) -> list[Batch] | None:
+        """One delivery if :meth:`wait_ready` would return at once, read now; ``[]`` when
+        there is nothing to deliver (no demand or events, or a key filter dropped what was
+        read); ``None`` once done. Never waits for demand or commits: a protocol calls it in
+        its turn at the connection's output, which a wait would hold from the others."""
+        if self.done:
+            return None
+        if self.demand <= 0 or (
+            self.hub.storage.latest(self.stream) < self.next_id and not self._carry
+        ):
+            return []
+        return await self._read()
+
     async def next(self) -> list[Batch] | None:
         """Wait for demand and for events, then deliver up to the demand (and about
         ``max_batch_bytes``) as batches, advancing the position and spending the demand.
@@ -326,6 +339,22 @@ class RecordSubscription:
             await self._wake.wait()
         if not self._carry:
             await self.sub.wait_ready()
+
+    async def take(self) -> list[Batch] | None:
+        """As :meth:`Subscription.take`: up to the demand in records if they can be had
+        without waiting, ``[]`` if not, ``None`` once cancelled or complete."""
+        if self.sub.cancelled or self.complete:
+            return None
+        if not self.demand:
+            return []
+        if not self._carry:
+            batches = await self.sub.take()
+            if not batches:
+                return batches
+            self._carry = batches
+        out, self._carry = self._carry[: self.demand], self._carry[self.demand :]
+        self.demand -= len(out)
+        return out
 
     async def next(self) -> list[Batch] | None:
         """Up to the demand in batches (one record each); ``None`` once cancelled or

@@ -561,7 +561,6 @@ class RsioSession:
         (nothing read), then in the connection's turn wait for writability, read one
         delivery and write it: at most one delivery past the high-water mark per
         connection. (A listing, small and rare, is read first and written in its turn.)"""
-        waits = isinstance(sub, Subscription | RecordSubscription)
         try:
             while True:
                 batches: list[Batch] | None = None
@@ -571,10 +570,12 @@ class RsioSession:
                     batches = await sub.next()
                 async with self._turn:
                     await self._writable.wait()
-                    if waits:
-                        batches = await sub.next()
+                    if isinstance(sub, Subscription | RecordSubscription):
+                        batches = await sub.take()  # (never waits: others wait for the turn)
                     if not self._deliver(subscriber, sub, name, batches):
                         return
+                if batches == []:  # (a key filter dropped a read: let the loop breathe)
+                    await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except TidewireError as exc:
