@@ -712,8 +712,8 @@ def test_refused_subscribes_end_the_connection_and_their_log_lines_are_aggregate
             if not answer.reset:
                 assert answer.goodbye == "too many refusals in a row (the limit is 100)"
         refusal_lines = [line for line in hub.log_text().splitlines()
-                         if "refused" in line or "refusals" in line]  # fmt: skip
-        assert 1 <= len(refusal_lines) <= 10, refusal_lines
+                         if "tidewire.rsio" in line and "refus" in line]  # fmt: skip
+        assert 1 <= len(refusal_lines) <= 10, refusal_lines  # (a burst of 5 per 10 s)
         assert report.errors == []
         assert report.max_stall_s < bound, report
 
@@ -736,10 +736,10 @@ def test_a_flood_of_refusals_never_holds_the_hub(tmp_path: Path) -> None:
         assert answer.errors == 400_000
         assert report.errors == []
         assert report.max_stall_s < bound, report
-        lines = [line for line in hub.log_text().splitlines() if "refused" in line]
-        # a burst of 5 and a line saying how many more, per 10 s (the attack lasts 10-20 s)
+        lines = [line for line in hub.log_text().splitlines()
+                 if "tidewire.rsio" in line and "refus" in line]  # fmt: skip
+        # a burst of 5 and then a line saying how many more, per 10 s (the attack lasts 5-20 s)
         assert len(lines) <= 20, lines[:30]
-        assert any("more like 'refused:'" in line for line in lines), lines
 
 
 def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -190,13 +191,13 @@ FORBIDDING = Access(Acl.parse('[principal.anonymous]\nread = ["open.*"]\n'))
 
 
 async def max_stall(done: asyncio.Event) -> float:
-    """The longest the loop was held while ``done`` is unset (measured, not waited for)."""
-    loop = asyncio.get_running_loop()
+    """The most CPU time the loop spent between two of our turns while ``done`` is unset
+    (measured, not waited for; CPU time, so that a busy machine's preemption is not counted)."""
     worst = 0.0
     while not done.is_set():
-        before = loop.time()
+        before = time.thread_time()
         await asyncio.sleep(0)
-        worst = max(worst, loop.time() - before)
+        worst = max(worst, time.thread_time() - before)
     return worst
 
 
@@ -222,7 +223,7 @@ def test_a_flood_of_refused_subscribes_is_handled_in_slices(tmp_path: Path, run:
         assert session.slices >= 20_000 // SLICE_MESSAGES
         errors = [m for m in decode_all(bytes(carrier.data)) if isinstance(m, OnError)]
         assert len(errors) == 20_000
-        assert worst < 0.1, f"the loop was held for {worst * 1000:.0f} ms"
+        assert worst < 0.02, f"the loop was held for {worst * 1000:.0f} ms of CPU"
         session.connection_lost()
         await hub.close()
 

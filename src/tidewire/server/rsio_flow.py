@@ -9,9 +9,9 @@
 * **Read-ahead accounts.** Every subscription of a connection charges what it keeps read ahead
   (its carry) to one gauge of the connection's budget share, ``"readahead"``
   (:class:`ReadAhead`, one :class:`~tidewire.hub.subscription.Account` per subscription).
-* **Refusal log lines.** One :class:`~tidewire.observe.throttle.LogThrottle` per hub
-  (:func:`refusal_log`) for every RS.io connection, TCP and Tube: a flood of refusals from
-  many connections is still a few lines and a count.
+* **Refusal log lines.** One :class:`RefusalLog` per hub (:func:`refusal_log`) for every
+  RS.io connection, TCP and Tube: a flood of refusals from many connections is still a few
+  lines and, when the interval ends, one line with the count.
 * **Output size.** A carrier that can tell how many bytes it holds for the peer
   (:class:`Buffering`) has them charged as ``"outbound"``.
 """
@@ -19,9 +19,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..hub import Hub, Share
 from ..observe.throttle import LogThrottle
@@ -33,6 +34,7 @@ __all__ = [
     "SLICE_SECONDS",
     "Buffering",
     "ReadAhead",
+    "RefusalLog",
     "Slicer",
     "refusal_log",
 ]
@@ -138,12 +140,33 @@ class _Part:
         whole.share.hold("readahead", whole.total)
 
 
-_throttles: weakref.WeakKeyDictionary[Hub, LogThrottle] = weakref.WeakKeyDictionary()
+class RefusalLog:
+    """The hub's rate-limited log of RS.io refusals (one for every connection, TCP and Tube):
+    a :class:`~tidewire.observe.throttle.LogThrottle`, and a timer that writes its summary line
+    when the interval ends (rather than at the next refusal, which may never come)."""
+
+    def __init__(self, throttle: LogThrottle | None = None) -> None:
+        self.throttle = throttle or LogThrottle()
+        self._flush: asyncio.TimerHandle | None = None
+
+    def log(self, logger: logging.LoggerAdapter[Any], level: int, msg: str,
+            *args: object) -> None:  # fmt: skip
+        if self.throttle.log(logger, level, msg, *args) or self._flush is not None:
+            return
+        self._flush = asyncio.get_running_loop().call_later(
+            self.throttle.interval, self._summary, logger)
+
+    def _summary(self, logger: logging.LoggerAdapter[Any]) -> None:
+        self._flush = None
+        self.throttle.flush(logger, logging.WARNING)
 
 
-def refusal_log(hub: Hub) -> LogThrottle:
-    """The hub's rate limiter for RS.io refusal log lines (one for every connection)."""
-    throttle = _throttles.get(hub)
-    if throttle is None:
-        throttle = _throttles[hub] = LogThrottle()
-    return throttle
+_logs: weakref.WeakKeyDictionary[Hub, RefusalLog] = weakref.WeakKeyDictionary()
+
+
+def refusal_log(hub: Hub) -> RefusalLog:
+    """The hub's :class:`RefusalLog`."""
+    found = _logs.get(hub)
+    if found is None:
+        found = _logs[hub] = RefusalLog()
+    return found

@@ -308,10 +308,7 @@ class RsioSession:
 
     def _inlet_paused(self, paused: bool) -> None:
         """The ingest path's signal: too much received and not yet durable, or room again."""
-        if paused:
-            self._pause("inlet")
-        else:
-            self._resume("inlet")
+        (self._pause if paused else self._resume)("inlet")
         self._charge_ingest()
 
     def _charge_ingest(self) -> None:
