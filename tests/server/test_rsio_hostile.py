@@ -341,3 +341,22 @@ def test_a_filtered_subscription_waiting_for_a_match_never_holds_the_others(
         await hub.close()
 
     run(main())
+
+
+def test_a_publisher_within_a_tight_share_is_paused_not_refused(tmp_path: Path, run: Run) -> None:
+    """Elements that wait to be durable fill a small share: the next element's declared bytes
+    do not fit for a while, so reading pauses until acknowledgements make room (a frame that
+    could never fit is refused; one that will fit soon is waited for)."""
+    budget = BudgetLimits(total=16 * MiB, principal=4 * MiB, connection=1 * MiB)
+
+    async def main() -> None:
+        async with rsio_hub(tmp_path, budget) as (hub, server), tidewire.connect(
+            f"rsio://127.0.0.1:{server.port}"
+        ) as client:
+            values = [bytes([i % 251]) * 60_000 for i in range(160)]  # ~9.6 MiB
+            receipt = await client.publish("s", values)
+            assert receipt.count == 160
+            assert hub.latest("s") == 160
+            assert hub.budget.refused > 0  # the share was full, and the publisher waited
+
+    run(main())

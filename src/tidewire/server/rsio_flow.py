@@ -12,6 +12,8 @@
 * **Refusal log lines.** One :class:`RefusalLog` per hub (:func:`refusal_log`) for every
   RS.io connection, TCP and Tube: a flood of refusals from many connections is still a few
   lines and, when the interval ends, one line with the count.
+* **Carriers.** What carries a session's bytes (:class:`Carrier`: TCP, Tube), and optionally
+  :class:`Buffering`.
 * **Output size.** A carrier that can tell how many bytes it holds for the peer
   (:class:`Buffering`) has them charged as ``"outbound"``.
 """
@@ -33,6 +35,7 @@ __all__ = [
     "SLICE_MESSAGES",
     "SLICE_SECONDS",
     "Buffering",
+    "Carrier",
     "ReadAhead",
     "RefusalLog",
     "Slicer",
@@ -57,10 +60,39 @@ SLICE_BYTES = 256 * 1024
 in runs, is still one slice per read; a Tube message of megabytes is many)."""
 
 
+class Carrier(Protocol):
+    """What carries a session's bytes (a TCP transport; a Tube connection on a WebSocket)."""
+
+    def write_chunks(self, chunks: list[bytes | memoryview]) -> None:
+        """Send ``chunks`` back to back (they are the peer's bytes in order; views into
+        immutable buffers, to be sent without a copy where the carrier can)."""
+
+    def pause_reading(self) -> None:
+        """Read nothing more from the peer until :meth:`resume_reading`."""
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        """Send what is queued, then close."""
+
+    def abort(self) -> None:
+        """Drop the connection at once, without a word."""
+
+    def is_closing(self) -> bool: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """Facts about the connection, as ``asyncio.Transport`` names them: ``peername``,
+        ``guard`` (the guard's connection: id and log context), the TLS ones (``peercert``,
+        ``ssl_object``, ...)."""
+
+    def established(self) -> None:
+        """The RS.io handshake is over (the guard's handshake deadline no longer applies)."""
+
+
 @runtime_checkable
 class Buffering(Protocol):
     """A carrier that can say how many bytes it holds for the peer (charged as
-    ``"outbound"``). Optional: a :class:`~.rsio_session.Carrier` without it is not charged."""
+    ``"outbound"``). Optional: a :class:`Carrier` without it is not charged."""
 
     def get_write_buffer_size(self) -> int: ...
 
@@ -75,6 +107,7 @@ class Slicer:
         self._step = step
         self._pause = pause
         self._handle: asyncio.Handle | None = None
+        self._running = False
         self.slices = 0
         """Continuations scheduled so far (tests and metrics: was the input sliced?)."""
 
@@ -84,9 +117,16 @@ class Slicer:
         return self._handle is not None
 
     def run(self) -> None:
-        if self._handle is not None:
+        """Run a slice now unless one is scheduled or running (a slice's own calls, e.g. a
+        budget retry from an event it handles, come back here: its end sees to them)."""
+        if self._handle is not None or self._running:
             return
-        if self._step():
+        self._running = True
+        try:
+            more = self._step()
+        finally:
+            self._running = False
+        if more:
             self.slices += 1
             self._pause(True)
             self._handle = asyncio.get_running_loop().call_soon(self._continue)

@@ -32,7 +32,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 from urllib.parse import unquote
 
 from ..hub import Hub, IngestLimits, RecordSubscription, Subscription
@@ -77,6 +76,7 @@ from .rsio_flow import (
     SLICE_MESSAGES,
     SLICE_SECONDS,
     Buffering,
+    Carrier,
     ReadAhead,
     Slicer,
     refusal_log,
@@ -119,35 +119,6 @@ class RsioSettings:
     def ingest_limits(self) -> IngestLimits:
         """What the connection's :class:`~tidewire.hub.Ingest` is bounded by."""
         return IngestLimits(self.max_inlet_bytes, self.appends_in_flight, self.commit_bytes)
-
-
-class Carrier(Protocol):
-    """What carries a session's bytes (a TCP transport; a Tube connection on a WebSocket)."""
-
-    def write_chunks(self, chunks: list[bytes | memoryview]) -> None:
-        """Send ``chunks`` back to back (they are the peer's bytes in order; views into
-        immutable buffers, to be sent without a copy where the carrier can)."""
-
-    def pause_reading(self) -> None:
-        """Read nothing more from the peer until :meth:`resume_reading`."""
-
-    def resume_reading(self) -> None: ...
-
-    def close(self) -> None:
-        """Send what is queued, then close."""
-
-    def abort(self) -> None:
-        """Drop the connection at once, without a word."""
-
-    def is_closing(self) -> bool: ...
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """Facts about the connection, as ``asyncio.Transport`` names them: ``peername``,
-        ``guard`` (the guard's connection: id and log context), the TLS ones (``peercert``,
-        ``ssl_object``, ...)."""
-
-    def established(self) -> None:
-        """The RS.io handshake is over (the guard's handshake deadline no longer applies)."""
 
 
 _ELEMENTS = frozenset({OnNextDecoded, OnNextRun, OnNext, OnNextPacked})
@@ -203,7 +174,7 @@ class RsioSession:
                              max_offers=settings.max_offers,
                              max_txn_bytes=settings.max_txn_bytes, share=self.share,
                              on_ingest=self._charge_ingest)  # fmt: skip
-        # why reading is paused: "output", "inlet", "budget", "slice", "shutdown"
+        # why reading is paused: "output", "inlet", "budget", "inbound", "slice", "shutdown"
         self._pauses: set[str] = set()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -262,6 +233,8 @@ class RsioSession:
         self._writable.set()
         self._resume("output")
         self._charge_outbound()
+        if "inbound" in self._pauses:
+            self._slicer.run()
 
     # ------------------------------------------------------------------ the listener's calls
 
@@ -275,8 +248,7 @@ class RsioSession:
             self.carrier.close()
 
     def expire(self, reason: str) -> None:
-        """A deadline of the guard's (handshake, idle): goodbye with the reason, and close."""
-        self.shutdown(reason)
+        self.shutdown(reason)  # a deadline of the guard's: goodbye with the reason, close
 
     def abort(self) -> None:
         """Drop the connection without a word (as a reset would)."""
@@ -295,8 +267,7 @@ class RsioSession:
 
     @property
     def slices(self) -> int:
-        """How many times decoded input was left for the loop to go on with (a slice was
-        full): 0 for a peer whose input never needed more than one slice at a time."""
+        """How many times a full slice left decoded input for the loop to go on with."""
         return self._slicer.slices
 
     @property
@@ -320,6 +291,8 @@ class RsioSession:
         else:
             self.share.hold("ingest", pending)  # (received already)
             self._pause("budget")
+        if "inbound" in self._pauses:  # a frame waiting for room: is there room now?
+            self._slicer.run()
 
     def _sliced(self, pending: bool) -> None:
         (self._pause if pending else self._resume)("slice")
@@ -379,11 +352,18 @@ class RsioSession:
         buffered, awaiting = conn.buffered, conn.awaiting
         if awaiting and not share.try_hold("inbound", buffered + awaiting):
             share.hold("inbound", buffered)
+            # What this connection holds that drains without the peer (elements becoming
+            # durable, output it reads): a frame that fits once they drain is waited for.
+            draining = share.gauge("ingest") + share.gauge("outbound")
+            if awaiting <= share.available() + draining:
+                self._pause("inbound")  # (retried as acknowledgements and output drain)
+                return
             conn.refuse_input(f"a frame of {buffered + awaiting} bytes does not fit this "
                               f"connection's memory budget ({share.available()} bytes left)")
             while (event := conn.next_event()) is not None:  # (ConnectionClosed)
                 self._handle_event(event)
             return
+        self._resume("inbound")
         if not awaiting:
             share.hold("inbound", buffered)
         if not buffered or conn.closed:
