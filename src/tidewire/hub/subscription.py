@@ -9,13 +9,23 @@ backlog. Each delivery is read from the log (from memory for a live tail) when d
 Reads run ahead by up to ``readahead_bytes`` (default 1 MiB, never less than a delivery): the
 log checks a whole record's CRC before handing out any of it, so a record bigger than one
 delivery is read once and what is not delivered yet is kept (the *carry*) for the next
-deliveries, instead of being read again for each. The carry is bounded by ``readahead_bytes``.
+deliveries, instead of being read again for each. The carry is bounded by ``readahead_bytes``,
+and by the connection's memory budget when the protocol gives the subscription an
+:class:`Account` (:attr:`Subscription.account`): a read ahead is made only if the account lets
+it hold ``readahead_bytes``; otherwise the subscription reads what it sends (one delivery), and
+what it keeps in its carry is recorded there.
+
+A protocol that writes for many subscriptions on one connection waits for each to be ready
+(:meth:`Subscription.wait_ready`: demand and events, nothing read yet) and then takes one turn
+at the connection's output to read and write one delivery (:meth:`Subscription.next`, which
+then returns without waiting): what waits for a peer that does not read is one delivery per
+connection, not one per subscription.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..model import MAX_ID, Batch, DataLossError
 from .filters import filter_key
@@ -24,13 +34,26 @@ from .traffic import next_subscription_id
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["MAX_DEMAND", "RecordSubscription", "Subscription"]
+__all__ = ["MAX_DEMAND", "Account", "RecordSubscription", "Subscription"]
 
 MAX_DEMAND = 2**63 - 1
 """Demand at or above this is unbounded (Reactive Streams: Long.MAX_VALUE)."""
 
 SMALL_DEMAND = 64
 """Below this many events wanted, a read fetches only those (no read-ahead)."""
+
+
+class Account(Protocol):
+    """Where a subscription's read-ahead is charged (one subscription's part of a connection's
+    ``"readahead"`` gauge in the hub's memory budget)."""
+
+    def try_hold(self, nbytes: int) -> bool:
+        """Set this subscription's part to ``nbytes`` if it fits, else change nothing."""
+        ...
+
+    def hold(self, nbytes: int) -> None:
+        """Set this subscription's part to ``nbytes`` (bytes already read) whatever it costs."""
+        ...
 
 
 class Subscription:
@@ -72,6 +95,8 @@ class Subscription:
         self.demand = 0
         self.cancelled = False
         self.delivered = 0
+        self.account: Account | None = None
+        """Set by the protocol (after :meth:`Hub.subscribe`): where read-ahead is charged."""
         self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ demand
@@ -87,6 +112,8 @@ class Subscription:
         """Stop delivering; a pending :meth:`next` returns ``None``. Idempotent."""
         self.cancelled = True
         self._carry = []
+        if self.account is not None:
+            self.account.hold(0)
         self._wake.set()
 
     @property
@@ -108,6 +135,33 @@ class Subscription:
     def poll_ready(self) -> bool:
         """Whether :meth:`next` would find events without waiting for new commits."""
         return self.demand > 0 and self.hub.storage.latest(self.stream) >= self.next_id
+
+    async def wait_ready(self) -> None:
+        """Wait until :meth:`next` would find events without waiting for demand or commits (or
+        the subscription is done); nothing is read. (:meth:`next` may still return after
+        one read that a key filter emptied: then it waits again, as it does alone.)"""
+        while not self.done:
+            if self.demand <= 0:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self.hub.storage.latest(self.stream) < self.next_id and not self._carry:
+                await self._wait_for_commit(self.next_id - 1)
+                continue
+            return
+
+    async def take(self) -> list[Batch] | None:
+        """One delivery if :meth:`wait_ready` would return at once, read now; ``[]`` when
+        there is nothing to deliver (no demand or events, or a key filter dropped what was
+        read); ``None`` once done. Never waits for demand or commits: a protocol calls it in
+        its turn at the connection's output, which a wait would hold from the others."""
+        if self.done:
+            return None
+        if self.demand <= 0 or (
+            self.hub.storage.latest(self.stream) < self.next_id and not self._carry
+        ):
+            return []
+        return await self._read()
 
     async def next(self) -> list[Batch] | None:
         """Wait for demand and for events, then deliver up to the demand (and about
@@ -165,9 +219,11 @@ class Subscription:
             return await self.hub.storage.read(
                 self.stream, self.next_id, self.max_batch_bytes, want
             )
-        return await self.hub.storage.read(
-            self.stream, self.next_id, self.readahead_bytes, MAX_DEMAND
-        )
+        size = self.readahead_bytes
+        account = self.account
+        if account is not None and size > self.max_batch_bytes and not account.try_hold(size):
+            size = self.max_batch_bytes  # no room in the budget to read ahead: read a delivery
+        return await self.hub.storage.read(self.stream, self.next_id, size, MAX_DEMAND)
 
     async def _read(self) -> list[Batch]:
         """One delivery at the position; may return nothing when a key filter dropped
@@ -181,6 +237,8 @@ class Subscription:
         try:
             batches = await self._fetch(want)
         except DataLossError as exc:
+            if self.account is not None:  # (the carry, if any, was dropped)
+                self.account.hold(0)
             if not self.skip_lost:
                 raise
             self.next_id = exc.first_id
@@ -235,6 +293,8 @@ class Subscription:
             budget -= len(batch)
             if self._carry:
                 break
+        if self.account is not None:  # what is kept for the next deliveries
+            self.account.hold(sum(b.nbytes for b in self._carry))
         delivered = want - budget
         if self.demand < MAX_DEMAND:
             self.demand -= delivered
@@ -280,6 +340,31 @@ class RecordSubscription:
     def cancel(self) -> None:
         self.sub.cancel()
         self._wake.set()
+
+    async def wait_ready(self) -> None:
+        """Wait until :meth:`next` would find records without waiting (see
+        :meth:`Subscription.wait_ready`); nothing is read."""
+        while not self.demand and not self.sub.cancelled:
+            self._wake.clear()
+            await self._wake.wait()
+        if not self._carry:
+            await self.sub.wait_ready()
+
+    async def take(self) -> list[Batch] | None:
+        """As :meth:`Subscription.take`: up to the demand in records if they can be had
+        without waiting, ``[]`` if not, ``None`` once cancelled or complete."""
+        if self.sub.cancelled or self.complete:
+            return None
+        if not self.demand:
+            return []
+        if not self._carry:
+            batches = await self.sub.take()
+            if not batches:
+                return batches
+            self._carry = batches
+        out, self._carry = self._carry[: self.demand], self._carry[self.demand :]
+        self.demand -= len(out)
+        return out
 
     async def next(self) -> list[Batch] | None:
         """Up to the demand in batches (one record each); ``None`` once cancelled or

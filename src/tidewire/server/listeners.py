@@ -202,4 +202,5 @@ def rsio_settings(config: ServerConfig) -> RsioSettings:
         max_txn_bytes=int(v["rsio.max_txn_bytes"]),
         appends_in_flight=ingest.appends_in_flight,
         commit_bytes=ingest.commit_bytes,
+        max_refusals=int(v["limits.max_refusals"]),
     )

@@ -6,7 +6,9 @@
 session; the session's chunks go out with one ``writelines`` (uvloop: one ``writev``, no copy);
 the transport's write-buffer water marks (high: ``WRITE_HIGH_WATER``) pause and resume the
 session's pumps, so a slow reader holds a bounded buffer and a position in the log, never a
-backlog in memory. :class:`RsioServer` is the listener and the registry of live sessions.
+backlog in memory. It is :class:`~.guard.Receiving` (a frame left unfinished for
+``limits.message_seconds`` ends the connection) and tells the session its output's size.
+:class:`RsioServer` is the listener and the registry of live sessions.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ class RsioServerProtocol(asyncio.Protocol):
         """A deadline of the guard's (handshake, idle): goodbye with the reason, and close."""
         self.session.expire(reason)
 
+    def receiving_since(self) -> float | None:
+        """The guard's :class:`~.guard.Receiving`: since when a frame waits unfinished (the
+        guard ends the connection after ``limits.message_seconds``)."""
+        return self.session.receiving_since()
+
     # ------------------------------------------------------------------ Carrier
 
     def write_chunks(self, chunks: list[bytes | memoryview]) -> None:
@@ -110,6 +117,10 @@ class RsioServerProtocol(asyncio.Protocol):
 
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes written and not yet sent (charged to the budget as ``"outbound"``)."""
+        return 0 if self.transport is None else self.transport.get_write_buffer_size()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """The transport's (``peername``, ``guard``, TLS facts)."""

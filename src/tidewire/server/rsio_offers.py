@@ -8,7 +8,10 @@ sees big batches), then sends ``committed`` and requests as many elements as it 
 stored: the disk drives the backpressure. Bytes received and not yet committed are bounded per
 connection by the ingest (``max_pending_bytes``), whose pause signal the session turns into
 "stop reading". A transaction offer (``txn=``) is held whole, within ``max_txn_bytes`` per
-connection, and committed once at its onComplete (``Ingest.submit_txn``).
+connection and within the connection's budget share (gauge ``"txn"``: an element that does not
+fit fails the offer with ``offerEnded``), and committed once at its onComplete
+(``Ingest.submit_txn``). The session is told (``on_ingest``) whenever the ingest's pending bytes
+may have changed, to charge them to its share (gauge ``"ingest"``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from ..hub import Ingest, Pipeline, abandon
+from ..hub import Ingest, Pipeline, Share, abandon
 from ..model import Batch, TidewireError, now_ms
 from ..observe.logs import ConnectionLog
 from ..protocols.rsio import Cancel, Committed, Connection, OfferEnded, Request, Subscribe
@@ -58,8 +61,9 @@ class Offers:
     :meth:`end`); :meth:`cancel_all` when the connection ends."""
 
     def __init__(self, conn: Connection, ingest: Ingest, log: ConnectionLog,
-                 flush: Callable[[], None], *, max_offers: int,
-                 max_txn_bytes: int) -> None:  # fmt: skip
+                 flush: Callable[[], None], *, max_offers: int, max_txn_bytes: int,
+                 share: Share | None = None,
+                 on_ingest: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.conn = conn
         self.ingest = ingest
         self.log = log  # (the session replaces it once the carrier names the connection)
@@ -68,25 +72,30 @@ class Offers:
         self.max_txn_bytes = max_txn_bytes
         self.inlets: dict[int, Inlet] = {}
         self.txn_bytes = 0  # held by this connection's open transaction offers
+        self.share = share
+        self.on_ingest = on_ingest
 
     # ------------------------------------------------------------------ the session's calls
 
-    def open(self, offer: int, publisher: str, name: OfferName) -> None:
+    def open(self, offer: int, publisher: str, name: OfferName) -> str | None:
         """Subscribe to the peer's ``publisher`` (parsed: ``name``) for ``offer`` (the
-        principal may write its stream: the session checked), or refuse it."""
+        principal may write its stream: the session checked), or refuse it: the reason
+        (sent with ``offerEnded``; the session logs and counts it), else ``None``."""
+        reason = None
         if len(self.inlets) >= self.max_offers:
-            limit = self.max_offers
-            self.refuse(offer, f"too many offers on this connection (the limit is {limit})")
-            return
-        if not self.conn.can_subscribe(offer):  # a cancelled subscription's id, unconfirmed
-            self.refuse(offer, f"offer id {offer} is still in use")
-            return
+            reason = f"too many offers on this connection (the limit is {self.max_offers})"
+        elif not self.conn.can_subscribe(offer):  # a cancelled subscription's id, unconfirmed
+            reason = f"offer id {offer} is still in use"
+        if reason is not None:
+            self.refuse(offer, reason)
+            return reason
         self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW))
         inlet = self.inlets[offer] = Inlet(offer, name)
         inlet.task = asyncio.create_task(self._commit_loop(inlet))
+        return None
 
     def refuse(self, offer: int, reason: str) -> None:
-        self.log.info("offer %d refused: %s", offer, reason)
+        """``offerEnded(offer, reason)`` (the caller logs and counts the refusal)."""
         self.conn.send(OfferEnded(offer, reason))
 
     def cancel_all(self) -> None:
@@ -151,6 +160,8 @@ class Offers:
         inlet.nbytes += nbytes
         inlet.wake.set()
         self.ingest.hold(nbytes)
+        if self.on_ingest is not None:
+            self.on_ingest()
 
     def _gather_txn(self, inlet: Inlet, parts: Sequence[bytes | OfferRun], count: int,
                     nbytes: int) -> None:  # fmt: skip
@@ -158,14 +169,29 @@ class Offers:
         within ``max_txn_bytes`` per connection; more are requested as they arrive."""
         if inlet.failed is not None:
             return
+        if self.share is not None and not self.share.try_hold("txn", self.txn_bytes + nbytes):
+            self._fail_txn(inlet, "transactions on this connection exceed its memory budget")
+            return
         inlet.parts += parts
         inlet.count += count
         inlet.nbytes += nbytes
         self.txn_bytes += nbytes
         if self.txn_bytes > self.max_txn_bytes:
-            inlet.failed = f"transactions on this connection exceed {self.max_txn_bytes} bytes"
-        elif self.conn.is_subscribed(inlet.offer):
+            self._fail_txn(inlet, f"transactions on this connection exceed "
+                                  f"{self.max_txn_bytes} bytes")  # fmt: skip
+            return
+        if self.conn.is_subscribed(inlet.offer):
             self.conn.send(Request(inlet.offer, count))
+        inlet.wake.set()
+
+    def _fail_txn(self, inlet: Inlet, reason: str) -> None:
+        """Give up a transaction offer: what it staged is dropped at once (its elements will
+        never be committed), and its task ends it with ``offerEnded(reason)``."""
+        inlet.failed = reason
+        self.txn_bytes -= inlet.nbytes
+        inlet.parts, inlet.count, inlet.nbytes = [], 0, 0
+        if self.share is not None:
+            self.share.hold("txn", self.txn_bytes)
         inlet.wake.set()
 
     def _batch(self, inlet: Inlet, parts: list[bytes | OfferRun]) -> tuple[Batch, bool]:
@@ -229,6 +255,8 @@ class Offers:
             if inlet.ended is None and self.conn.is_subscribed(offer):
                 self.conn.send(Request(offer, count))
             self.flush()
+            if self.on_ingest is not None:  # (acknowledged: the pending bytes went down)
+                self.on_ingest()
         return True
 
     async def _commit_loop(self, inlet: Inlet) -> None:
@@ -317,5 +345,7 @@ class Offers:
         finally:
             self.txn_bytes -= inlet.nbytes
             inlet.nbytes = 0
+            if self.share is not None:
+                self.share.hold("txn", self.txn_bytes)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]

@@ -29,6 +29,15 @@ an ``onNext`` ends: it asks ``element_size(subscriber)`` (the connection knows i
 ``subscribed`` it received). A frame cut short is retried only once enough bytes have arrived
 for the field that was missing, so feeding a frame byte by byte stays linear.
 
+**Checks at the header.** An element frame (``onNext``, ``onNextPacked``) is judged as soon as
+its type and subscriber id are parsed, before its body is waited for: the decoder asks
+``refuse_elements(subscriber, type)`` (the connection: is there a subscription of ours that may
+receive elements on this id?) and a reason is a breach at once, so a peer cannot make us buffer
+the body of a frame that is refused anyway. A declared length over the limits is refused as
+soon as it is parsed, too; what a frame has declared and not yet delivered is
+:attr:`Decoder.awaiting`, so the adapter can charge it to its memory budget before the bytes
+come.
+
 The bytes wait in the shared :class:`~tidewire.protocols.buffer.ReceiveBuffer` (the machine
 contract's one receive buffer): frames are parsed in place from its ``view()`` and consumed
 with ``advance_to``, a lone chunk is parsed as it came (no copy), and the parsed prefix is
@@ -273,7 +282,10 @@ class Decoder:
         auth: bool = False,
         runs: bool = False,
         run_decoder: Callable[[int], tuple[RunDecoder, int] | None] | None = None,
+        refuse_elements: Callable[[int, str], str | None] | None = None,
     ) -> None:
+        """``refuse_elements(subscriber, type_name)``: called at the header of each element
+        frame; a reason (not ``None``) makes the frame a connection-level breach there."""
         self.limits = limits or Limits()
         self.element_size = element_size or (lambda subscriber: 0)
         self._buf = ReceiveBuffer(self.limits.max_buffered_bytes)
@@ -284,11 +296,21 @@ class Decoder:
         self.runs = runs  # coalesce consecutive variable-size onNext frames into an OnNextRun
         # subscriber -> (its run decoder, how many elements it may take), or None
         self.run_decoder = run_decoder
+        self.refuse_elements = refuse_elements
+        self.decoded = 0
+        """Frames decoded (or consumed as refused) so far: grows whenever the peer makes
+        progress, which an adapter's unfinished-message deadline watches."""
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet decoded."""
         return self._buf.buffered
+
+    @property
+    def awaiting(self) -> int:
+        """Bytes the frame begun in the buffer needs and that have not arrived: its declared
+        body (or the next field) beyond what is buffered; 0 when nothing is awaited."""
+        return max(0, self._need - self._buf.buffered)
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._dead is not None:
@@ -315,12 +337,14 @@ class Decoder:
         except _Consumed as consumed:
             buf.advance_to(consumed.end)
             self._need = 0
+            self.decoded += 1
             raise consumed.error from None
         except RemoteProtocolError as exc:
             self._dead = exc
             raise
         buf.advance_to(end)
         self._need = 0
+        self.decoded += 1
         return message
 
     def _parse(self, buf: Buffer, pos: int) -> tuple[Decoded, int]:
@@ -329,6 +353,7 @@ class Decoder:
         kind, pos = pull_varint(buf, pos)
         if kind == MessageType.ON_NEXT:
             subscriber, pos = pull_varint(buf, pos)
+            self._check_elements(subscriber, "onNext")
             head_end = pos
             size = self.element_size(subscriber)
             if size:
@@ -350,6 +375,7 @@ class Decoder:
             return OnNext(subscriber, element), pos
         if kind == MessageType.ON_NEXT_PACKED:
             subscriber, pos = pull_varint(buf, pos)
+            self._check_elements(subscriber, "onNextPacked")
             count, pos = pull_varint(buf, pos)
             size = self.element_size(subscriber)
             if not size:
@@ -410,6 +436,13 @@ class Decoder:
                 return Authenticate(text), pos
             return Authenticated(text), pos
         raise RemoteProtocolError(f"unknown message type {kind}")
+
+    def _check_elements(self, subscriber: int, name: str) -> None:
+        """The header check of an element frame (before its body is waited for)."""
+        if self.refuse_elements is not None:
+            reason = self.refuse_elements(subscriber, name)
+            if reason is not None:
+                raise RemoteProtocolError(reason)
 
     def _run(
         self, buf: Buffer, pos: int, subscriber: int, prefix: bytes, first: bytes

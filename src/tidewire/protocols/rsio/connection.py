@@ -15,9 +15,10 @@ goodbye (sending it closes every subscription and waits for the peer's; receivin
 answered with one); the offers of the publishing extension (:mod:`.offers`) and the
 authentication extension (``authenticate`` at most once, client to hub).
 
-A connection-level breach by the peer queues ``goodbye(reason)``, emits
-:class:`ConnectionClosed` and ignores everything after; a breach scoped to one subscription
-queues ``onError`` for it and emits :class:`SubscriptionErrored`.
+A connection-level breach by the peer (an element frame for an id never subscribed is one at its
+header, before its body is buffered) queues ``goodbye(reason)``, emits :class:`ConnectionClosed`
+and ignores the rest; one scoped to a subscription queues its ``onError``
+(:class:`SubscriptionErrored`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ __all__ = [
 ]
 
 
+# The states of our subscriptions in which the peer may send elements (in the others, FREE
+# among them, an element frame is a breach at its header).
+_ELEMENTS_ACCEPTED = frozenset(TRANSITIONS[(Side.SUBSCRIBER, Kind.ELEMENTS)])
+
+
 class Role(enum.Enum):
     CLIENT = "client"  # opened the connection; sends clientHello
     SERVER = "server"  # accepted it; sends serverHello
@@ -126,8 +132,8 @@ class Connection:
         limits: Limits | None = None,
         runs: bool = False,
     ) -> None:
-        """``runs=True``: consecutive variable-size ``onNext`` frames for one subscription come
-        out as one :class:`OnNextRun` event (the subscriber's hot path)."""
+        """``runs=True``: consecutive variable-size ``onNext`` frames of one subscription come
+        out as one :class:`OnNextRun` event."""
         self.role = role
         self.extensions = frozenset(extensions)
         self.state = State.OPEN
@@ -139,13 +145,12 @@ class Connection:
         self._offers = Offers()  # open offers (extension 1)
         self._delivery = Delivery(self._out, self._theirs, self._count_offer)
         self._decoder = Decoder(
-            limits, self._element_size_in, runs=runs, run_decoder=self._run_decoder_in
-        )
-        # Three one-shot facts stay flags beside ``state`` rather than states of it: each is on
-        # an axis of its own (our hello: may we send; the transport's end: is more input
-        # coming; authenticate: extension 2), and any of them can be set in OPEN, CLOSING or
-        # CLOSED, so folding them in would multiply the states for no transition the table
-        # does not already hold. (h11 keeps its receive-side end of input as a flag too.)
+            limits, self._element_size_in, runs=runs, run_decoder=self._run_decoder_in,
+            refuse_elements=self._refuse_elements,
+        )  # fmt: skip
+        # Three one-shot facts are flags beside ``state``, each on an axis of its own (may we
+        # send; is more input coming; extension 2) and settable in any state: folding them in
+        # would multiply the states for no transition (h11 keeps its end of input a flag too).
         self._hello_sent = False
         self._eof = False  # the transport ended: close once the buffered input is decoded
         # authenticate went by: sent (a client) or received (the hub); it goes one way only,
@@ -185,9 +190,8 @@ class Connection:
         return self._out.data()
 
     def chunks_to_send(self) -> list[bytes | memoryview]:
-        """Everything queued for the peer, in order, as buffers to write back to back (e.g.
-        with ``transport.writelines``): big elements given to :meth:`send_elements` come as
-        they were given, uncopied."""
+        """Everything queued for the peer, in order, as buffers to write back to back (big
+        elements given to :meth:`send_elements` come uncopied)."""
         return self._out.chunks()
 
     @property
@@ -199,6 +203,24 @@ class Connection:
     def buffered(self) -> int:
         """Bytes received and not yet decoded."""
         return self._decoder.buffered
+
+    @property
+    def awaiting(self) -> int:
+        """Bytes the frame begun has declared (an element's length, a String's) and not yet
+        delivered. An adapter charges ``buffered + awaiting`` to its memory budget before
+        reading on, and calls :meth:`refuse_input` when it does not fit."""
+        return 0 if self.state is State.CLOSED else self._decoder.awaiting
+
+    @property
+    def frames_received(self) -> int:
+        """Frames decoded so far (refused ones too): the peer's progress."""
+        return self._decoder.decoded
+
+    def refuse_input(self, reason: str) -> None:
+        """End the connection for a frame the adapter will not hold (its declared body is
+        over the memory budget): a breach, ``goodbye("protocol error: <reason>")``."""
+        if self.state is not State.CLOSED:
+            self._breach(reason)
 
     def send(self, message: Message) -> None:
         """Check ``message`` against the state, then queue it. Raises
@@ -280,8 +302,7 @@ class Connection:
     # ------------------------------------------------------------------ queries
 
     def can_offer(self, offer: int) -> bool:
-        """Whether ``offer`` may name a new offer: no offer and no subscription of the peer's
-        to us uses the id."""
+        """Whether ``offer`` may name a new offer (no offer, no peer's subscription uses it)."""
         return offer not in self._offers and offer not in self._theirs.subs
 
     def free_offer_id(self) -> int:
@@ -308,8 +329,7 @@ class Connection:
         return subscriber
 
     def is_subscribed(self, subscriber: int) -> bool:
-        """Whether our subscription ``subscriber`` is open (subscribe sent; no cancel sent, no
-        onComplete/onError received)."""
+        """Whether our subscription ``subscriber`` is open (not cancelled, not ended)."""
         return self._mine.is_open(subscriber) and self.state is State.OPEN
 
     def peer_subscribed(self, subscriber: int) -> bool:
@@ -334,11 +354,9 @@ class Connection:
         heads: Sequence[bytes] | None = None,
     ) -> None:
         """Send ``elements`` to the peer's subscription ``subscriber`` as ``onNext`` frames
-        (as many :meth:`send` calls would, at a fraction of the cost: the publisher's hot
-        path). With ``heads``, element ``i`` is ``heads[i] + elements[i]`` (e.g. an envelope's
-        header and its value, never joined in memory). Elements of ``BIG_ELEMENT`` bytes or
-        more are queued as they are, not copied (see :meth:`chunks_to_send`). Variable-size
-        mode only; a fixed-size subscription takes ``OnNextPacked``."""
+        (as many :meth:`send` calls would, far cheaper). With ``heads``, element ``i`` is
+        ``heads[i] + elements[i]`` (never joined in memory). Elements of ``BIG_ELEMENT`` bytes
+        or more are queued uncopied (see :meth:`chunks_to_send`). Variable-size mode only."""
         self._check_open()
         self._delivery.elements(subscriber, elements, heads)
 
@@ -352,12 +370,10 @@ class Connection:
 
     def send_batch(self, subscriber: int, batch: Batch, name: PublisherName) -> None:
         """Send ``batch`` to the peer's subscription ``subscriber`` in the element format
-        ``name`` asks for, choosing the encoding: packed fixed-size values (``size=N``; a
-        value of another size raises :class:`~tidewire.model.TidewireError`), one log record
-        per batch (``format=records``: one element), the values (``format=value``), or
-        envelopes: big values (``BIG_ELEMENT`` a value or more, on average) as zero-copy
-        views behind their headers, else frames built in one pass. Counts against demand as
-        the elements it sends."""
+        ``name`` asks for: packed fixed-size values (``size=N``; another size raises
+        :class:`~tidewire.model.TidewireError`), one log record per batch (``format=records``),
+        the values (``format=value``), or envelopes (big values as zero-copy views behind
+        their headers). Counts against demand as the elements it sends."""
         self._check_open()
         self._delivery.batch(subscriber, batch, name)
 
@@ -378,9 +394,16 @@ class Connection:
         except RemoteProtocolError as exc:  # more than limits.max_buffered_bytes undecoded
             self._breach(str(exc))
 
-    def next_event(self) -> Event | None:
-        """The next event, or ``None`` when there is none until more data arrives."""
+    def next_event(self, max_frames: int = 0) -> Event | None:
+        """The next event, or ``None`` when there is none until more data arrives.
+
+        ``max_frames`` > 0 bounds one call's work: after that many frames without an event
+        (e.g. quietly dropped requests for closed ids) it returns ``None`` though more input
+        may wait (:attr:`frames_received` tells). An adapter working in slices uses it."""
+        stop = self._decoder.decoded + max_frames if max_frames > 0 else -1
         while not self._events and not self.closed:
+            if self._decoder.decoded == stop:
+                break
             try:
                 message = self._decoder.next_message()
             except OfferProtocolError as exc:
@@ -432,6 +455,19 @@ class Connection:
         ):
             return None
         return sub.run_decoder, sub.demand
+
+    def _refuse_elements(self, subscriber: int, name: str) -> str | None:
+        """The header check of an element frame (see the codec): a reason when no
+        subscription of ours may receive elements on ``subscriber`` (never made, ended, not
+        yet confirmed). After our goodbye, what crosses it is dropped as before."""
+        if self.peer_extensions is None:
+            expected = ServerHello if self.role is Role.CLIENT else ClientHello
+            return f"expected {expected.__name__} first, got {name}"
+        if self.state is not State.OPEN:
+            return None
+        if self._mine.state(subscriber) in _ELEMENTS_ACCEPTED:
+            return None
+        return f"elements for subscriber {subscriber}, which is not subscribed"
 
     def _element_size_in(self, subscriber: int) -> int:
         sub = self._mine.subs.get(subscriber)
@@ -513,8 +549,7 @@ class Connection:
             self._offers.count_delivered(subscriber, count)
 
     def _receive_connection_message(self, message: Message | OnNextRun | OnNextDecoded) -> None:
-        """Check a message from the peer that belongs to no subscription (the decoder knows
-        the extensions' types only once both hellos listed them)."""
+        """Check a message from the peer that belongs to no subscription."""
         match message:
             case Offer():
                 if self.role is not Role.SERVER:

@@ -1,7 +1,9 @@
 """RS.io over TCP with security on, over real sockets on 127.0.0.1 under the default loop and
 uvloop: TLS and mutual TLS (the certificate names the principal), tokens (extension 2), the ACL
 on subscribe, offer and ``?streams``, connections per peer, the handshake deadline, and the
-exact bytes of extension 2 and of its breaches."""
+exact bytes of extension 2 and of its breaches; and (issue 20) attacks on a real hub beside a
+well-behaved client: element frames refused at their header, floods of refusals, a subscriber
+that never reads."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from harness import BYSTANDER_MAX_STALL_S, BystanderReport, RealHub, bystander, real_hub
+from rsio_attacks import Answer, never_reading, refused_subscribes, unknown_id_onnext
 
 import tidewire
+from helpers import run as helpers_run
 from helpers import until
 from loops import Run
 from loops import line as log_line
@@ -31,8 +36,10 @@ from tidewire.protocols.rsio import (
     ClientHello,
     Decoder,
     Goodbye,
+    Offer,
     ServerHello,
     Subscribe,
+    Subscribed,
     encode,
 )
 from tidewire.server.guard import Admission, ConnectionLimits
@@ -601,3 +608,164 @@ def test_a_bad_token_gets_goodbye_bytes(tmp_path: Path, run: Run) -> None:
             await until(lambda: server.listener.admission.total == 0)
 
     run(main())
+
+
+# --------------------------------------------------------------------------- hostile load
+# (issue 20) Attacks against a real hub (tests/security/harness.py) with a small budget, each
+# beside a well-behaved client: the attacker is refused or bounded, the hub's RSS stays within
+# a bound derived from the budget, and the bystander sees no stall over the promise.
+
+MiB = 1024 * 1024
+BUDGET = {"memory.budget_bytes": 64 * MiB, "memory.principal_bytes": 32 * MiB,
+          "memory.connection_bytes": 16 * MiB}  # fmt: skip
+ATTACK_ACL = """
+[principal.anonymous]
+read = ["open.*"]
+
+[principal."token:good"]
+read = ["*"]
+write = ["*"]
+"""
+
+
+def stall_bound(hub: RealHub) -> float:
+    """The stall the bystander may see under attack: the promise, over what this (shared,
+    busy) machine shows it with no attack at all, measured just before."""
+    solo = helpers_run(bystander(hub, 1.5, token=hub.tokens["good"]))
+    assert solo.errors == []
+    return BYSTANDER_MAX_STALL_S + solo.max_stall_s
+
+
+def test_an_unfinished_element_has_a_deadline(tmp_path: Path, run: Run) -> None:
+    """An offer's element declared (1000 bytes) and never finished: the guard's sweep ends the
+    connection ``limits.message_seconds`` (60 s) after it began, not before (in process: the
+    sweep is called with the time, nothing sleeps)."""
+
+    async def main() -> None:
+        async with rsio_hub(tmp_path) as (_, server, url):
+            reader, writer = await raw(url)
+            writer.write(bytes(encode(ClientHello(0, (1, 2))) + encode(Offer(1, "s"))
+                               + encode(Subscribed(1, 0))) + b"\x07\x01\xe8\x07abc")  # fmt: skip
+            await until(lambda: len(server.connections) == 1)
+            (session,) = server.connections
+            await until(lambda: session.receiving_since() is not None)
+            since = session.receiving_since()
+            assert since is not None
+            server.listener.sweep(since + 59.9)
+            assert server.connections
+            server.listener.sweep(since + 60)
+            data = await read_all(reader)
+            writer.close()
+            assert decode_all(data)[-1] == Goodbye("a message unfinished for 60s")
+            assert data.endswith(bytes.fromhex(
+                "02 1c 61 20 6d 65 73 73 61 67 65 20 75 6e 66 69 6e 69 73 68 65 64 20 66 6f"
+                "72 20 36 30 73"))  # fmt: skip
+
+    run(main())
+
+
+def test_onnext_for_an_id_never_made_is_refused_at_its_header(tmp_path: Path) -> None:
+    """8 connections each declare a 16 MiB element for subscription 7 (never made) and send
+    up to 15 MiB of it: each is told goodbye at the header (or reset while still writing);
+    the hub buffers none of it (before: +123-131 MiB)."""
+    with real_hub(tmp_path, settings=BUDGET, tokens=["good"]) as hub:
+        bound = stall_bound(hub)
+        before = hub.rss()
+
+        async def main() -> tuple[list[Answer], BystanderReport]:
+            async with asyncio.timeout(60):
+                answers, report = await asyncio.gather(
+                    unknown_id_onnext(hub.rsio_port),
+                    bystander(hub, 3, token=hub.tokens["good"]))  # fmt: skip
+                return answers, report
+
+        answers, report = helpers_run(main())
+        for answer in answers:
+            assert answer.reset or answer.goodbye == (
+                "protocol error: elements for subscriber 7, which is not subscribed")
+        assert hub.log_text().count("elements for subscriber 7, which is not subscribed") == 8
+        growth = hub.peak_rss() - before
+        assert growth <= BUDGET["memory.connection_bytes"], f"+{growth >> 20} MiB"
+        assert report.errors == []
+        assert report.max_stall_s < bound, report
+
+
+def test_refused_subscribes_end_the_connection_and_their_log_lines_are_aggregated(
+    tmp_path: Path,
+) -> None:
+    """20 connections at once each send 8 MiB of subscribes to a stream the ACL forbids: each
+    gets 100 onErrors, then goodbye (``limits.max_refusals``); the log has a handful of lines,
+    not one per refusal (before: 1.2 M lines)."""
+    with real_hub(tmp_path, settings=BUDGET, acl=ATTACK_ACL, tokens=["good"]) as hub:
+        bound = stall_bound(hub)
+
+        async def main() -> tuple[list[Answer], BystanderReport]:
+            async with asyncio.timeout(60):
+                answers, report = await asyncio.gather(
+                    refused_subscribes(hub.rsio_port, count=400_000, connections=20),
+                    bystander(hub, 3, token=hub.tokens["good"]))  # fmt: skip
+                return answers, report
+
+        answers, report = helpers_run(main())
+        for answer in answers:
+            assert answer.errors == 100 or answer.reset, answer.errors
+            if not answer.reset:
+                assert answer.goodbye == "too many refusals in a row (the limit is 100)"
+        refusal_lines = [line for line in hub.log_text().splitlines()
+                         if "tidewire.rsio" in line and "refus" in line]  # fmt: skip
+        assert 1 <= len(refusal_lines) <= 10, refusal_lines  # (a burst of 5 per 10 s)
+        assert report.errors == []
+        assert report.max_stall_s < bound, report
+
+
+def test_a_flood_of_refusals_never_holds_the_hub(tmp_path: Path) -> None:
+    """With ``limits.max_refusals`` out of the way, 8 MiB of refused subscribes (about 400,000)
+    are all answered, a slice at a time: the bystander sees no stall (before: 9-22 s)."""
+    settings = {**BUDGET, "limits.max_refusals": 10**9}
+    with real_hub(tmp_path, settings=settings, acl=ATTACK_ACL, tokens=["good"]) as hub:
+        bound = stall_bound(hub)
+
+        async def main() -> tuple[list[Answer], BystanderReport]:
+            async with asyncio.timeout(90):
+                answers, report = await asyncio.gather(
+                    refused_subscribes(hub.rsio_port, count=400_000),
+                    bystander(hub, 4, token=hub.tokens["good"]))  # fmt: skip
+                return answers, report
+
+        (answer,), report = helpers_run(main(), timeout=120)
+        assert answer.errors == 400_000
+        assert report.errors == []
+        assert report.max_stall_s < bound, report
+        lines = [line for line in hub.log_text().splitlines()
+                 if "tidewire.rsio" in line and "refus" in line]  # fmt: skip
+        # a burst of 5 and then a line saying how many more, per 10 s (the attack lasts 5-20 s)
+        assert len(lines) <= 20, lines[:30]
+
+
+def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(tmp_path: Path) -> None:
+    """100 subscriptions with unbounded demand on one connection that reads nothing: the hub
+    grows by at most its high-water mark (4 MiB) and one delivery (1 MiB), plus slack for the
+    log's reads (before: +34-243 MiB)."""
+    with real_hub(tmp_path, settings=BUDGET, tokens=["good"]) as hub:
+
+        async def fill() -> None:
+            async with await tidewire.connect(hub.rsio_url, token=hub.tokens["good"]) as client:
+                for _ in range(32):
+                    await client.publish("big", [b"v" * 65536] * 16)  # 32 MiB in all
+
+        helpers_run(fill())
+        bound = stall_bound(hub)
+        before = hub.rss()
+
+        async def main() -> BystanderReport:
+            async with asyncio.timeout(60):
+                _, report = await asyncio.gather(
+                    never_reading(hub.rsio_port, "big", seconds=4),
+                    bystander(hub, 3, token=hub.tokens["good"]))  # fmt: skip
+                return report
+
+        report = helpers_run(main())
+        growth = hub.peak_rss() - before
+        assert growth <= 4 * MiB + 1 * MiB + 8 * MiB, f"+{growth >> 20} MiB"
+        assert report.errors == []
+        assert report.max_stall_s < bound, report

@@ -1,0 +1,136 @@
+"""Attacks on a hub's RS.io listener (issue 20), as raw bytes on 127.0.0.1: each takes the
+listener's port, is bounded in time by its caller (``asyncio.timeout``) and in what it sends,
+closes every connection it opens, and reports what the hub answered.
+
+* :func:`unknown_id_onnext`: ``onNext`` for a subscription id never made, declaring a big
+  element, then most of its body, over several connections.
+* :func:`refused_subscribes`: one write of many subscribes the hub refuses (a forbidden stream).
+* :func:`never_reading`: many subscriptions with unbounded demand on one connection that never
+  reads a byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+from tidewire.protocols.rsio import ClientHello, Decoder, Goodbye, OnError, Subscribe, encode
+from tidewire.protocols.rsio.varint import push_varint
+
+__all__ = ["HELLO", "Answer", "never_reading", "refused_subscribes", "unknown_id_onnext"]
+
+MiB = 1024 * 1024
+HOST = "127.0.0.1"
+HELLO = bytes(encode(ClientHello(0, (1, 2))))
+_CHUNK = 256 * 1024
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    push_varint(out, n)
+    return bytes(out)
+
+
+@dataclass
+class Answer:
+    """What the hub sent one attacking connection: its bytes, kept as they came (decoding
+    them while the attack runs would take the test process's CPU from the bystander, which
+    shares its interpreter), and decoded when asked."""
+
+    data: bytearray = field(default_factory=bytearray)
+    reset: bool = False  # the hub dropped the connection (or reset it while we still wrote)
+
+    @functools.cached_property
+    def messages(self) -> list[object]:
+        decoder = Decoder(publishing=True, auth=True)
+        decoder.feed(bytes(self.data))
+        out: list[object] = []
+        while (message := decoder.next_message()) is not None:
+            out.append(message)
+        return out
+
+    @property
+    def goodbye(self) -> str | None:
+        last = self.messages[-1] if self.messages else None
+        return last.reason if isinstance(last, Goodbye) else None
+
+    @property
+    def errors(self) -> int:
+        return sum(isinstance(m, OnError) for m in self.messages)
+
+
+async def _answer(reader: asyncio.StreamReader, answer: Answer) -> None:
+    """Everything until the hub closes."""
+    try:
+        while data := await reader.read(1024 * 1024):
+            answer.data += data
+    except ConnectionError:
+        answer.reset = True
+
+
+async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 16 * MiB,
+                            body: int = 15 * MiB) -> list[Answer]:  # fmt: skip
+    """Each connection: hello, ``onNext`` for subscription 7 (never made) declaring
+    ``declared`` bytes, then up to ``body`` bytes of it while the hub lets us write."""
+
+    async def one() -> Answer:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        answer = Answer()
+        reading = asyncio.create_task(_answer(reader, answer))
+        try:
+            writer.write(HELLO + b"\x07\x07" + varint(declared))
+            zeros = bytes(_CHUNK)
+            with suppress(ConnectionError):
+                for _ in range(body // _CHUNK):
+                    if reading.done():
+                        break
+                    writer.write(zeros)
+                    await writer.drain()
+            await reading
+        finally:
+            writer.transport.abort()
+            reading.cancel()
+        return answer
+
+    return list(await asyncio.gather(*(one() for _ in range(connections))))
+
+
+async def refused_subscribes(port: int, *, count: int, publisher: str = "secret.x",
+                             connections: int = 1) -> list[Answer]:  # fmt: skip
+    """Each connection: hello and ``count`` subscribes to ``publisher`` (which the hub
+    refuses) in one write; then everything the hub answers, until it closes."""
+    flood = HELLO + b"".join(bytes(encode(Subscribe(publisher, i))) for i in range(1, count + 1))
+
+    async def one() -> Answer:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        answer = Answer()
+        reading = asyncio.create_task(_answer(reader, answer))
+        try:
+            with suppress(ConnectionError):
+                writer.write(flood)
+                await writer.drain()
+                writer.write_eof()
+            await reading
+        finally:
+            writer.transport.abort()
+            reading.cancel()
+        return answer
+
+    return list(await asyncio.gather(*(one() for _ in range(connections))))
+
+
+async def never_reading(port: int, stream: str, *, subscriptions: int = 100,
+                        seconds: float) -> None:  # fmt: skip
+    """One connection: hello, ``subscriptions`` subscriptions to ``stream`` from its start with
+    unbounded demand, then nothing read for ``seconds`` (the attack's length)."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(HELLO + b"".join(bytes(encode(Subscribe(stream, i, 2**63 - 1)))
+                                      for i in range(1, subscriptions + 1)))  # fmt: skip
+        await writer.drain()
+        await asyncio.sleep(seconds)  # (the attack's duration: it reads nothing meanwhile)
+    finally:
+        writer.transport.abort()
+    del reader
