@@ -8,7 +8,7 @@ whom, and the memory budget checked at an event's header.
   its line, before its data is read; what fits is charged and given back.
 
 The deadline of an unfinished event, and the same attacks against a real hub with a well-behaved
-client alongside, are in tests/security/test_security_seguro.py.
+client alongside, are in tests/security/test_seguro_attacks.py.
 """
 
 from __future__ import annotations

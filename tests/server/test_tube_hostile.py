@@ -31,7 +31,6 @@ from tidewire.protocols.rsio import ClientHello, Decoder, OnError, Request, Subs
 from tidewire.protocols.rsio_http import ERROR_HEADER
 from tidewire.protocols.tube import CODE_DEFLATE, CODE_PLAIN, encode_header, push_varint
 from tidewire.server.app import TUBE_CONNECTIONS_KEY, build_app
-from tidewire.server.rsio_session import RsioSession
 from tidewire.server.tube import (
     GAUGE,
     WRITE_HIGH_WATER,
@@ -302,14 +301,7 @@ def test_a_publish_over_the_message_limit_goes_in_several_messages(
     run(main())
 
 
-TAKING_TURNS = hasattr(RsioSession, "receiving_since")  # (the RS.io session of issue 20)
-
-
-@pytest.mark.parametrize("subscriptions", [
-    1,
-    pytest.param(20, marks=pytest.mark.skipif(
-        not TAKING_TURNS, reason="the RS.io session's pumps do not take turns at the output")),
-])  # fmt: skip
+@pytest.mark.parametrize("subscriptions", [1, 20])
 def test_a_subscriber_that_does_not_read_is_charged_what_waits(
     tmp_path: Path, run: Run, subscriptions: int
 ) -> None:
@@ -340,16 +332,13 @@ def test_a_subscriber_that_does_not_read_is_charged_what_waits(
 
 
 def frame_since(carrier: TubeCarrier) -> float | None:
-    """The RS.io session's ``receiving_since()`` (looked up: not every session has it)."""
-    since: float | None = getattr(carrier.session, "receiving_since")()  # noqa: B009
-    return since
+    """The RS.io session's ``receiving_since()``."""
+    return carrier.session.receiving_since()
 
 
 def test_an_unfinished_rsio_frame_is_closed_at_the_deadline(tmp_path: Path, run: Run) -> None:
     """An RS.io frame begun in a Tube message and never finished: the guard does not sweep
     aiohttp's connections, so the Tube carrier applies ``message_seconds`` to it as well."""
-    if not hasattr(RsioSession, "receiving_since"):
-        pytest.skip("the RS.io session does not tell when its unfinished frame began")
 
     async def main() -> None:
         async with tube_hub(tmp_path, TubeSettings(message_seconds=60.0)) as served, \
