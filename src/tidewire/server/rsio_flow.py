@@ -30,6 +30,7 @@ from ..hub import Hub, Share
 from ..observe.throttle import LogThrottle
 
 __all__ = [
+    "OUTPUT_PAUSE_BYTES",
     "SLICE_BYTES",
     "SLICE_CHECK",
     "SLICE_MESSAGES",
@@ -54,6 +55,13 @@ slice (measured: 64-message slices let a flood stall a bystander by 150-250 ms o
 
 SLICE_CHECK = 16
 """Messages between two looks at the clock."""
+
+OUTPUT_PAUSE_BYTES = 5 * 1024 * 1024
+"""Output waiting for the peer beyond which the session stops reading its input: the carriers'
+high-water mark (4 MiB, TCP and Tube; the pumps stop there) plus 1 MiB for what the input
+itself makes the hub answer. Reading is not paused at the mark itself: a fast subscriber's
+``request``s must keep arriving while its output drains (pausing there cost 15-18 % of the
+64 KiB subscribe throughput)."""
 
 SLICE_BYTES = 256 * 1024
 """Decoded input handled before yielding: one TCP read (so a publisher's bulk input, decoded

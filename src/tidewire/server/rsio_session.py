@@ -71,6 +71,7 @@ from ..protocols.rsio.names import OfferName, PublisherName, PublisherNameError
 from ..protocols.rsio.runs import OfferRun
 from .guard import peer_certificate
 from .rsio_flow import (
+    OUTPUT_PAUSE_BYTES,
     SLICE_BYTES,
     SLICE_CHECK,
     SLICE_MESSAGES,
@@ -224,14 +225,15 @@ class RsioSession:
         self.share.close()
 
     def pause_writing(self) -> None:
-        """The peer does not read fast enough: pumps wait, and so does reading its input."""
+        """The peer does not read fast enough: pumps wait. Its input is still read (its
+        requests are what keeps a fast subscriber fed); only what the input itself makes the
+        hub write (refusals, ...) can grow the output further, and past
+        :data:`~.rsio_flow.OUTPUT_PAUSE_BYTES` reading pauses too (:meth:`_charge_outbound`)."""
         self._writable.clear()
-        self._pause("output")
         self._charge_outbound()
 
     def resume_writing(self) -> None:
         self._writable.set()
-        self._resume("output")
         self._charge_outbound()
         if "inbound" in self._pauses:
             self._slicer.run()
@@ -534,8 +536,14 @@ class RsioSession:
     def _charge_outbound(self) -> None:
         """What the carrier holds for the peer, as the ``outbound`` gauge (in memory already:
         recorded, never refused; the high-water mark is what bounds it)."""
-        if self._buffering is not None:
-            self.share.hold("outbound", self._buffering.get_write_buffer_size())
+        if self._buffering is None:
+            return
+        size = self._buffering.get_write_buffer_size()
+        self.share.hold("outbound", size)
+        if size > OUTPUT_PAUSE_BYTES:
+            self._pause("output")
+        elif "output" in self._pauses and self._writable.is_set():
+            self._resume("output")
 
     async def _pump(self, subscriber: int, sub: _Source, name: PublisherName) -> None:
         """Deliver ``sub`` to the peer's subscription ``subscriber``: wait until it is ready
