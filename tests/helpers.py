@@ -4,6 +4,7 @@
 * :func:`run`: run one coroutine on a fresh event loop, bounded in time, and return its result
   (for tests that are not parametrized over the loops; those take the ``run`` fixture of
   tests/conftest.py, see tests/loops.py);
+* :func:`own_rss`: this process's resident memory (for tests whose hub runs in it);
 * :func:`hub_server`: a hub on a temporary directory with an RS.io server on 127.0.0.1.
 """
 
@@ -21,7 +22,7 @@ from loops import LOOPS
 from tidewire.hub import Hub
 from tidewire.server.rsio import RsioServer, RsioSettings, start_rsio_server
 
-__all__ = ["HOST", "TESTS", "child_env", "hub_server", "run", "until"]
+__all__ = ["HOST", "TESTS", "child_env", "hub_server", "own_rss", "run", "until"]
 
 T = TypeVar("T")
 
@@ -76,6 +77,15 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0, *, loop: str = "asy
 
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
         return runner.run(bounded())
+
+
+def own_rss() -> int:
+    """This process's resident set size, in bytes (a hub started in process runs in it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
 
 
 @asynccontextmanager
