@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from loops import LOOPS
-from tidewire.hub import Hub
+from tidewire.hub import Budget, BudgetLimits, Hub
+from tidewire.hub.access import Access
+from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.rsio import RsioServer, RsioSettings, start_rsio_server
 
 __all__ = ["HOST", "TESTS", "child_env", "hub_server", "own_rss", "run", "until"]
@@ -90,12 +93,23 @@ def own_rss() -> int:
 
 @asynccontextmanager
 async def hub_server(
-    path: Path, settings: RsioSettings | None = None
+    path: Path,
+    settings: RsioSettings | None = None,
+    *,
+    access: Access | None = None,
+    limits: ConnectionLimits | None = None,
+    tls: ssl.SSLContext | None = None,
+    budget: BudgetLimits | None = None,
 ) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    """A hub on ``path`` and its RS.io server on 127.0.0.1 (any free port), with the server's
-    URL; both closed on exit."""
+    """A hub on ``path`` (with a memory ``budget`` of its own, when given) and its RS.io server
+    on 127.0.0.1 (any free port; with ``access``, the guard's ``limits`` and ``tls`` as given),
+    with the server's URL; both closed on exit."""
     hub = Hub.open(str(path))
-    server = await start_rsio_server(hub, HOST, 0, settings)
+    if budget is not None:
+        hub.budget = Budget(budget)
+    admission = Admission(limits) if limits is not None else None
+    server = await start_rsio_server(hub, HOST, 0, settings, access=access, admission=admission,
+                                     tls=tls)  # fmt: skip
     try:
         yield hub, server, f"rsio://{HOST}:{server.port}"
     finally:

@@ -36,10 +36,11 @@ async def raw_session(port: int, name: str, ctx: ssl.SSLContext | None = None
         return reader, writer, b""
 
 
-async def huge_event(port: int, name: str, declared: int = 60 * MiB) -> int:
+async def huge_event(port: int, name: str, declared: int = 60 * MiB, *,
+                     ctx: ssl.SSLContext | None = None) -> int:  # fmt: skip
     """``SAVE`` of ``declared`` bytes on ``name`` and its data as fast as the hub takes it (for
     10 s at most): the bytes sent before the hub dropped the connection."""
-    reader, writer, said = await raw_session(port, name)
+    reader, writer, said = await raw_session(port, name, ctx)
     assert said == b"WELCOME %s\n" % name.encode()
     sent = 0
     writer.write(b"SAVE 1 %d\n" % declared)
@@ -50,7 +51,7 @@ async def huge_event(port: int, name: str, declared: int = 60 * MiB) -> int:
                 writer.write(chunk)
                 await writer.drain()
                 sent += len(chunk)
-    except (ConnectionError, TimeoutError):
+    except (ConnectionError, ssl.SSLError, TimeoutError):
         pass
     async with asyncio.timeout(10):
         assert b"COMMITTED" not in await closed(reader)
@@ -59,11 +60,12 @@ async def huge_event(port: int, name: str, declared: int = 60 * MiB) -> int:
 
 
 async def unfinished_event(port: int, name: str, held: list[asyncio.StreamWriter], *,
-                           declared: int = 3 * MiB, sent: int = 2 * MiB) -> bool:  # fmt: skip
+                           declared: int = 3 * MiB, sent: int = 2 * MiB,
+                           ctx: ssl.SSLContext | None = None) -> bool:  # fmt: skip
     """``SAVE`` of ``declared`` bytes on ``name`` with ``sent`` of them, then nothing: True when
     the hub took the declaration (the connection stays open, waiting; its writer is appended to
     ``held`` for the caller to close), False when it dropped it (closed here)."""
-    reader, writer, said = await raw_session(port, name)
+    reader, writer, said = await raw_session(port, name, ctx)
     assert said == b"WELCOME %s\n" % name.encode()
     writer.write(b"SAVE 1 %d\n" % declared + b"u" * sent)
     await writer.drain()
@@ -72,7 +74,7 @@ async def unfinished_event(port: int, name: str, held: list[asyncio.StreamWriter
             dropped = await reader.read(1) == b""
     except TimeoutError:
         dropped = False
-    except ConnectionError:
+    except (ConnectionError, ssl.SSLError):
         dropped = True
     if dropped:
         writer.close()

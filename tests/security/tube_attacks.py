@@ -17,51 +17,32 @@ from __future__ import annotations
 import asyncio
 import http.client
 import time
-import zlib
 
 import aiohttp
 
+from raw_wire import deflated_subscribes, tube_close_code, tube_opened
 from tidewire.protocols.rsio import ClientHello, Subscribe, encode
-from tidewire.protocols.tube import CODE_DEFLATE, CODE_PLAIN, encode_header, push_varint
+from tidewire.protocols.tube import CODE_PLAIN, encode_header, push_varint
 
-__all__ = ["ATTACK_SECONDS", "deflate_bomb", "foreign_origins", "handshake", "healthz",
+__all__ = ["ATTACK_SECONDS", "deflate_bomb", "foreign_origins", "healthz",
            "never_reading", "tiny_fragments", "unfinished"]  # fmt: skip
 
 MiB = 1024 * 1024
 ATTACK_SECONDS = 30.0
 """How long any one attack may take before it is cut short (it fails, rather than hangs)."""
-CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
-
-
-async def handshake(session: aiohttp.ClientSession, url: str,
-                    size: bytes = b"\x00") -> aiohttp.ClientWebSocketResponse:  # fmt: skip
-    """A raw WebSocket past Tube's fragment-size exchange (this side asks for ``size``)."""
-    ws = await session.ws_connect(url)
-    await ws.send_bytes(size)
-    message = await ws.receive(timeout=10)
-    assert message.type == aiohttp.WSMsgType.BINARY, message
-    return ws
-
-
-async def drained(ws: aiohttp.ClientWebSocketResponse) -> int | None:
-    """Read and drop until the hub closes; its close code."""
-    while (await ws.receive()).type not in CLOSED:
-        pass
-    return ws.close_code
 
 
 async def deflate_bomb(url: str) -> tuple[int, int | None, float]:
     """One anonymous Tube message of about 16 KB inflating to 8 MiB of RS.io subscribes to a
     bad stream name (each refused): its size, the hub's close code, and how long it took."""
-    frame = encode(Subscribe("bad name!", 1, 1))
-    bomb = encode_header(CODE_DEFLATE, 1) + zlib.compress(frame * (8 * MiB // len(frame)), 9)
+    bomb = deflated_subscribes(8 * MiB)
     async with aiohttp.ClientSession() as session:
-        ws = await handshake(session, url)
+        ws = await tube_opened(session, url)
         await ws.send_bytes(encode_header(CODE_PLAIN, 1) + encode(ClientHello()))
         began = time.monotonic()
         await ws.send_bytes(bomb)
         async with asyncio.timeout(ATTACK_SECONDS):
-            code = await drained(ws)
+            code = await tube_close_code(ws)
         return len(bomb), code, time.monotonic() - began
 
 
@@ -72,11 +53,11 @@ async def unfinished(url: str, connections: int, fragments: int) -> list[int | N
     async with aiohttp.ClientSession() as session:
 
         async def one() -> int | None:
-            ws = await handshake(session, url)
+            ws = await tube_opened(session, url)
             await ws.send_bytes(encode_header(CODE_PLAIN, 400) + fragment[:-3])
             for _ in range(fragments - 1):
                 await ws.send_bytes(fragment)
-            return await drained(ws)
+            return await tube_close_code(ws)
 
         async with asyncio.timeout(ATTACK_SECONDS):
             return list(await asyncio.gather(*(one() for _ in range(connections))))
@@ -89,7 +70,7 @@ async def tiny_fragments(url: str, connections: int) -> list[int | None]:
         async def one() -> int | None:
             ws = await session.ws_connect(url)
             await ws.send_bytes(push_varint(8))
-            return await drained(ws)
+            return await tube_close_code(ws)
 
         async with asyncio.timeout(ATTACK_SECONDS):
             return list(await asyncio.gather(*(one() for _ in range(connections))))
@@ -100,7 +81,7 @@ async def never_reading(url: str, subscriptions: int, seconds: float,
     """One anonymous Tube connection subscribing ``subscriptions`` times to ``stream`` from
     its start with ample demand and reading nothing for ``seconds``."""
     async with aiohttp.ClientSession() as session:
-        ws = await handshake(session, url)
+        ws = await tube_opened(session, url)
         frames = encode(ClientHello()) + b"".join(
             encode(Subscribe(f"{stream}?from=earliest", i, 10_000)) for i in range(subscriptions)
         )
