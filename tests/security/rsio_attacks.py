@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -58,24 +59,20 @@ async def _answer(reader: asyncio.StreamReader, answer: Answer) -> None:
         answer.reset = True
 
 
-async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 16 * MiB,
-                            body: int = 15 * MiB) -> list[Answer]:  # fmt: skip
-    """Each connection: hello, ``onNext`` for subscription 7 (never made) declaring
-    ``declared`` bytes, then up to ``body`` bytes of it while the hub lets us write."""
+async def _attacking(port: int, connections: int,
+                     send: Callable[[asyncio.StreamWriter, asyncio.Task[None]], Awaitable[None]]
+                     ) -> list[Answer]:  # fmt: skip
+    """``connections`` connections at once, each: ``send(writer, reading)`` (a write the hub
+    may cut short by closing), then everything the hub answers until it closes; each closed
+    (aborted) whatever happens. What each was answered."""
 
     async def one() -> Answer:
         reader, writer = await asyncio.open_connection(HOST, port)
         answer = Answer()
         reading = asyncio.create_task(_answer(reader, answer))
         try:
-            writer.write(RSIO_HELLO + b"\x07\x07" + varint(declared))
-            zeros = bytes(_CHUNK)
             with suppress(ConnectionError):
-                for _ in range(body // _CHUNK):
-                    if reading.done():
-                        break
-                    writer.write(zeros)
-                    await writer.drain()
+                await send(writer, reading)
             await reading
         finally:
             writer.transport.abort()
@@ -83,6 +80,23 @@ async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 
         return answer
 
     return list(await asyncio.gather(*(one() for _ in range(connections))))
+
+
+async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 16 * MiB,
+                            body: int = 15 * MiB) -> list[Answer]:  # fmt: skip
+    """Each connection: hello, ``onNext`` for subscription 7 (never made) declaring
+    ``declared`` bytes, then up to ``body`` bytes of it while the hub lets us write."""
+    zeros = bytes(_CHUNK)
+
+    async def send(writer: asyncio.StreamWriter, reading: asyncio.Task[None]) -> None:
+        writer.write(RSIO_HELLO + b"\x07\x07" + varint(declared))
+        for _ in range(body // _CHUNK):
+            if reading.done():
+                break
+            writer.write(zeros)
+            await writer.drain()
+
+    return await _attacking(port, connections, send)
 
 
 async def refused_subscribes(port: int, *, count: int, publisher: str = "secret.x",
@@ -92,22 +106,12 @@ async def refused_subscribes(port: int, *, count: int, publisher: str = "secret.
     flood = RSIO_HELLO + b"".join(bytes(encode(Subscribe(publisher, i)))
                                   for i in range(1, count + 1))  # fmt: skip
 
-    async def one() -> Answer:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        answer = Answer()
-        reading = asyncio.create_task(_answer(reader, answer))
-        try:
-            with suppress(ConnectionError):
-                writer.write(flood)
-                await writer.drain()
-                writer.write_eof()
-            await reading
-        finally:
-            writer.transport.abort()
-            reading.cancel()
-        return answer
+    async def send(writer: asyncio.StreamWriter, reading: asyncio.Task[None]) -> None:
+        writer.write(flood)
+        await writer.drain()
+        writer.write_eof()
 
-    return list(await asyncio.gather(*(one() for _ in range(connections))))
+    return await _attacking(port, connections, send)
 
 
 async def never_reading(port: int, stream: str, *, subscriptions: int = 100,
