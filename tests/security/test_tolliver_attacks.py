@@ -222,11 +222,8 @@ def test_a_certificate_for_another_uuid_is_closed_before_any_response(
         async with tolliver_hub(tmp_path, tls=pki.server_context("required")) as s:
             claimed, other = uuid7(), uuid7()
             spoof = await Remote.open(s.port, ssl=certified(pki, other), instance=claimed)
-            spoof.conn.initiate()
-            spoof.flush()
-            await spoof.closed()
+            assert await spoof.refused()  # not even the handshake response
             spoof.close()
-            assert spoof.received == b""  # not even the handshake response
             line = await logged(caplog, "tidewire.tolliver", f"cert:{other}", str(claimed))
             assert "refused" in line
             assert claimed not in s.server.by_peer
@@ -274,11 +271,8 @@ def test_a_subscription_the_acl_does_not_allow_is_refused(
                 # in the handshake request: closed before the response
                 bad = await Remote.open(s.port, ssl=certified(pki, reader_id), instance=reader_id,
                                         subscriptions=["news", "secret"])  # fmt: skip
-                bad.conn.initiate()
-                bad.flush()
-                await bad.closed()
+                assert await bad.refused()
                 bad.close()
-                assert bad.received == b""
                 await logged(caplog, "tidewire.tolliver", f"cert:{reader_id} may not read "
                              "stream 'secret' (a subscription to it)")  # fmt: skip
                 # later, by a control message
@@ -342,10 +336,7 @@ def test_with_an_acl_plain_tcp_is_refused_unless_the_operator_allows_it(
         async with tolliver_hub(tmp_path, acl='[principal.anonymous]\nread = ["*"]\n') as s:
             remote = await Remote.open(s.port, subscriptions=["public.news"])
             try:
-                remote.conn.initiate()
-                remote.flush()
-                await remote.closed()
-                assert remote.received == b""
+                assert await remote.refused()
             finally:
                 remote.close()
         assert "tolliver.allow_plaintext = true" in caplog.text
@@ -393,11 +384,8 @@ def test_connections_per_peer(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
                 await first.handshake()
                 await second.handshake()
                 third = await Remote.open(s.port)
-                third.conn.initiate()
-                third.flush()
-                await third.closed()
+                assert await third.refused()
                 third.close()
-                assert third.received == b""
                 await logged(caplog, "tidewire.guard", "tolliver", "too many connections from")
                 await first.works(1)
                 await second.works(1)
@@ -530,10 +518,7 @@ def test_subscriptions_just_under_pass_just_over_are_refused(
                 four.conn.subscribe("e")  # four again
                 four.flush()
                 await four.works(1)
-                five.conn.initiate()  # one over, in the handshake: closed before a response
-                five.flush()
-                await five.closed()
-                assert five.received == b""
+                assert await five.refused()  # one over, in the handshake: closed before a response
                 await logged(caplog, "tidewire.tolliver", "5 subscriptions in a handshake, over 4")
                 four.conn.subscribe("f")  # one over, later
                 four.flush()

@@ -92,6 +92,14 @@ class Remote:
         self.flush()
         await self.until(Established)
 
+    async def refused(self) -> bool:
+        """Send the handshake request and read until the hub closes: whether it closed before
+        sending anything (not even a handshake response)."""
+        self.conn.initiate()
+        self.flush()
+        await self.closed()
+        return self.received == b""
+
     async def send(self, channel: str, body: bytes, message_id: int) -> None:
         self.conn.send(Message(channel, "", body, message_id), 0.0)
         self.flush()
@@ -217,10 +225,7 @@ async def uuid_claims(port: int, victim: uuid.UUID, ctx: ssl.SSLContext | None, 
     for _ in range(tries):
         claim = await Remote.open(port, ssl=ctx, instance=victim, subscriptions=channels)
         try:
-            claim.conn.initiate()
-            claim.flush()
-            await claim.closed()
+            refused += await claim.refused()
         finally:
             claim.close()
-        refused += claim.received == b""
     return refused
