@@ -4,6 +4,7 @@
 * :func:`run`: run one coroutine on a fresh event loop, bounded in time, and return its result
   (for tests that are not parametrized over the loops; those take the ``run`` fixture of
   tests/conftest.py, see tests/loops.py);
+* :func:`own_rss`: this process's resident memory (for tests whose hub runs in it);
 * :func:`hub_server`: a hub on a temporary directory with an RS.io server on 127.0.0.1.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from loops import LOOPS
-from tidewire.hub import Hub
+from tidewire.hub import Budget, BudgetLimits, Hub
+from tidewire.hub.access import Access
+from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.rsio import RsioServer, RsioSettings, start_rsio_server
 
-__all__ = ["HOST", "TESTS", "child_env", "hub_server", "run", "until"]
+__all__ = ["HOST", "TESTS", "child_env", "hub_server", "own_rss", "run", "until"]
 
 T = TypeVar("T")
 
@@ -78,14 +82,34 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0, *, loop: str = "asy
         return runner.run(bounded())
 
 
+def own_rss() -> int:
+    """This process's resident set size, in bytes (a hub started in process runs in it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
 @asynccontextmanager
 async def hub_server(
-    path: Path, settings: RsioSettings | None = None
+    path: Path,
+    settings: RsioSettings | None = None,
+    *,
+    access: Access | None = None,
+    limits: ConnectionLimits | None = None,
+    tls: ssl.SSLContext | None = None,
+    budget: BudgetLimits | None = None,
 ) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    """A hub on ``path`` and its RS.io server on 127.0.0.1 (any free port), with the server's
-    URL; both closed on exit."""
+    """A hub on ``path`` (with a memory ``budget`` of its own, when given) and its RS.io server
+    on 127.0.0.1 (any free port; with ``access``, the guard's ``limits`` and ``tls`` as given),
+    with the server's URL; both closed on exit."""
     hub = Hub.open(str(path))
-    server = await start_rsio_server(hub, HOST, 0, settings)
+    if budget is not None:
+        hub.budget = Budget(budget)
+    admission = Admission(limits) if limits is not None else None
+    server = await start_rsio_server(hub, HOST, 0, settings, access=access, admission=admission,
+                                     tls=tls)  # fmt: skip
     try:
         yield hub, server, f"rsio://{HOST}:{server.port}"
     finally:

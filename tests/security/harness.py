@@ -13,6 +13,10 @@ time it was sent; the largest send-to-receive time is the **stall** a hub pause 
 The hub runs with ``log.fsync = false`` unless a test says otherwise: the disk's latency is
 not what these tests are about.
 
+:func:`alone` runs the bystander before an attack, and :func:`assert_served` judges its run under
+the attack against that: no errors, no stall over :func:`stall_bound` (the promise, over what
+this shared machine shows with no attack at all), and, when asked, a share of its throughput.
+
 Test modules in ``tests/security/`` import it as ``from harness import real_hub, bystander``
 (pytest puts a test's folder on the path, as for ``tests/log/crash_child.py``).
 """
@@ -32,12 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from certs import Pki
-from helpers import child_env
+from helpers import child_env, run
 from serveproc import read_until
 from tidewire.config import env_name
 from tidewire.hub.access import mint_token
 
-__all__ = ["BYSTANDER_MAX_STALL_S", "BystanderReport", "RealHub", "bystander", "real_hub"]
+__all__ = ["BYSTANDER_MAX_STALL_S", "BystanderReport", "RealHub", "alone", "assert_served",
+           "bystander", "real_hub", "stall_bound"]
 
 BYSTANDER_MAX_STALL_S = 0.1
 """The promise: a well-behaved client sees no stall over this while the hub is attacked."""
@@ -219,3 +224,30 @@ async def bystander(hub: RealHub, seconds: float, *, token: str | None = None,
     except (ValueError, IndexError):
         return BystanderReport(seconds, 0, 0.0, [f"the bystander failed: {err.decode()[-2000:]}"])
     return BystanderReport(**fields)
+
+
+def alone(hub: RealHub, seconds: float = 1.5, *, token: str | None = None) -> BystanderReport:
+    """The bystander on its own, just before an attack (from synchronous test code): what this
+    busy machine shows with no attack, for :func:`assert_served` to compare with."""
+    report = run(bystander(hub, seconds, token=token), seconds + 90)
+    assert report.errors == [], report.errors
+    return report
+
+
+def stall_bound(solo: BystanderReport | None = None) -> float:
+    """The stall the bystander may see under attack: the promise, over what ``solo`` (the same
+    client with no attack, measured just before) saw on this shared machine."""
+    return BYSTANDER_MAX_STALL_S + (solo.max_stall_s if solo is not None else 0.0)
+
+
+def assert_served(solo: BystanderReport | None, report: BystanderReport, *,
+                  throughput: float = 0.0) -> None:  # fmt: skip
+    """The bystander was served under attack: no errors, some events, no stall over
+    :func:`stall_bound` of ``solo`` (the bare promise without one), and at least
+    ``throughput`` times ``solo``'s events per second."""
+    assert report.errors == [], report.errors
+    assert report.events > 0, report
+    assert report.max_stall_s < stall_bound(solo), (solo, report)
+    if throughput:
+        assert solo is not None
+        assert report.events_per_s >= solo.events_per_s * throughput, (solo, report)

@@ -13,24 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from tidewire.protocols.rsio import ClientHello, Decoder, Goodbye, OnError, Subscribe, encode
-from tidewire.protocols.rsio.varint import push_varint
+from raw_wire import RSIO_HELLO, decode_rsio, varint
+from tidewire.protocols.rsio import Goodbye, OnError, Subscribe, encode
 
-__all__ = ["HELLO", "Answer", "never_reading", "refused_subscribes", "unknown_id_onnext"]
+__all__ = ["Answer", "never_reading", "refused_subscribes", "unknown_id_onnext"]
 
 MiB = 1024 * 1024
 HOST = "127.0.0.1"
-HELLO = bytes(encode(ClientHello(0, (1, 2))))
 _CHUNK = 256 * 1024
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    push_varint(out, n)
-    return bytes(out)
 
 
 @dataclass
@@ -44,12 +38,7 @@ class Answer:
 
     @functools.cached_property
     def messages(self) -> list[object]:
-        decoder = Decoder(publishing=True, auth=True)
-        decoder.feed(bytes(self.data))
-        out: list[object] = []
-        while (message := decoder.next_message()) is not None:
-            out.append(message)
-        return out
+        return decode_rsio(bytes(self.data))
 
     @property
     def goodbye(self) -> str | None:
@@ -70,24 +59,20 @@ async def _answer(reader: asyncio.StreamReader, answer: Answer) -> None:
         answer.reset = True
 
 
-async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 16 * MiB,
-                            body: int = 15 * MiB) -> list[Answer]:  # fmt: skip
-    """Each connection: hello, ``onNext`` for subscription 7 (never made) declaring
-    ``declared`` bytes, then up to ``body`` bytes of it while the hub lets us write."""
+async def _attacking(port: int, connections: int,
+                     send: Callable[[asyncio.StreamWriter, asyncio.Task[None]], Awaitable[None]]
+                     ) -> list[Answer]:  # fmt: skip
+    """``connections`` connections at once, each: ``send(writer, reading)`` (a write the hub
+    may cut short by closing), then everything the hub answers until it closes; each closed
+    (aborted) whatever happens. What each was answered."""
 
     async def one() -> Answer:
         reader, writer = await asyncio.open_connection(HOST, port)
         answer = Answer()
         reading = asyncio.create_task(_answer(reader, answer))
         try:
-            writer.write(HELLO + b"\x07\x07" + varint(declared))
-            zeros = bytes(_CHUNK)
             with suppress(ConnectionError):
-                for _ in range(body // _CHUNK):
-                    if reading.done():
-                        break
-                    writer.write(zeros)
-                    await writer.drain()
+                await send(writer, reading)
             await reading
         finally:
             writer.transport.abort()
@@ -95,30 +80,38 @@ async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 
         return answer
 
     return list(await asyncio.gather(*(one() for _ in range(connections))))
+
+
+async def unknown_id_onnext(port: int, *, connections: int = 8, declared: int = 16 * MiB,
+                            body: int = 15 * MiB) -> list[Answer]:  # fmt: skip
+    """Each connection: hello, ``onNext`` for subscription 7 (never made) declaring
+    ``declared`` bytes, then up to ``body`` bytes of it while the hub lets us write."""
+    zeros = bytes(_CHUNK)
+
+    async def send(writer: asyncio.StreamWriter, reading: asyncio.Task[None]) -> None:
+        writer.write(RSIO_HELLO + b"\x07\x07" + varint(declared))
+        for _ in range(body // _CHUNK):
+            if reading.done():
+                break
+            writer.write(zeros)
+            await writer.drain()
+
+    return await _attacking(port, connections, send)
 
 
 async def refused_subscribes(port: int, *, count: int, publisher: str = "secret.x",
                              connections: int = 1) -> list[Answer]:  # fmt: skip
     """Each connection: hello and ``count`` subscribes to ``publisher`` (which the hub
     refuses) in one write; then everything the hub answers, until it closes."""
-    flood = HELLO + b"".join(bytes(encode(Subscribe(publisher, i))) for i in range(1, count + 1))
+    flood = RSIO_HELLO + b"".join(bytes(encode(Subscribe(publisher, i)))
+                                  for i in range(1, count + 1))  # fmt: skip
 
-    async def one() -> Answer:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        answer = Answer()
-        reading = asyncio.create_task(_answer(reader, answer))
-        try:
-            with suppress(ConnectionError):
-                writer.write(flood)
-                await writer.drain()
-                writer.write_eof()
-            await reading
-        finally:
-            writer.transport.abort()
-            reading.cancel()
-        return answer
+    async def send(writer: asyncio.StreamWriter, reading: asyncio.Task[None]) -> None:
+        writer.write(flood)
+        await writer.drain()
+        writer.write_eof()
 
-    return list(await asyncio.gather(*(one() for _ in range(connections))))
+    return await _attacking(port, connections, send)
 
 
 async def never_reading(port: int, stream: str, *, subscriptions: int = 100,
@@ -127,7 +120,7 @@ async def never_reading(port: int, stream: str, *, subscriptions: int = 100,
     unbounded demand, then nothing read for ``seconds`` (the attack's length)."""
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
-        writer.write(HELLO + b"".join(bytes(encode(Subscribe(stream, i, 2**63 - 1)))
+        writer.write(RSIO_HELLO + b"".join(bytes(encode(Subscribe(stream, i, 2**63 - 1)))
                                       for i in range(1, subscriptions + 1)))  # fmt: skip
         await writer.drain()
         await asyncio.sleep(seconds)  # (the attack's duration: it reads nothing meanwhile)

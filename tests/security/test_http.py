@@ -24,21 +24,29 @@ import base64
 import gc
 import json
 import logging
-import os
 import re
 import ssl
 from pathlib import Path
 
 import aiohttp
 import pytest
-from harness import BYSTANDER_MAX_STALL_S, BystanderReport, RealHub, bystander, real_hub
+from harness import RealHub, assert_served, bystander, real_hub
+from http_attacks import (
+    bad_requests,
+    declared_bodies,
+    never_fetched,
+    raw_answer,
+    secret_of,
+    subscribe_many,
+    token_urls,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from yarl import URL
 
 import tidewire
 from certs import Pki
-from helpers import run, until
+from helpers import own_rss, run, until
 from http_hub import (
     ALICE,
     BOB,
@@ -528,12 +536,6 @@ def test_a_body_over_max_body_bytes_gets_413_just_under_passes(
 # --------------------------------------------------------------------------- many at once
 
 
-def rss() -> int:
-    """This process's resident set (the hub runs in it), in bytes."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 SLOWLORIS = 500
 # What 500 connections that each sent part of their headers may add to this process (both
 # ends: the hub's request handler, parser and guard per connection, and the test's stream
@@ -551,7 +553,7 @@ def test_many_slowloris_connections_hold_bounded_memory_and_one_sweep_ends_them(
             other = await raw(served)
             await healthy(*other)
             gc.collect()
-            before = rss()
+            before = own_rss()
             slow = []
             for i in range(SLOWLORIS):
                 reader, writer = await raw(served)
@@ -563,7 +565,7 @@ def test_many_slowloris_connections_hold_bounded_memory_and_one_sweep_ends_them(
                 return sum(phase_of(c) == "headers" for c in served.connections()) == SLOWLORIS
 
             await until(all_waiting, f"{SLOWLORIS} connections wait for their headers")
-            grown = rss() - before
+            grown = own_rss() - before
             print(f"\nRSS with {SLOWLORIS} slowloris connections: +{grown / MiB:.1f} MiB")
             assert grown < SLOWLORIS_RSS_BOUND, grown
             await healthy(*other)  # meanwhile, others are served
@@ -598,63 +600,6 @@ async def fill(hub: Hub, stream: str, nbytes: int) -> None:
         count = min(MiB, nbytes - start) // BIG_VALUE
         await append(hub, stream, [b"%08d" % (start + i) + bytes(BIG_VALUE - 8)
                                    for i in range(count)])  # fmt: skip
-
-
-async def never_fetched(session: aiohttp.ClientSession, base: str, publisher: str, n: int,
-                        token: str | None = None) -> list[str]:  # fmt: skip
-    """The attack: ``n`` subscriptions asking for everything, none ever fetched. Their
-    subscription URLs (a refused subscribe ends the list)."""
-    urls: list[str] = []
-    for _ in range(n):
-        joint = "&" if "?" in publisher else "?"
-        target = URL(f"{base}/rsio/pub/{publisher}{joint}request=1000000", encoded=True)
-        async with session.put(target, headers=bearer(token)) as answer:
-            if answer.status != 201:
-                break
-            urls.append(answer.headers["Location"])
-    return urls
-
-
-async def subscribe_many(session: aiohttp.ClientSession, base: str, n: int,
-                         token: str | None = None) -> list[int]:  # fmt: skip
-    """The attack: one principal asks for ``n`` subscriptions; the statuses it got."""
-    statuses = []
-    for i in range(n):
-        target = URL(f"{base}/rsio/pub/grab{i % 7}?request=1", encoded=True)
-        async with session.put(target, headers=bearer(token)) as answer:
-            statuses.append(answer.status)
-    return statuses
-
-
-def secret_of(token: str) -> str:
-    return token.partition(".")[2]
-
-
-def token_urls(token: str) -> list[str]:
-    """Every place in a URL's query where a careless client might put its token."""
-    return [f"/rsio/pub/orders?access_token={token}", f"/rsio/pub/orders?{token}",
-            f"/rsio/pub/orders?from={token}", f"/rsio/pub/orders?{token}=1",
-            f"/rsio/pub/orders?format=value&request={token}",
-            f"/rsio/pub/orders?size={token}", f"/rsio/pub/orders?key=%zz{token}"]  # fmt: skip
-
-
-def bad_requests(token: str) -> list[bytes]:
-    """Requests aiohttp's parser refuses, with ``token`` in the offending line."""
-    return [f"PUT /rsio/pub/orders?token={token}\x01 HTTP/1.1\r\nHost: hub\r\n\r\n".encode(),
-            f"PUT /rsio/pub/orders?token={token} x HTTP/1.1\r\nHost: hub\r\n\r\n".encode(),
-            f"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\nContent-Length: {token}\r\n\r\n".encode(),
-            f"PUT /rsio/pub/s?t={token} HTTP/9.9\r\nHost: hub\r\n\r\n".encode()]  # fmt: skip
-
-
-async def raw_answer(host: str, port: int, request: bytes) -> bytes:
-    """Everything the hub answers to ``request`` until it closes (bounded)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(request)
-        async with asyncio.timeout(5):
-            return await reader.read()
-    finally:
-        writer.close()
 
 
 def test_never_fetched_subscriptions_read_ahead_one_response_and_within_the_budget(
@@ -906,12 +851,6 @@ RSS_SLACK = 48 * MiB  # the hub's own churn while attacked and serving (buffers,
 BYSTANDER_SECONDS = 3.0
 
 
-def served_well(report: BystanderReport) -> None:
-    assert report.errors == [], report.errors
-    assert report.events > 0, report
-    assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
-
-
 async def publish_big(hub: RealHub, stream: str, nbytes: int, token: str) -> None:
     """``nbytes`` of 64 KiB values into ``stream`` over RS.io, 1 MiB per publish."""
     async with await tidewire.connect(hub.rsio_url, token=token) as client:
@@ -957,7 +896,7 @@ def test_real_hub_never_fetched_subscriptions_stay_within_the_budget(tmp_path: P
                 assert await metric(session, hub, "tidewire_memory_refused_total") > 0
                 async with session.put(urls[-1], headers=bearer(mallory)) as answer:
                     assert answer.status in (200, 204)  # (paused: 204 after the poll window)
-            served_well(report)
+            assert_served(None, report)
             grown = hub.peak_rss() - before
             print(f"\nRSS with 40 never-fetched subscriptions: +{grown / MiB:.1f} MiB")
             assert grown < 16 * MiB + RSS_SLACK, grown
@@ -978,7 +917,7 @@ def test_real_hub_one_principal_cannot_take_every_subscription(tmp_path: Path) -
                 assert statuses == [201] * 20 + [429] * 20
                 assert await subscribe_many(session, hub.http_base, 20,
                                             hub.tokens["alice"]) == [201] * 20  # fmt: skip
-            served_well(report)
+            assert_served(None, report)
 
         run(main(), 60)
 
@@ -989,30 +928,15 @@ def test_real_hub_declared_bodies_are_refused_before_they_are_read(tmp_path: Pat
     declaring 1 GiB gets 413. Nothing is buffered beyond the limits."""
     with real_hub(tmp_path, settings=REAL_BUDGET, tokens=["good"]) as hub:
 
-        async def one(length: int) -> bytes:
-            reader, writer = await asyncio.open_connection(HOST, hub.http_port)
-            try:
-                writer.write(b"PUT /rsio/pub/s HTTP/1.1\r\nHost: hub\r\n"
-                             b"Content-Length: %d\r\n\r\n" % length + bytes(MiB))  # fmt: skip
-                async with asyncio.timeout(10):
-                    return await reader.readuntil(b"\r\n\r\n")
-            except TimeoutError:
-                return b"(waiting for its body)"
-            finally:
-                writer.close()
-
-        async def attack() -> list[bytes]:
-            return list(await asyncio.gather(*(one(15 * MiB) for _ in range(8)), one(2**30)))
-
         async def main() -> None:
             before = hub.rss()
-            heads, report = await asyncio.gather(attack(),
+            heads, report = await asyncio.gather(declared_bodies(HOST, hub.http_port),
                                                  bystander(hub, BYSTANDER_SECONDS,
                                                            token=hub.tokens["good"]))  # fmt: skip
             refused_503 = [h for h in heads[:8] if h.startswith(b"HTTP/1.1 503")]
             assert len(refused_503) >= 7, heads
             assert heads[8].startswith(b"HTTP/1.1 413"), heads[8]
-            served_well(report)
+            assert_served(None, report)
             assert hub.peak_rss() - before < 16 * MiB + RSS_SLACK
 
         run(main(), 60)
@@ -1039,7 +963,7 @@ def test_real_hub_never_echoes_a_token_put_in_the_url(tmp_path: Path) -> None:
                                                              token=hub.tokens["good"]))  # fmt: skip
             for answer in answers:
                 assert secret_of(alice).encode() not in answer, answer
-            served_well(report)
+            assert_served(None, report)
 
         run(main(), 60)
         assert "400" in hub.log_text()
@@ -1086,7 +1010,7 @@ write = ["bystander.*"]
             _, report = await asyncio.gather(attack(),
                                              bystander(hub, BYSTANDER_SECONDS,
                                                        token=hub.tokens["good"]))  # fmt: skip
-            served_well(report)
+            assert_served(None, report)
 
         run(main(), 60)
         assert "refused token:bob" in hub.log_text()  # (the log names who, for the operator)

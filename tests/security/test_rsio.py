@@ -12,20 +12,19 @@ import contextlib
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from harness import BYSTANDER_MAX_STALL_S, BystanderReport, RealHub, bystander, real_hub
+from harness import BystanderReport, alone, assert_served, bystander, real_hub
 from rsio_attacks import Answer, never_reading, refused_subscribes, unknown_id_onnext
 
 import tidewire
+from helpers import hub_server, until
 from helpers import run as helpers_run
-from helpers import until
 from loops import Run
 from loops import line as log_line
+from raw_wire import decode_rsio
 from tidewire.client.rsio import RsioClient, RsioError
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
@@ -34,7 +33,6 @@ from tidewire.protocols.rsio import (
     Authenticate,
     Authenticated,
     ClientHello,
-    Decoder,
     Goodbye,
     Offer,
     ServerHello,
@@ -42,31 +40,11 @@ from tidewire.protocols.rsio import (
     Subscribed,
     encode,
 )
-from tidewire.server.guard import Admission, ConnectionLimits
+from tidewire.server.guard import ConnectionLimits
 from tidewire.server.rsio import RsioServer, start_rsio_server
 
 if TYPE_CHECKING:
     from certs import Pki
-
-
-@asynccontextmanager
-async def rsio_hub(
-    path: Path,
-    *,
-    access: Access | None = None,
-    limits: ConnectionLimits | None = None,
-    tls: ssl.SSLContext | None = None,
-) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    hub = Hub.open(str(path))
-    admission = Admission(limits) if limits is not None else None
-    server = await start_rsio_server(
-        hub, "127.0.0.1", 0, access=access, admission=admission, tls=tls
-    )
-    try:
-        yield hub, server, f"rsio://127.0.0.1:{server.port}"
-    finally:
-        await server.close()
-        await hub.close()
 
 
 async def values(client: RsioClient, stream: str, until_id: int) -> list[bytes]:
@@ -84,15 +62,6 @@ async def read_all(reader: asyncio.StreamReader) -> bytes:
     with contextlib.suppress(ConnectionError):
         while data := await reader.read(65536):
             out += data
-    return out
-
-
-def decode_all(data: bytes) -> list[object]:
-    decoder = Decoder(publishing=True, auth=True)
-    decoder.feed(data)
-    out: list[object] = []
-    while (message := decoder.next_message()) is not None:
-        out.append(message)
     return out
 
 
@@ -124,7 +93,7 @@ write = ["pub.*"]
 
 def test_tls_end_to_end(tmp_path: Path, run: Run, pki: Pki) -> None:
     async def main() -> None:
-        async with rsio_hub(tmp_path, tls=pki.server_context("none")) as (_, server, url):
+        async with hub_server(tmp_path, tls=pki.server_context("none")) as (_, server, url):
             tls_url = url.replace("rsio://", "rsios://")
             async with tidewire.connect(tls_url, ssl=pki.client_context()) as client:
                 receipt = await client.publish("s", [b"one", b"two"])
@@ -153,7 +122,7 @@ def test_mutual_tls_names_the_principal_and_the_acl_applies(
 
     async def main() -> None:
         tls = pki.server_context("required")
-        async with rsio_hub(tmp_path, access=access, tls=tls) as (hub, server, url):
+        async with hub_server(tmp_path, access=access, tls=tls) as (hub, server, url):
             await hub.append(Batch.build("a.x", [b"a1", b"a2"]), assign_ids=True)
             await hub.append(Batch.build("b.x", [b"b1"]), assign_ids=True)
             async with tidewire.connect(url, ssl=alice) as client:
@@ -200,7 +169,7 @@ def test_bad_client_certificates_fail_and_are_logged(
 
     async def main() -> None:
         tls = pki.server_context("required")
-        async with rsio_hub(tmp_path, tls=tls) as (_, server, url):
+        async with hub_server(tmp_path, tls=tls) as (_, server, url):
             with pytest.raises((TidewireError, OSError)):
                 await refused(url, pki.client_context(cert))
             await until(lambda: bool(logged(caplog, "tidewire.guard", "TLS handshake failed")))
@@ -224,7 +193,7 @@ def test_tokens_name_the_principal(
     access = Access(Acl.parse(ALICE_ACL), Tokens.parse(ci_table + old_table))
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, access=access) as (hub, server, url):
+        async with hub_server(tmp_path, access=access) as (hub, server, url):
             await hub.append(Batch.build("pub.a", [b"p"]), assign_ids=True)
             async with tidewire.connect(url, token=ci) as client:
                 assert client.principal == "token:ci"
@@ -259,7 +228,7 @@ def test_a_token_for_a_hub_without_extension_2(tmp_path: Path, run: Run) -> None
         async def old_hub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.write(bytes.fromhex("01 00 01 01"))  # serverHello [1]
             data = b""
-            while not any(isinstance(m, Goodbye) for m in decode_all(data)):
+            while not any(isinstance(m, Goodbye) for m in decode_rsio(data)):
                 chunk = await reader.read(65536)
                 if not chunk:
                     break
@@ -273,7 +242,7 @@ def test_a_token_for_a_hub_without_extension_2(tmp_path: Path, run: Run) -> None
             with pytest.raises(LogClosedError, match="does not offer authentication"):
                 await tidewire.connect(f"rsio://127.0.0.1:{port}", token="ci.secret")
             await until(lambda: bool(heard))
-        messages = decode_all(heard[0])
+        messages = decode_rsio(heard[0])
         assert messages[0] == ClientHello(0, (1, 2))
         assert isinstance(messages[1], Goodbye)
         assert b"ci.secret" not in heard[0]  # the token never left the client
@@ -290,7 +259,7 @@ def test_a_token_over_mutual_tls_takes_over_from_the_certificate(
 
     async def main() -> None:
         tls = pki.server_context("required")
-        async with rsio_hub(tmp_path, access=access, tls=tls) as (hub, server, url):
+        async with hub_server(tmp_path, access=access, tls=tls) as (hub, server, url):
             await hub.append(Batch.build("pub.a", [b"p"]), assign_ids=True)
             async with tidewire.connect(url, token=ci, ssl=alice) as client:
                 assert client.principal == "token:ci"
@@ -307,7 +276,7 @@ def test_anonymous_gets_nothing_the_acl_does_not_grant(
     access = Access(Acl.parse(ALICE_ACL))
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, access=access) as (hub, server, url):
+        async with hub_server(tmp_path, access=access) as (hub, server, url):
             await hub.append(Batch.build("pub.a", [b"p"]), assign_ids=True)
             async with tidewire.connect(url) as client:
                 with pytest.raises(RsioError) as info:
@@ -330,7 +299,7 @@ def test_streams_lists_only_readable_streams(tmp_path: Path, run: Run) -> None:
     access = Access(Acl.parse(ALICE_ACL), Tokens.parse(table))
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, access=access) as (hub, _, url):
+        async with hub_server(tmp_path, access=access) as (hub, _, url):
             for name in ("pub.a", "pub.b", "priv.c", "a.1"):
                 await hub.append(Batch.build(name, [b"x"]), assign_ids=True)
             async with tidewire.connect(url, token=ci) as client:
@@ -340,7 +309,7 @@ def test_streams_lists_only_readable_streams(tmp_path: Path, run: Run) -> None:
                     ("pub.b", True),
                     ("pub.none", False),
                 ]
-        async with rsio_hub(tmp_path) as (_, _, url), tidewire.connect(url) as client:
+        async with hub_server(tmp_path) as (_, _, url), tidewire.connect(url) as client:
             names = [r["stream"] for r in await client.streams()]  # no ACL: everything
             assert [n for n in names if n[0] != "_"] == ["a.1", "priv.c", "pub.a", "pub.b"]
 
@@ -355,7 +324,7 @@ def test_connections_per_peer(tmp_path: Path, run: Run, caplog: pytest.LogCaptur
     limits = ConnectionLimits(max_connections_per_peer=3)
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, limits=limits) as (hub, server, url):
+        async with hub_server(tmp_path, limits=limits) as (hub, server, url):
             await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
             clients = [await tidewire.connect(url) for _ in range(3)]
             for client in clients:
@@ -363,7 +332,7 @@ def test_connections_per_peer(tmp_path: Path, run: Run, caplog: pytest.LogCaptur
             reader, writer = await raw(url)
             data = await read_all(reader)
             writer.close()
-            assert decode_all(data) == [
+            assert decode_rsio(data) == [
                 ServerHello(0, (1, 2)),
                 Goodbye("too many connections from 127.0.0.1 (the limit is 3)"),
             ]
@@ -391,7 +360,7 @@ def test_connections_per_peer_over_tls_are_told_why(tmp_path: Path, run: Run, pk
 
     async def main() -> None:
         tls = pki.server_context("none")
-        async with rsio_hub(tmp_path, limits=limits, tls=tls) as (hub, server, url):
+        async with hub_server(tmp_path, limits=limits, tls=tls) as (hub, server, url):
             await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
             async with tidewire.connect(url, ssl=pki.client_context()) as first:
                 refused = await tidewire.connect(url, ssl=pki.client_context())
@@ -411,7 +380,7 @@ def test_handshake_deadline(tmp_path: Path, run: Run, caplog: pytest.LogCaptureF
     caplog.set_level(logging.WARNING)
 
     async def main() -> None:
-        async with rsio_hub(tmp_path) as (hub, server, url):
+        async with hub_server(tmp_path) as (hub, server, url):
             await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
             async with tidewire.connect(url) as client:
                 assert await values(client, "s", 1) == [b"x"]
@@ -420,7 +389,7 @@ def test_handshake_deadline(tmp_path: Path, run: Run, caplog: pytest.LogCaptureF
                 server.listener.sweep(asyncio.get_running_loop().time() + 11)
                 data = await read_all(reader)
                 writer.close()
-                assert decode_all(data) == [
+                assert decode_rsio(data) == [
                     ServerHello(0, (1, 2)),
                     Goodbye("no handshake within 10s"),
                 ]
@@ -440,7 +409,7 @@ def test_handshake_deadline_over_tls(
     caplog.set_level(logging.WARNING)
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, tls=pki.server_context("none")) as (_, server, url):
+        async with hub_server(tmp_path, tls=pki.server_context("none")) as (_, server, url):
             host, port = url.removeprefix("rsio://").split(":")
             reader, writer = await asyncio.open_connection(
                 host, int(port), ssl=pki.client_context()
@@ -450,7 +419,7 @@ def test_handshake_deadline_over_tls(
             await until(lambda: server.listener.admission.total == 2)
             server.listener.sweep(asyncio.get_running_loop().time() + 10)
             data = await read_all(reader)
-            assert decode_all(data) == [ServerHello(0, (1, 2)), Goodbye("no handshake within 10s")]
+            assert decode_rsio(data) == [ServerHello(0, (1, 2)), Goodbye("no handshake within 10s")]
             assert await read_all(tcp_reader) == b""
             writer.transport.abort()
             tcp_writer.close()
@@ -462,7 +431,7 @@ def test_handshake_deadline_over_tls(
 
 def test_idle_connections_are_told_why(tmp_path: Path, run: Run) -> None:
     async def main() -> None:
-        async with rsio_hub(tmp_path) as (hub, server, url):
+        async with hub_server(tmp_path) as (hub, server, url):
             await hub.append(Batch.build("s", [b"x"]), assign_ids=True)
             async with tidewire.connect(url) as client:
                 assert await values(client, "s", 1) == [b"x"]
@@ -489,7 +458,7 @@ def test_shutdown_says_goodbye_to_a_connection_in_its_handshake(tmp_path: Path, 
         await until(lambda: len(server.connections) == 1)
         await asyncio.wait_for(server.close(), 2)
         data = await asyncio.wait_for(read_all(reader), 2)
-        assert decode_all(data) == [ServerHello(0, (1, 2)), Goodbye("server shutting down")]
+        assert decode_rsio(data) == [ServerHello(0, (1, 2)), Goodbye("server shutting down")]
         assert server.listener.admission.total == 0
         writer.close()
         await hub.close()
@@ -528,7 +497,7 @@ def test_extension_2_golden_bytes(tmp_path: Path, run: Run) -> None:
     )
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, access=access) as (hub, _, url):
+        async with hub_server(tmp_path, access=access) as (hub, _, url):
             await hub.append(Batch.build("pub.a", [b"p"]), assign_ids=True)
             reader, writer = await raw(url)
             hello = bytes.fromhex("00 00 02 01 02")  # clientHello, extensions [1, 2]
@@ -558,10 +527,10 @@ def test_extension_2_golden_bytes(tmp_path: Path, run: Run) -> None:
 )
 def test_extension_2_breaches(tmp_path: Path, run: Run, hello: str, then: str, reason: str) -> None:
     async def main() -> None:
-        async with rsio_hub(tmp_path) as (_, _, url):
+        async with hub_server(tmp_path) as (_, _, url):
             reader, writer = await raw(url)
             writer.write(bytes.fromhex(hello) + bytes.fromhex(then))
-            messages = decode_all(await read_all(reader))
+            messages = decode_rsio(await read_all(reader))
             writer.close()
             assert messages[0] == ServerHello(0, (1, 2))
             assert len(messages) == 2
@@ -577,12 +546,12 @@ def test_authenticate_twice_is_a_breach(tmp_path: Path, run: Run) -> None:
     access = Access(tokens=Tokens.parse(table))
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, access=access) as (_, _, url):
+        async with hub_server(tmp_path, access=access) as (_, _, url):
             reader, writer = await raw(url)
             writer.write(
                 bytes(encode(ClientHello(0, (1, 2)))) + bytes(encode(Authenticate(ci))) * 2
             )
-            messages = decode_all(await read_all(reader))
+            messages = decode_rsio(await read_all(reader))
             writer.close()
             assert messages[:2] == [ServerHello(0, (1, 2)), Authenticated("token:ci")]
             assert isinstance(messages[2], Goodbye)
@@ -596,10 +565,10 @@ def test_a_bad_token_gets_goodbye_bytes(tmp_path: Path, run: Run) -> None:
     access = Access(tokens=Tokens.parse(table))
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, access=access) as (_, server, url):
+        async with hub_server(tmp_path, access=access) as (_, server, url):
             reader, writer = await raw(url)
             writer.write(bytes.fromhex("00 00 02 01 02") + bytes(encode(Authenticate("ci.x"))))
-            messages = decode_all(await read_all(reader))
+            messages = decode_rsio(await read_all(reader))
             writer.close()
             assert messages == [
                 ServerHello(0, (1, 2)),
@@ -628,21 +597,13 @@ write = ["*"]
 """
 
 
-def stall_bound(hub: RealHub) -> float:
-    """The stall the bystander may see under attack: the promise, over what this (shared,
-    busy) machine shows it with no attack at all, measured just before."""
-    solo = helpers_run(bystander(hub, 1.5, token=hub.tokens["good"]))
-    assert solo.errors == []
-    return BYSTANDER_MAX_STALL_S + solo.max_stall_s
-
-
 def test_an_unfinished_element_has_a_deadline(tmp_path: Path, run: Run) -> None:
     """An offer's element declared (1000 bytes) and never finished: the guard's sweep ends the
     connection ``limits.message_seconds`` (60 s) after it began, not before (in process: the
     sweep is called with the time, nothing sleeps)."""
 
     async def main() -> None:
-        async with rsio_hub(tmp_path) as (_, server, url):
+        async with hub_server(tmp_path) as (_, server, url):
             reader, writer = await raw(url)
             writer.write(bytes(encode(ClientHello(0, (1, 2))) + encode(Offer(1, "s"))
                                + encode(Subscribed(1, 0))) + b"\x07\x01\xe8\x07abc")  # fmt: skip
@@ -656,7 +617,7 @@ def test_an_unfinished_element_has_a_deadline(tmp_path: Path, run: Run) -> None:
             server.listener.sweep(since + 60)
             data = await read_all(reader)
             writer.close()
-            assert decode_all(data)[-1] == Goodbye("a message unfinished for 60s")
+            assert decode_rsio(data)[-1] == Goodbye("a message unfinished for 60s")
             assert data.endswith(bytes.fromhex(
                 "02 1c 61 20 6d 65 73 73 61 67 65 20 75 6e 66 69 6e 69 73 68 65 64 20 66 6f"
                 "72 20 36 30 73"))  # fmt: skip
@@ -669,7 +630,7 @@ def test_onnext_for_an_id_never_made_is_refused_at_its_header(tmp_path: Path) ->
     up to 15 MiB of it: each is told goodbye at the header (or reset while still writing);
     the hub buffers none of it (before: +123-131 MiB)."""
     with real_hub(tmp_path, settings=BUDGET, tokens=["good"]) as hub:
-        bound = stall_bound(hub)
+        solo = alone(hub, token=hub.tokens["good"])
         before = hub.rss()
 
         async def main() -> tuple[list[Answer], BystanderReport]:
@@ -686,8 +647,7 @@ def test_onnext_for_an_id_never_made_is_refused_at_its_header(tmp_path: Path) ->
         assert hub.log_text().count("elements for subscriber 7, which is not subscribed") == 8
         growth = hub.peak_rss() - before
         assert growth <= BUDGET["memory.connection_bytes"], f"+{growth >> 20} MiB"
-        assert report.errors == []
-        assert report.max_stall_s < bound, report
+        assert_served(solo, report)
 
 
 def test_refused_subscribes_end_the_connection_and_their_log_lines_are_aggregated(
@@ -697,7 +657,7 @@ def test_refused_subscribes_end_the_connection_and_their_log_lines_are_aggregate
     gets 100 onErrors, then goodbye (``limits.max_refusals``); the log has a handful of lines,
     not one per refusal (before: 1.2 M lines)."""
     with real_hub(tmp_path, settings=BUDGET, acl=ATTACK_ACL, tokens=["good"]) as hub:
-        bound = stall_bound(hub)
+        solo = alone(hub, token=hub.tokens["good"])
 
         async def main() -> tuple[list[Answer], BystanderReport]:
             async with asyncio.timeout(60):
@@ -714,8 +674,7 @@ def test_refused_subscribes_end_the_connection_and_their_log_lines_are_aggregate
         refusal_lines = [line for line in hub.log_text().splitlines()
                          if "tidewire.rsio" in line and "refus" in line]  # fmt: skip
         assert 1 <= len(refusal_lines) <= 10, refusal_lines  # (a burst of 5 per 10 s)
-        assert report.errors == []
-        assert report.max_stall_s < bound, report
+        assert_served(solo, report)
 
 
 def test_a_flood_of_refusals_never_holds_the_hub(tmp_path: Path) -> None:
@@ -723,7 +682,7 @@ def test_a_flood_of_refusals_never_holds_the_hub(tmp_path: Path) -> None:
     are all answered, a slice at a time: the bystander sees no stall (before: 9-22 s)."""
     settings = {**BUDGET, "limits.max_refusals": 10**9}
     with real_hub(tmp_path, settings=settings, acl=ATTACK_ACL, tokens=["good"]) as hub:
-        bound = stall_bound(hub)
+        solo = alone(hub, token=hub.tokens["good"])
 
         async def main() -> tuple[list[Answer], BystanderReport]:
             async with asyncio.timeout(90):
@@ -734,8 +693,7 @@ def test_a_flood_of_refusals_never_holds_the_hub(tmp_path: Path) -> None:
 
         (answer,), report = helpers_run(main(), timeout=120)
         assert answer.errors == 400_000
-        assert report.errors == []
-        assert report.max_stall_s < bound, report
+        assert_served(solo, report)
         lines = [line for line in hub.log_text().splitlines()
                  if "tidewire.rsio" in line and "refus" in line]  # fmt: skip
         # a burst of 5 and then a line saying how many more, per 10 s (the attack lasts 5-20 s)
@@ -754,7 +712,7 @@ def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(tmp_path:
                     await client.publish("big", [b"v" * 65536] * 16)  # 32 MiB in all
 
         helpers_run(fill())
-        bound = stall_bound(hub)
+        solo = alone(hub, token=hub.tokens["good"])
         before = hub.rss()
 
         async def main() -> BystanderReport:
@@ -767,5 +725,4 @@ def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(tmp_path:
         report = helpers_run(main())
         growth = hub.peak_rss() - before
         assert growth <= 4 * MiB + 1 * MiB + 8 * MiB, f"+{growth >> 20} MiB"
-        assert report.errors == []
-        assert report.max_stall_s < bound, report
+        assert_served(solo, report)

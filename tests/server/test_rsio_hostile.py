@@ -11,23 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tidewire
-from helpers import until
+from helpers import hub_server, until
 from loops import Run
+from raw_wire import RSIO_HELLO, decode_rsio, varint
 from tidewire.client.rsio import RsioError
-from tidewire.hub import Budget, BudgetLimits, Hub
+from tidewire.hub import BudgetLimits, Hub
 from tidewire.hub.access import Access, Acl
 from tidewire.model import Batch
 from tidewire.protocols.rsio import (
-    ClientHello,
-    Decoder,
     Goodbye,
     Offer,
     OnError,
@@ -36,42 +34,11 @@ from tidewire.protocols.rsio import (
     Subscribed,
     encode,
 )
-from tidewire.protocols.rsio.varint import push_varint
-from tidewire.server.rsio import MAX_DELIVERY_BYTES, RsioServer, RsioSession, start_rsio_server
+from tidewire.server.rsio import MAX_DELIVERY_BYTES, RsioServer, RsioSession
 from tidewire.server.rsio_flow import SLICE_MESSAGES
 from tidewire.server.rsio_session import RsioSettings
 
 MiB = 1024 * 1024
-HELLO = bytes(encode(ClientHello(0, (1, 2))))
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    push_varint(out, n)
-    return bytes(out)
-
-
-def decode_all(data: bytes) -> list[object]:
-    decoder = Decoder(publishing=True, auth=True)
-    decoder.feed(data)
-    out: list[object] = []
-    while (message := decoder.next_message()) is not None:
-        out.append(message)
-    return out
-
-
-@asynccontextmanager
-async def rsio_hub(path: Path, budget: BudgetLimits | None = None
-                   ) -> AsyncIterator[tuple[Hub, RsioServer]]:  # fmt: skip
-    hub = Hub.open(str(path))
-    if budget is not None:
-        hub.budget = Budget(budget)
-    server = await start_rsio_server(hub, "127.0.0.1", 0)
-    try:
-        yield hub, server
-    finally:
-        await server.close()
-        await hub.close()
 
 
 async def read_all(reader: asyncio.StreamReader) -> bytes:
@@ -97,12 +64,12 @@ def test_onnext_for_an_id_never_subscribed_is_refused_at_its_header(
     header is read (the body is never buffered), and the budget is returned."""
 
     async def main() -> None:
-        async with rsio_hub(tmp_path) as (hub, server):
+        async with hub_server(tmp_path) as (hub, server, _):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(HELLO + b"\x07\x07" + varint(16 * MiB))
+            writer.write(RSIO_HELLO + b"\x07\x07" + varint(16 * MiB))
             data = await read_all(reader)  # (the hub closes: no body was ever sent)
             writer.close()
-            assert decode_all(data) == [
+            assert decode_rsio(data) == [
                 ServerHello(0, (1, 2)),
                 Goodbye("protocol error: elements for subscriber 7, which is not subscribed"),
             ]
@@ -120,13 +87,13 @@ def test_a_declared_element_over_the_connections_share_is_refused(
     budget = BudgetLimits(total=8 * MiB, principal=4 * MiB, connection=1 * MiB)
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, budget) as (hub, server):
+        async with hub_server(tmp_path, budget=budget) as (hub, server, _):
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(HELLO + bytes(encode(Offer(1, "s")) + encode(Subscribed(1, 0)))
+            writer.write(RSIO_HELLO + bytes(encode(Offer(1, "s")) + encode(Subscribed(1, 0)))
                          + b"\x07\x01" + varint(2 * MiB))  # fmt: skip
             data = await read_all(reader)
             writer.close()
-            messages = decode_all(data)
+            messages = decode_rsio(data)
             assert messages[1] == Subscribe("s", 1, 8192)  # the offer was taken
             goodbye = messages[-1]
             assert isinstance(goodbye, Goodbye)
@@ -215,13 +182,13 @@ def test_a_flood_of_refused_subscribes_is_handled_in_slices(tmp_path: Path, run:
         done = asyncio.Event()
         stall = asyncio.create_task(max_stall(done))
         await asyncio.sleep(0)
-        session.receive_data(HELLO + flood)
+        session.receive_data(RSIO_HELLO + flood)
         assert not carrier.reading  # the rest waits for the loop; the peer's input too
         await until(lambda: carrier.reading, "the flood handled")
         done.set()
         worst = await stall
         assert session.slices >= 20_000 // SLICE_MESSAGES
-        errors = [m for m in decode_all(bytes(carrier.data)) if isinstance(m, OnError)]
+        errors = [m for m in decode_rsio(bytes(carrier.data)) if isinstance(m, OnError)]
         assert len(errors) == 20_000
         assert worst < 0.02, f"the loop was held for {worst * 1000:.0f} ms of CPU"
         session.connection_lost()
@@ -246,9 +213,9 @@ def test_refusals_in_a_row_end_the_connection_and_are_logged_in_aggregate(
 
         # 99 refusals, one success (the run is broken), then a flood
         ok = bytes(encode(Subscribe("open.s", 1)))
-        session.receive_data(HELLO + refused(range(2, 101)) + ok + refused(range(101, 10_000)))
+        session.receive_data(RSIO_HELLO + refused(range(2, 101)) + ok + refused(range(101, 10_000)))
         await until(lambda: carrier.closed, "the connection ended")
-        messages = decode_all(bytes(carrier.data))
+        messages = decode_rsio(bytes(carrier.data))
         errors = [m for m in messages if isinstance(m, OnError)]
         assert len(errors) == 99 + 100
         assert messages[-1] == Goodbye("too many refusals in a row (the limit is 100)")
@@ -278,7 +245,7 @@ def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(
         session = RsioSession(hub)
         carrier = Recorder(session)
         session.start(carrier)
-        session.receive_data(HELLO + b"".join(
+        session.receive_data(RSIO_HELLO + b"".join(
             bytes(encode(Subscribe("s", i, 2**63 - 1))) for i in range(1, 101)))  # fmt: skip
         await until(lambda: carrier.paused_writing, "the high-water mark")
         for _ in range(200):  # let every pump try (none may write: the mark is passed)
@@ -305,7 +272,7 @@ def test_a_transaction_over_the_connections_share_fails_the_offer_only(
     budget = BudgetLimits(total=16 * MiB, principal=8 * MiB, connection=2 * MiB)
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, budget) as (hub, server), tidewire.connect(
+        async with hub_server(tmp_path, budget=budget) as (hub, server, _), tidewire.connect(
             f"rsio://127.0.0.1:{server.port}"
         ) as client:
             with pytest.raises(RsioError, match="exceed its memory budget"):
@@ -330,7 +297,7 @@ def test_a_filtered_subscription_waiting_for_a_match_never_holds_the_others(
         session = RsioSession(hub)
         carrier = Recorder(session)
         session.start(carrier)
-        session.receive_data(HELLO + bytes(encode(Subscribe("a?key=wanted", 1, 10))))
+        session.receive_data(RSIO_HELLO + bytes(encode(Subscribe("a?key=wanted", 1, 10))))
         await until(lambda: b"\x06\x01\x00" in carrier.data, "subscribed")
         for _ in range(20):  # the filtered one reads what there is, finds nothing, waits
             await asyncio.sleep(0)
@@ -350,7 +317,7 @@ def test_a_publisher_within_a_tight_share_is_paused_not_refused(tmp_path: Path, 
     budget = BudgetLimits(total=16 * MiB, principal=4 * MiB, connection=1 * MiB)
 
     async def main() -> None:
-        async with rsio_hub(tmp_path, budget) as (hub, server), tidewire.connect(
+        async with hub_server(tmp_path, budget=budget) as (hub, server, _), tidewire.connect(
             f"rsio://127.0.0.1:{server.port}"
         ) as client:
             values = [bytes([i % 251]) * 60_000 for i in range(160)]  # ~9.6 MiB

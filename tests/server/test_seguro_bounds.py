@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,20 +23,17 @@ import pytest
 from helpers import run, until
 from loops import logged
 from memory_storage import MemoryStorage
-from tidewire.client.seguro import SeguroClient, SeguroError, connect
+from seguro_hub import HOST, REFUSED, closed, point, seguro_hub, still_works
+from tidewire.client.seguro import SeguroError, connect
 from tidewire.hub import Budget, BudgetLimits, Hub
-from tidewire.hub.access import Access, Acl
 from tidewire.observe.throttle import LogThrottle
 from tidewire.protocols.seguro import Sent
-from tidewire.server.guard import Admission, ConnectionLimits
-from tidewire.server.seguro import SeguroServer, start_seguro_server
+from tidewire.server.seguro import start_seguro_server
 
 if TYPE_CHECKING:
     from certs import Pki
 
-HOST = "127.0.0.1"
 MiB = 1024 * 1024
-REFUSED = (SeguroError, OSError)
 
 ACL = """
 [principal."cert:~zod"]
@@ -51,64 +44,6 @@ write = ["~zod"]
 read = ["~*"]
 write = ["~bus"]
 """
-
-
-@dataclass
-class Setup:
-    hub: Hub
-    server: SeguroServer
-
-    @property
-    def url(self) -> str:
-        return f"seguro://{HOST}:{self.server.port}"
-
-
-@asynccontextmanager
-async def seguro_hub(
-    path: Path,
-    *,
-    tls: ssl.SSLContext | None = None,
-    acl: str | None = None,
-    budget: BudgetLimits | None = None,
-    limits: ConnectionLimits | None = None,
-) -> AsyncIterator[Setup]:
-    hub = Hub.open(str(path / "hub"))
-    if budget is not None:
-        hub.budget = Budget(budget)
-    access = Access(Acl.parse(acl)) if acl is not None else None
-    admission = Admission(limits or ConnectionLimits())
-    server = await start_seguro_server(hub, HOST, 0, access=access, tls=tls,
-                                       admission=admission)  # fmt: skip
-    try:
-        async with asyncio.timeout(20):
-            yield Setup(hub, server)
-    finally:
-        await server.close()
-        await hub.close()
-
-
-async def handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    point: str) -> None:  # fmt: skip
-    assert await reader.readline() == b"SEGURO 0\n"
-    writer.write(b"HELLO 0\n")
-    assert await reader.readline() == b"IDENTIFY 0\n"
-    writer.write(b"POINT %s\n" % point.encode())
-
-
-async def closed(reader: asyncio.StreamReader) -> bytes:
-    got = bytearray()
-    try:
-        while data := await reader.read(65536):
-            got += data
-    except (ConnectionError, ssl.SSLError):
-        pass
-    return bytes(got)
-
-
-async def still_works(client: SeguroClient, event_id: int) -> None:
-    await client.save(event_id, b"still here")
-    events, _ = await client.read(event_id, 1)
-    assert events == [(event_id, b"still here")]
 
 
 # --------------------------------------------------------------------------- who holds a point
@@ -155,7 +90,7 @@ def test_a_session_that_may_write_keeps_the_point(pki: Pki, tmp_path: Path) -> N
                 await ship.save(1, b"one")
                 for ctx in (pki.client_context(), owner):
                     reader, writer = await asyncio.open_connection(HOST, s.server.port, ssl=ctx)
-                    await handshake(reader, writer, "~zod")
+                    await point(reader, writer, "~zod")
                     assert await closed(reader) == b""
                     writer.close()
                 await still_works(ship, 2)
@@ -171,7 +106,7 @@ def test_a_read_only_session_never_displaces_another(tmp_path: Path) -> None:
     async def main() -> None:
         async with seguro_hub(tmp_path, acl=acl) as s, connect(s.url, "~zod") as first:
             reader, writer = await asyncio.open_connection(HOST, s.server.port)
-            await handshake(reader, writer, "~zod")
+            await point(reader, writer, "~zod")
             assert await closed(reader) == b""
             writer.close()
             assert await first.read(1, 1) == ([], Sent(0, 0, 0))
@@ -206,7 +141,7 @@ def test_a_declared_event_over_the_connections_share_is_dropped_on_its_line(
         async with seguro_hub(tmp_path, budget=SMALL) as s, connect(s.url, "~bus") as other:
             await other.save(1, b"before")
             reader, writer = await asyncio.open_connection(HOST, s.server.port)
-            await handshake(reader, writer, "~zod")
+            await point(reader, writer, "~zod")
             assert await reader.readline() == b"WELCOME ~zod\n"
             writer.write(b"SAVE 1 %d\n" % (3 * MiB))  # under seguro.max_event_bytes
             assert await closed(reader) == b""  # dropped without reading a byte of it
@@ -226,7 +161,7 @@ def test_an_event_within_the_share_is_charged_while_it_comes_and_given_back(
     async def main() -> None:
         async with seguro_hub(tmp_path, budget=SMALL) as s:
             reader, writer = await asyncio.open_connection(HOST, s.server.port)
-            await handshake(reader, writer, "~zod")
+            await point(reader, writer, "~zod")
             assert await reader.readline() == b"WELCOME ~zod\n"
             size = MiB + 5
             writer.write(b"SAVE 1 %d\nabc" % size)
@@ -288,7 +223,7 @@ def test_a_declaration_waits_for_the_flows_own_appends_before_it_is_judged(
         try:
             async with asyncio.timeout(20):
                 reader, writer = await asyncio.open_connection(HOST, server.port)
-                await handshake(reader, writer, "~zod")
+                await point(reader, writer, "~zod")
                 assert await reader.readline() == b"WELCOME ~zod\n"
                 (protocol,) = server.connections
                 size = MiB + MiB // 4
@@ -335,7 +270,7 @@ def test_drop_lines_of_refusals_are_rate_limited_and_counted(
             s.server.refusals_log = LogThrottle(burst=3, interval=10.0, clock=lambda: now[0])
             for _ in range(6):
                 reader, writer = await asyncio.open_connection(HOST, s.server.port)
-                await handshake(reader, writer, "~zod")  # the point has a session
+                await point(reader, writer, "~zod")  # the point has a session
                 assert await closed(reader) == b""
                 writer.close()
             await until(lambda: s.server.listener.admission.total == 1, "the drops are done")
@@ -343,7 +278,7 @@ def test_drop_lines_of_refusals_are_rate_limited_and_counted(
             assert len(lines) == 3
             now[0] = 11.0
             reader, writer = await asyncio.open_connection(HOST, s.server.port)
-            await handshake(reader, writer, "~zod")
+            await point(reader, writer, "~zod")
             assert await closed(reader) == b""
             writer.close()
             line = await logged(caplog, "tidewire.seguro", "3 more like")

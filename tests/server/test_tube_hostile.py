@@ -22,6 +22,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from helpers import until
 from loops import Run
+from raw_wire import tube_close_code, tube_opened
 from tidewire.client.tube import TubeStream, connect
 from tidewire.hub import BudgetLimits, Hub
 from tidewire.hub.budget import Budget
@@ -71,31 +72,6 @@ async def tube_hub(path: Path, settings: TubeSettings | None = None,
 def carriers(served: Served) -> list[TubeCarrier]:
     return [s.carrier for s in served.app[TUBE_CONNECTIONS_KEY]
             if isinstance(s.carrier, TubeCarrier)]  # fmt: skip
-
-
-async def opened(session: aiohttp.ClientSession, url: str,
-                 size: bytes = b"\x00") -> aiohttp.ClientWebSocketResponse:  # fmt: skip
-    """A raw WebSocket past Tube's fragment-size exchange (this side asks for ``size``)."""
-    ws = await session.ws_connect(url)
-    await ws.send_bytes(size)
-    message = await ws.receive(timeout=5)
-    assert message.type == aiohttp.WSMsgType.BINARY, message
-    return ws
-
-
-async def close_code(ws: aiohttp.ClientWebSocketResponse, seconds: float = 10.0) -> int | None:
-    """Read (and drop) until the hub closes; its close code."""
-    async with asyncio.timeout(seconds):
-        while (await ws.receive()).type not in (aiohttp.WSMsgType.CLOSE,
-                                                aiohttp.WSMsgType.CLOSED):  # fmt: skip
-            pass
-    return ws.close_code
-
-
-def refused_subscribes(inflated: int) -> bytes:
-    """A Tube message: ``inflated`` bytes of RS.io subscribes to a bad stream name, deflated."""
-    frame = encode(Subscribe("bad name!", 1, 1))
-    return encode_header(CODE_DEFLATE, 1) + zlib.compress(frame * (inflated // len(frame)), 9)
 
 
 # --------------------------------------------------------------------------- Origin
@@ -154,7 +130,7 @@ def test_an_unfinished_message_is_charged_and_bounded_by_the_share(
         budget = BudgetLimits(total=64 * MiB, principal=8 * MiB, connection=1 * MiB)
         async with tube_hub(tmp_path, budget=budget) as served, \
                 aiohttp.ClientSession() as session:  # fmt: skip
-            ws = await opened(session, served.url)
+            ws = await tube_opened(session, served.url)
             fragment = bytes(64 * 1024)
             await ws.send_bytes(encode_header(CODE_PLAIN, 400) + fragment[:-3])  # 25 MiB due
             (carrier,) = await until_carriers(served)
@@ -164,7 +140,7 @@ def test_an_unfinished_message_is_charged_and_bounded_by_the_share(
             await until(lambda: carrier.share.gauge(GAUGE) == 16 * len(fragment) - 3,
                         "one MiB less three bytes held")  # fmt: skip
             await ws.send_bytes(fragment)  # past 1 MiB: refused before it is taken
-            assert await close_code(ws) == 1009
+            assert await tube_close_code(ws, 10) == 1009
             await until(lambda: served.hub.budget.used == 0, "everything returned")
             async with connect(served.url) as client:  # the others carry on
                 assert (await client.publish("s", [b"x"])).count == 1
@@ -182,14 +158,14 @@ def test_a_deflate_bomb_is_refused_at_the_share_as_it_inflates(tmp_path: Path, r
         budget = BudgetLimits(total=64 * MiB, principal=8 * MiB, connection=1 * MiB)
         async with tube_hub(tmp_path, budget=budget) as served, \
                 aiohttp.ClientSession() as session:  # fmt: skip
-            ws = await opened(session, served.url)
+            ws = await tube_opened(session, served.url)
             # (requests for a subscription the peer never had: RS.io takes them without a word)
             frames = encode(Request(7, 1)) * (30 * MiB // len(encode(Request(7, 1))))
             bomb = encode_header(CODE_DEFLATE, 1) + zlib.compress(frames, 9)
             assert len(bomb) < 64 * 1024  # one WebSocket message of about 30 KB
             await ws.send_bytes(encode_header(CODE_PLAIN, 1) + encode(ClientHello()))
             await ws.send_bytes(bomb)
-            assert await close_code(ws, 30) == 1009
+            assert await tube_close_code(ws, 30) == 1009
             await until(lambda: served.hub.budget.used == 0, "everything returned")
 
     run(main())
@@ -251,8 +227,8 @@ def test_tiny_fragments_are_refused(tmp_path: Path, run: Run, request_bytes: str
         async with tube_hub(tmp_path) as served, aiohttp.ClientSession() as session:
             ws = await session.ws_connect(served.url)
             await ws.send_bytes(bytes.fromhex(request_bytes))  # 8, 4095, 1 bytes
-            assert await close_code(ws) == code
-            ws = await opened(session, served.url, bytes.fromhex("80 40"))  # 4096: the floor
+            assert await tube_close_code(ws, 10) == code
+            ws = await tube_opened(session, served.url, bytes.fromhex("80 40"))  # 4096: the floor
             await ws.close()
 
     run(main())
@@ -262,7 +238,7 @@ def test_an_unfinished_message_is_closed_at_its_deadline(tmp_path: Path, run: Ru
     async def main() -> None:
         async with tube_hub(tmp_path, TubeSettings(message_seconds=60.0)) as served, \
                 aiohttp.ClientSession() as session:  # fmt: skip
-            ws = await opened(session, served.url)
+            ws = await tube_opened(session, served.url)
             await ws.send_bytes(encode_header(CODE_PLAIN, 3) + bytes(1000))
             (carrier,) = await until_carriers(served)
             await until(lambda: carrier.receiving_since() is not None, "a message begun")
@@ -272,7 +248,7 @@ def test_an_unfinished_message_is_closed_at_its_deadline(tmp_path: Path, run: Ru
             assert not carrier.is_closing()
             carrier.sweep(since + 60.0)
             assert carrier.is_closing()
-            assert await close_code(ws) == 1008
+            assert await tube_close_code(ws, 10) == 1008
             await until(lambda: served.hub.budget.used == 0, "everything returned")
 
     run(main())
@@ -314,7 +290,7 @@ def test_a_subscriber_that_does_not_read_is_charged_what_waits(
         async with tube_hub(tmp_path) as served, aiohttp.ClientSession() as session:
             values = [random.randbytes(MiB) for _ in range(40)]  # (incompressible)
             await served.hub.append(Batch.build("s", values), assign_ids=True)
-            ws = await opened(session, served.url, push_varint(0))
+            ws = await tube_opened(session, served.url, push_varint(0))
             hello = encode(ClientHello()) + b"".join(
                 encode(Subscribe("s?from=earliest", i, 1000)) for i in range(subscriptions)
             )
@@ -343,7 +319,7 @@ def test_an_unfinished_rsio_frame_is_closed_at_the_deadline(tmp_path: Path, run:
     async def main() -> None:
         async with tube_hub(tmp_path, TubeSettings(message_seconds=60.0)) as served, \
                 aiohttp.ClientSession() as session:  # fmt: skip
-            ws = await opened(session, served.url)
+            ws = await tube_opened(session, served.url)
             begun = encode(ClientHello()) + encode(Subscribe("some.stream", 1, 1))[:4]
             await ws.send_bytes(encode_header(CODE_PLAIN, 1) + begun)
             (carrier,) = await until_carriers(served)
@@ -354,6 +330,6 @@ def test_an_unfinished_rsio_frame_is_closed_at_the_deadline(tmp_path: Path, run:
             carrier.sweep(since + 59.0)
             assert not carrier.is_closing()
             carrier.sweep(since + 60.0)
-            assert await close_code(ws) == 1008
+            assert await tube_close_code(ws, 10) == 1008
 
     run(main())
