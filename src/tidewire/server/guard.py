@@ -7,9 +7,10 @@ guarded, except that it may call :func:`established` when its handshake is over.
 
 What the guard enforces (settings ``limits.*`` and ``tls.*``, docs/configuration.md):
 
-* **Admission**: connections in total and per peer address, counted over every listener
-  together (:class:`Admission`). One over is refused with the protocol's own words (the
-  listener's ``refuse(reason)`` bytes: an RS.io ``goodbye``, an HTTP 503), then closed.
+* **Admission**: connections in total and per peer (a network prefix: /32 for IPv4, /64 for
+  IPv6 by default), counted over every listener together (:class:`Admission`). One over is
+  refused with the protocol's own words (the listener's ``refuse(reason)`` bytes: an RS.io
+  ``goodbye``, an HTTP 503), then closed.
 * **TLS**, done here over memory BIOs rather than by ``create_server(ssl=...)`` so that a
   failed handshake (an untrusted or expired certificate, no certificate where one is required,
   plain text on a TLS port) is logged as one line naming the peer (asyncio logs those only in
@@ -19,6 +20,8 @@ What the guard enforces (settings ``limits.*`` and ``tls.*``, docs/configuration
   ``POINT``, Tolliver's handshake, HTTP request headers: slowloris) must finish within
   ``limits.handshake_seconds``.
 * **Idle**: nothing received and nothing sent for ``limits.idle_seconds``.
+* **Unfinished messages**: a wrapped protocol that is :class:`Receiving` and has had a message
+  begun and unfinished for ``limits.message_seconds``.
 * **Stalled output**: a peer that does not read while we have output for it (the transport
   stays above its high-water mark) for ``limits.write_stall_seconds`` is aborted: it cannot be
   told why, since it is not reading.
