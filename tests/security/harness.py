@@ -234,20 +234,18 @@ def alone(hub: RealHub, seconds: float = 1.5, *, token: str | None = None) -> By
     return report
 
 
-def stall_bound(solo: BystanderReport | None = None) -> float:
+def stall_bound(solo: BystanderReport | None = None, promise: float = BYSTANDER_MAX_STALL_S
+                ) -> float:  # fmt: skip
     """The stall the bystander may see under attack: the promise, over what ``solo`` (the same
     client with no attack, measured just before) saw on this shared machine."""
-    return BYSTANDER_MAX_STALL_S + (solo.max_stall_s if solo is not None else 0.0)
+    return promise + (solo.max_stall_s if solo is not None else 0.0)
 
 
 def assert_served(solo: BystanderReport | None, report: BystanderReport, *,
-                  throughput: float = 0.0) -> None:  # fmt: skip
+                  promise: float = BYSTANDER_MAX_STALL_S) -> None:  # fmt: skip
     """The bystander was served under attack: no errors, some events, no stall over
-    :func:`stall_bound` of ``solo`` (the bare promise without one), and at least
-    ``throughput`` times ``solo``'s events per second."""
+    :func:`stall_bound` of ``solo`` (the bare promise without one). What it keeps of its
+    throughput is a speed figure, so a benchmark's (benchmarks/hostile_load.py), not a test's."""
     assert report.errors == [], report.errors
     assert report.events > 0, report
-    assert report.max_stall_s < stall_bound(solo), (solo, report)
-    if throughput:
-        assert solo is not None
-        assert report.events_per_s >= solo.events_per_s * throughput, (solo, report)
+    assert report.max_stall_s < stall_bound(solo, promise), (solo, report)

@@ -6,8 +6,9 @@ First the bystander runs alone (what this shared machine gives it with no attack
 attacks, the bystander and a ``/healthz`` probe run together. Each attacker must be refused or
 bounded, the hub must stay alive and answer ``/healthz``, its peak resident memory must grow by
 at most twice the budget plus 64 MiB (the interpreter's own churn), and the bystander must be
-served: no stall over the harness's rule, and a share of its throughput alone (the target is
-half; see :data:`THROUGHPUT`).
+served: no stall over :data:`ALL_AT_ONCE_STALL_S` beyond its stall alone (the per-attack tests
+hold each attack alone to the 100 ms promise; what the bystander keeps of its throughput is a
+benchmark's figure, benchmarks/hostile_load.py).
 
 Only Seguro speaks TLS here (its point's owner is named by a client certificate); the other
 listeners are plain TCP, as the attackers and the bystander use them.
@@ -55,7 +56,7 @@ SETTINGS: dict[str, object] = {
     # every attacker and the bystander come from 127.0.0.1: not what this test is about
     "limits.max_connections_per_peer": 1000,
 }
-THROUGHPUT = 1 / 3  # the bystander's events/s under attack over its events/s alone, at least
+ALL_AT_ONCE_STALL_S = 0.25  # the bystander's stall over its stall alone, at most
 SECONDS = 5.0  # how long the bystander runs under attack, and the attacks that last
 TOKENS = ["good", "filler", "mallory", "grabber", "leaker"]
 POINTS = [f"~{s}" for s in SUFFIXES[1:33]]  # anonymous ships' points (not ~zod, the owner's)
@@ -268,10 +269,11 @@ def test_every_attack_at_once(tmp_path: Path, pki: Pki) -> None:
         assert healthz_answers(hub.http_base) == 200
         assert growth <= 2 * BUDGET + 64 * MiB, f"+{growth / MiB:.0f} MiB"
         judge(outcome, hub)
-        # The target is half the bystander's throughput alone; on the 2-core test machine,
-        # where this process's attackers take CPU from the hub and the bystander alike, it
-        # keeps 43-47% (measured 2026-11-25, with no stall over the rule): a third, asserted.
-        assert_served(solo, report, throughput=THROUGHPUT)
+        # Every attack at once, its attackers in this process on the same 2 cores as the hub
+        # and the bystander: the per-attack tests hold each attack to the 100 ms promise; all
+        # of them together get ALL_AT_ONCE_STALL_S. (What the bystander keeps of its
+        # throughput is benchmarks/hostile_load.py's figure, not a test's.)
+        assert_served(solo, report, promise=ALL_AT_ONCE_STALL_S)
 
 
 def judge(o: Outcome, hub: RealHub) -> None:
