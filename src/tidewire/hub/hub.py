@@ -180,6 +180,11 @@ class Hub:
         the latest committed id (e.g. an earlier, dropped session's appends)."""
         return await self.storage.settled(stream)
 
+    async def wait_for(self, stream: str, after_id: int) -> None:
+        """Return once ``stream`` has a committed id above ``after_id`` (a live tail's wait;
+        cancelling it leaves nothing behind)."""
+        await self.storage.wait_for(stream, after_id)
+
     def ledger(self, stream: str) -> Ledger:
         """The ledger (JSON records) kept in the hub's own stream ``stream``
         (``_tidewire.*``): how the hub and its instances keep their state."""

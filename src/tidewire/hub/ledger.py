@@ -52,5 +52,10 @@ class Ledger:
         data = json.dumps(record, separators=(",", ":")).encode()
         await self.storage.append(Batch.build(self.stream, [data]), assign_ids=True)
 
+    async def record_many(self, records: list[dict[str, Any]]) -> None:
+        """Append ``records`` durably as one batch (one commit, whatever their number)."""
+        data = [json.dumps(r, separators=(",", ":")).encode() for r in records]
+        await self.storage.append(Batch.build(self.stream, data), assign_ids=True)
+
     def __repr__(self) -> str:
         return f"Ledger({self.stream!r})"

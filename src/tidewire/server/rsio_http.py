@@ -305,7 +305,7 @@ class RsioHttp:
                     await sub.drained.wait()  # a fetch took it, or demand came
                     continue
                 if not (source.held_bytes or hub_sub.done or hub_sub.poll_ready()):
-                    await self.hub.storage.wait_for(hub_sub.stream, hub_sub.next_id - 1)
+                    await self.hub.wait_for(hub_sub.stream, hub_sub.next_id - 1)
                     continue  # (a live tail holds nothing while it waits)
                 if not (source.held_bytes or hub_sub.done or sub.share.try_hold(
                         "readahead", hub_sub.readahead_bytes)):  # fmt: skip

@@ -10,11 +10,9 @@ ledger's order is what :meth:`~.tolliver_offsets.RemoteOffsets.load` replays).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from ..hub.ledger import Ledger
-from ..model import Batch
 
 __all__ = ["GroupedRecords"]
 
@@ -50,10 +48,7 @@ class GroupedRecords:
                 assert done is not None
                 try:
                     for at in range(0, len(records), MAX_GROUP):
-                        data = [json.dumps(r, separators=(",", ":")).encode()
-                                for r in records[at : at + MAX_GROUP]]  # fmt: skip
-                        batch = Batch.build(self.ledger.stream, data)
-                        await self.ledger.storage.append(batch, assign_ids=True)
+                        await self.ledger.record_many(records[at : at + MAX_GROUP])
                         await asyncio.sleep(0)
                 except Exception as exc:  # (every waiter gets the log's error)
                     done.set_exception(exc)
