@@ -44,29 +44,15 @@ import seguro_attacks  # noqa: E402
 import tolliver_attacks  # noqa: E402
 import tube_attacks  # noqa: E402
 from harness import BystanderReport, RealHub, bystander, real_hub  # noqa: E402
+from hostile_hub import FLOOD, SETTINGS, fill, fill_flood  # noqa: E402
 
-import tidewire  # noqa: E402
 from _common import choose_base, fresh_dir, fs_type, note  # noqa: E402
 from tidewire.protocols.seguro.patp import SUFFIXES  # noqa: E402
 
 MiB = 1024 * 1024
 GOAL_RATIO = 0.5
-SETTINGS: dict[str, object] = {
-    "memory.budget_bytes": 64 * MiB,
-    "memory.principal_bytes": 32 * MiB,
-    "memory.connection_bytes": 16 * MiB,
-    "limits.message_seconds": 2.0,
-    "http.poll_seconds": 2,
-    "http.max_subscriptions_per_principal": 40,
-    "tolliver.allow_plaintext": True,
-    "tolliver.max_channels": 1500,
-    "tolliver.max_unacked_bytes": 2 * MiB,
-    # every attacker and the bystander come from 127.0.0.1: not what is measured here
-    "limits.max_connections_per_peer": 1000,
-}
 TOKENS = ["good", "filler", "mallory"]
 POINTS = [f"~{s}" for s in SUFFIXES[1:17]]  # the anonymous ships' points
-FLOOD = [f"flood.{i}" for i in range(4)]  # the never-acking Tolliver remote's channels
 ACL = f"""
 [principal."token:good"]                # the bystander
 read = ["bystander.*"]
@@ -97,22 +83,6 @@ QUICK = Settings(rounds=1, seconds=2.0)
 Attack = Callable[[RealHub, float], Awaitable[None]]
 """One go of an attack, given the hub and the seconds left in the window (for the attacks
 whose length is a parameter); restarted until the window ends, cut short (cancelled) then."""
-
-
-async def fill(hub: RealHub) -> None:
-    """32 MiB of 64 KiB values in ``big``, for the subscribers that never read or fetch."""
-    async with await tidewire.connect(hub.rsio_url, token=hub.tokens["filler"]) as client:
-        for start in range(0, 32 * MiB, MiB):
-            await client.publish("big", [b"%08d" % (start + i) + bytes(64 * 1024 - 8)
-                                         for i in range(16)])  # fmt: skip
-
-
-async def fill_flood(hub: RealHub) -> None:
-    """4 MiB into each of the never-acking remote's channels."""
-    async with await tidewire.connect(hub.rsio_url, token=hub.tokens["filler"]) as client:
-        for channel in FLOOD:
-            for _ in range(4):
-                await client.publish(channel, [bytes(64 * 1024)] * 16)
 
 
 async def rsio_unknown_onnext(hub: RealHub, left: float) -> None:

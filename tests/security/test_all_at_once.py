@@ -30,8 +30,9 @@ import seguro_attacks
 import tolliver_attacks
 import tube_attacks
 from harness import BystanderReport, RealHub, alone, assert_served, bystander, real_hub
+from hostile_hub import BUDGET, FLOOD, fill, fill_flood
+from hostile_hub import SETTINGS as BASE
 
-import tidewire
 from certs import Pki
 from helpers import run
 from tidewire.client.backoff import Retry
@@ -39,28 +40,11 @@ from tidewire.client.seguro import connect
 from tidewire.protocols.seguro.patp import SUFFIXES
 
 MiB = 1024 * 1024
-BUDGET = 64 * MiB
-SETTINGS: dict[str, object] = {
-    "memory.budget_bytes": BUDGET,
-    "memory.principal_bytes": 32 * MiB,
-    "memory.connection_bytes": 16 * MiB,
-    "limits.message_seconds": 2.0,  # (the unfinished Tube messages are closed within the test)
-    "http.poll_seconds": 2,
-    "http.max_subscriptions_per_principal": 40,
-    "tolliver.allow_plaintext": True,
-    "tolliver.max_channels": 1500,
-    "tolliver.max_unacked_bytes": 2 * MiB,
-    "rsio.tls": False,
-    "http.tls": False,
-    "tolliver.tls": False,
-    # every attacker and the bystander come from 127.0.0.1: not what this test is about
-    "limits.max_connections_per_peer": 1000,
-}
+SETTINGS = {**BASE, "rsio.tls": False, "http.tls": False, "tolliver.tls": False}
 ALL_AT_ONCE_STALL_S = 0.25  # the bystander's stall over its stall alone, at most
 SECONDS = 5.0  # how long the bystander runs under attack, and the attacks that last
 TOKENS = ["good", "filler", "mallory", "grabber", "leaker"]
 POINTS = [f"~{s}" for s in SUFFIXES[1:33]]  # anonymous ships' points (not ~zod, the owner's)
-FLOOD = [f"flood.{i}" for i in range(4)]  # the never-acking Tolliver remote's channels
 ACL = f"""
 [principal."token:good"]                # the bystander
 read = ["bystander.*"]
@@ -109,22 +93,6 @@ class Outcome:
     saved: int
     flood: tuple[int, int]
     unacked: tuple[int, int, int]
-
-
-async def fill(hub: RealHub) -> None:
-    """32 MiB of 64 KiB values in ``big``, for the subscribers that never read."""
-    async with await tidewire.connect(hub.rsio_url, token=hub.tokens["filler"]) as client:
-        for start in range(0, 32 * MiB, MiB):
-            await client.publish("big", [b"%08d" % (start + i) + bytes(64 * 1024 - 8)
-                                         for i in range(16)])  # fmt: skip
-
-
-async def fill_flood(hub: RealHub) -> None:
-    """4 MiB into each of the never-acking remote's channels."""
-    async with await tidewire.connect(hub.rsio_url, token=hub.tokens["filler"]) as client:
-        for channel in FLOOD:
-            for _ in range(4):
-                await client.publish(channel, [bytes(64 * 1024)] * 16)
 
 
 async def http_attacks_at_once(hub: RealHub) -> tuple[list[str], list[int], list[bytes],
