@@ -54,6 +54,20 @@ async def tube_opened(session: aiohttp.ClientSession, url: str,
     return ws
 
 
+async def tube_opened_or_refused(
+    session: aiohttp.ClientSession, url: str, size: bytes = b"\x00"
+) -> aiohttp.ClientWebSocketResponse | int:
+    """As :func:`tube_opened`, for an attacker whose principal's share may already be full:
+    the hub's close code when it refuses the fragment-size exchange (1009), else the socket."""
+    ws = await session.ws_connect(url)
+    await ws.send_bytes(size)
+    message = await ws.receive(timeout=10)
+    if message.type == aiohttp.WSMsgType.CLOSE:
+        return int(message.data)
+    assert message.type == aiohttp.WSMsgType.BINARY, message
+    return ws
+
+
 async def tube_close_code(ws: aiohttp.ClientWebSocketResponse,
                           seconds: float | None = None) -> int | None:  # fmt: skip
     """Read and drop until the hub closes (within ``seconds``, when given); its close code."""

@@ -20,7 +20,7 @@ import time
 
 import aiohttp
 
-from raw_wire import deflated_subscribes, tube_close_code, tube_opened
+from raw_wire import deflated_subscribes, tube_close_code, tube_opened_or_refused
 from tidewire.protocols.rsio import ClientHello, Subscribe, encode
 from tidewire.protocols.tube import CODE_PLAIN, encode_header, push_varint
 
@@ -37,9 +37,11 @@ async def deflate_bomb(url: str) -> tuple[int, int | None, float]:
     bad stream name (each refused): its size, the hub's close code, and how long it took."""
     bomb = deflated_subscribes(8 * MiB)
     async with aiohttp.ClientSession() as session:
-        ws = await tube_opened(session, url)
-        await ws.send_bytes(encode_header(CODE_PLAIN, 1) + encode(ClientHello()))
         began = time.monotonic()
+        ws = await tube_opened_or_refused(session, url)
+        if isinstance(ws, int):  # (the anonymous share was already full: refused at once)
+            return len(bomb), ws, time.monotonic() - began
+        await ws.send_bytes(encode_header(CODE_PLAIN, 1) + encode(ClientHello()))
         await ws.send_bytes(bomb)
         async with asyncio.timeout(ATTACK_SECONDS):
             code = await tube_close_code(ws)
@@ -53,7 +55,9 @@ async def unfinished(url: str, connections: int, fragments: int) -> list[int | N
     async with aiohttp.ClientSession() as session:
 
         async def one() -> int | None:
-            ws = await tube_opened(session, url)
+            ws = await tube_opened_or_refused(session, url)
+            if isinstance(ws, int):  # (the anonymous share was already full: refused at once)
+                return ws
             await ws.send_bytes(encode_header(CODE_PLAIN, 400) + fragment[:-3])
             for _ in range(fragments - 1):
                 await ws.send_bytes(fragment)
@@ -81,7 +85,9 @@ async def never_reading(url: str, subscriptions: int, seconds: float,
     """One anonymous Tube connection subscribing ``subscriptions`` times to ``stream`` from
     its start with ample demand and reading nothing for ``seconds``."""
     async with aiohttp.ClientSession() as session:
-        ws = await tube_opened(session, url)
+        ws = await tube_opened_or_refused(session, url)
+        if isinstance(ws, int):  # (the anonymous share was already full: refused at once)
+            return
         frames = encode(ClientHello()) + b"".join(
             encode(Subscribe(f"{stream}?from=earliest", i, 10_000)) for i in range(subscriptions)
         )
