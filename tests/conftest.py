@@ -1,12 +1,14 @@
 """Shared fixtures. ``spark``: one local SparkSession for the whole run, with the ``tidewire``
-data source registered (tests/spark/test_spark.py). PySpark is imported only when a test asks
+data source registered (tests/spark/test_spark.py); ``cluster``/``own_cluster``: NATS JetStream
+clusters (tests/cluster/). PySpark is imported only when a test asks
 for it, so the rest of the suite runs without the ``spark`` extra."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
 
     from certs import Pki
     from loops import Run
+    from tidewire.cluster.local import LocalCluster
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +64,33 @@ def run(request: pytest.FixtureRequest) -> Run:
     from loops import RUN_SECONDS, runner
 
     return runner(str(request.param), getattr(request.module, "RUN_SECONDS", RUN_SECONDS))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One 3-node NATS JetStream cluster for the session (tests/cluster/: real nats-server
+    processes on free 127.0.0.1 ports, stopped by pid), for tests that only read and write."""
+    from tidewire.cluster.local import LocalCluster
+
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), 3) as running:
+        yield running
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Callable[[int], LocalCluster]]:
+    """Makes clusters a test may kill nodes of (``make(nodes)``), stopped when it ends."""
+    from tidewire.cluster.local import LocalCluster
+
+    made: list[LocalCluster] = []
+
+    def make(nodes: int = 3) -> LocalCluster:
+        running = LocalCluster(tmp_path / f"cluster{len(made)}", nodes)
+        made.append(running)
+        running.start()
+        return running
+
+    try:
+        yield make
+    finally:
+        for running in made:
+            running.stop()

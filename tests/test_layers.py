@@ -146,6 +146,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "tidewire.config": (*FLOOR_LAYERS, "tidewire.log"),
     "tidewire.hub": (*FLOOR_LAYERS, "tidewire.record", "tidewire.log"),
     "tidewire.observe": (*FLOOR_LAYERS, "tidewire.record", "tidewire.log", "tidewire.hub"),
+    "tidewire.cluster": (*FLOOR_LAYERS, "tidewire.record", "tidewire.log", "tidewire.hub"),
     "tidewire.client": (*FLOOR_LAYERS, "tidewire.record", "tidewire.protocols"),
     "tidewire.tolliver": (
         *FLOOR_LAYERS, "tidewire.record", "tidewire.protocols", "tidewire.client"
