@@ -80,6 +80,9 @@ class MemoryStorage:
 
     # ------------------------------------------------------------------ Storage
 
+    def cluster(self) -> None:
+        return None
+
     def describe(self) -> str:
         return "memory"
 

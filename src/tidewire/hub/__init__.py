@@ -4,7 +4,14 @@ from .budget import Budget, BudgetLimits, Share
 from .hub import RESERVED_PREFIX, Hub, Start
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline, abandon
 from .ledger import Ledger
-from .storage import EmbeddedStorage, Storage, StreamStats
+from .storage import (
+    ClusterStatus,
+    EmbeddedStorage,
+    GroupStatus,
+    ReplicaStatus,
+    Storage,
+    StreamStats,
+)
 from .subscription import MAX_DEMAND, RecordSubscription, Subscription
 from .txn import TXN_STREAM, TxnReceipt
 
@@ -15,13 +22,16 @@ __all__ = [
     "TXN_STREAM",
     "Budget",
     "BudgetLimits",
+    "ClusterStatus",
     "EmbeddedStorage",
+    "GroupStatus",
     "Hub",
     "Ingest",
     "IngestLimits",
     "Ledger",
     "Pipeline",
     "RecordSubscription",
+    "ReplicaStatus",
     "Share",
     "Start",
     "Storage",

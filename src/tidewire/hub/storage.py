@@ -25,15 +25,60 @@ renaming anything in the log (whose tests and tools stay as they are).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..log import Log, LogConfig, StreamStats
 from ..model import Batch
 
-__all__ = ["EmbeddedStorage", "Storage", "StreamStats"]
+__all__ = [
+    "ClusterStatus",
+    "EmbeddedStorage",
+    "GroupStatus",
+    "ReplicaStatus",
+    "Storage",
+    "StreamStats",
+]
 
 REPLAY_BYTES = 4 * 1024 * 1024
 """Bytes per read when :meth:`EmbeddedStorage.replay` walks a reserved stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """One server holding a replica of a replicated group, as its leader sees it."""
+
+    name: str
+    current: bool  # caught up with the leader
+    offline: bool
+    lag: int  # operations behind the leader
+    active_s: float  # seconds since the leader last heard from it
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """One replicated unit of a remote backend (a JetStream stream): its leader, followers
+    and content."""
+
+    name: str
+    leader: str | None  # None while it elects one
+    replicas: tuple[ReplicaStatus, ...]  # the followers
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """What a clustered backend knows of its cluster (``/metrics``, the dashboard): plain data,
+    read when someone asks, as of ``at_ms``."""
+
+    name: str  # the cluster's name
+    connected: str  # the server this gateway is connected to
+    servers: tuple[str, ...]  # every server's client URL known (the cluster's gossip)
+    groups: tuple[GroupStatus, ...]
+    at_ms: int
 
 
 @runtime_checkable
@@ -49,6 +94,11 @@ class Storage(Protocol):
 
     def describe(self) -> str:
         """Where the data is, for people (a directory, a cluster URL); never parsed."""
+        ...
+
+    def cluster(self) -> ClusterStatus | None:
+        """The cluster the data is replicated on, as last seen; ``None`` for a backend on one
+        machine (the embedded log)."""
         ...
 
     def observe(
@@ -159,6 +209,9 @@ class EmbeddedStorage:
 
     def describe(self) -> str:
         return self.log.directory
+
+    def cluster(self) -> ClusterStatus | None:
+        return None
 
     def observe(
         self,
