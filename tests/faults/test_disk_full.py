@@ -24,9 +24,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from hubproc import HubProcess
 
 from helpers import until
+from hubproc import HubProcess
 from smallfs import SmallFs, Unavailable
 from tidewire.client import rsio, seguro
 from tidewire.model import Batch

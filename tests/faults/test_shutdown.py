@@ -14,9 +14,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from hubproc import HubProcess
 
 from helpers import until
+from hubproc import HubProcess
 from tidewire.client import rsio, seguro, tube
 from tidewire.model import TidewireError
 from tidewire.tolliver import Instance
