@@ -2,7 +2,9 @@
 (its admin API, docs/observability.md), ``streams --data-dir`` and ``dump`` read a data
 directory offline (read-only: no lock taken, nothing repaired, safe while a server runs);
 ``tail``, ``publish`` and ``bench`` talk RS.io to a running hub (cli_rsio.py), ``seguro``
-Seguro (cli_seguro.py); the options they share are in cli_options.py.
+Seguro (cli_seguro.py); the options they share are in cli_options.py. ``serve --storage``
+runs a gateway of a NATS JetStream cluster, ``cluster local`` a local cluster (cli_cluster.py,
+docs/cluster.md).
 
 click is the library for the command line, rich for its tables and progress bars (progress
 goes to stderr, so that stdout stays the data).
@@ -66,7 +68,7 @@ def _settings_help() -> str:
 @main.command(epilog=_settings_help())
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
               envvar="TIDEWIRE_CONFIG", help="TOML config file ($TIDEWIRE_CONFIG)")  # fmt: skip
-@click.option("--data-dir", help="directory of the embedded log")
+@click.option("--data-dir", help="directory of the embedded log (unused with --storage)")
 @click.option("--storage", "storage_url", metavar="URLS",
               help="store the streams in this NATS JetStream cluster instead (storage.url: "
                    "nats://h1:4222,nats://h2:4222; docs/cluster.md)")  # fmt: skip

@@ -22,6 +22,7 @@ import click
 
 from .cluster.local import ClusterError, LocalCluster
 from .config import ConfigError, load_config
+from .errors import TidewireError
 
 __all__ = ["ClusterUnavailable", "cluster", "offline_data_dir"]
 
@@ -30,7 +31,7 @@ WATCH_SECONDS = 1.0
 reported on stderr, once)."""
 
 
-class ClusterUnavailable(click.ClickException):
+class ClusterUnavailable(TidewireError, click.ClickException):
     """``tidewire serve``'s error when its cluster cannot be reached: exit status 69 (sysexits'
     EX_UNAVAILABLE, :data:`tidewire.server.storage_open.EXIT_UNAVAILABLE`), not 1."""
 

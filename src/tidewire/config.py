@@ -29,7 +29,7 @@ class ConfigError(TidewireError, ValueError):
 
 # key -> (type, default, help)
 SETTINGS: dict[str, tuple[type, Any, str]] = {
-    "data_dir": (str, "./tidewire-data", "directory of the embedded log"),
+    "data_dir": (str, "./tidewire-data", "directory of the embedded log (unused with storage.url)"),
     "host": (str, "127.0.0.1", "address every listener binds to"),
     "log_level": (str, "info", "debug, info, warning or error"),
     "log_format": (str, "text", "text (readable lines) or json (one JSON object per line)"),
