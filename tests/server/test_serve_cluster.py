@@ -13,6 +13,7 @@ import asyncio
 import io
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,12 @@ from tidewire.cluster.local import free_port
 from tidewire.config import ConfigError, ServerConfig, load_config
 from tidewire.hub.storage import Storage
 from tidewire.server.serve import Endpoint, serve
-from tidewire.server.storage_open import EXIT_UNAVAILABLE, StorageUnavailable
+from tidewire.server.storage_open import (
+    EXIT_UNAVAILABLE,
+    JETSTREAM_MODULE,
+    StorageUnavailable,
+    connect_jetstream,
+)
 
 PORTS = {"http.port": 0, "rsio.port": 0, "tolliver.port": 0, "seguro.port": 0}
 
@@ -187,3 +193,33 @@ def test_an_embedded_hub_is_unchanged_by_the_cluster_settings(tmp_path: Path) ->
     assert not any(line.startswith("  storage") for line in out.getvalue().splitlines())
     assert out.getvalue().splitlines()[-1] == "stopped: every acknowledged event is on disk"
 
+
+
+def test_the_jetstream_backend_is_given_the_cluster_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``connect_jetstream`` hands ``JetStreamStorage.connect`` the URLs and the ``cluster.*``
+    settings (a stand-in module: the backend itself is tests/cluster/'s)."""
+    given: list[tuple[list[str], dict[str, object]]] = []
+
+    class StandIn:
+        @staticmethod
+        async def connect(urls: list[str], *, shards: int = 16, replicas: int = 3,
+                          name: str = "", append_timeout_s: float = 30.0) -> Storage:  # fmt: skip
+            given.append((urls, {"shards": shards, "replicas": replicas, "name": name,
+                                 "append_timeout_s": append_timeout_s}))  # fmt: skip
+            return ClusteredStorage()
+
+    module = types.ModuleType(JETSTREAM_MODULE)
+    module.JetStreamStorage = StandIn  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, JETSTREAM_MODULE, module)
+    config = cluster_config(tmp_path, **{"cluster.shards": 4, "cluster.replicas": 1,
+                                         "cluster.append_timeout_s": 7.5})  # fmt: skip
+    storage = run(connect_jetstream(config))
+    assert isinstance(storage, ClusteredStorage)
+    ((urls, options),) = given
+    assert urls == list(URLS)
+    assert options["shards"] == 4
+    assert options["replicas"] == 1
+    assert options["append_timeout_s"] == 7.5
+    assert str(options["name"]).startswith("tidewire gateway ")

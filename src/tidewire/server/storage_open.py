@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import os
 import socket
@@ -60,11 +61,16 @@ async def connect_jetstream(config: ServerConfig) -> Storage:
         raise StorageUnavailable(f"cluster mode is not available in this build "
                                  f"({JETSTREAM_MODULE}: {exc})") from None  # fmt: skip
     v = config.values
-    storage: Storage = await backend.connect(
-        list(config.storage_urls), shards=int(v["cluster.shards"]),
-        replicas=int(v["cluster.replicas"]), name=gateway_name(),
-        append_timeout_s=float(v["cluster.append_timeout_s"]),
-    )  # fmt: skip
+    options: dict[str, Any] = {"shards": int(v["cluster.shards"]),
+                               "replicas": int(v["cluster.replicas"]), "name": gateway_name()}
+    # (append_timeout_s is the backend constructor's; passed on when its connect takes it)
+    accepted = inspect.signature(backend.connect).parameters
+    if "append_timeout_s" in accepted or any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        options["append_timeout_s"] = float(v["cluster.append_timeout_s"])
+    else:
+        log.warning("cluster.append_timeout_s: this JetStream backend does not take it; its "
+                    "own default applies to appends")  # fmt: skip
+    storage: Storage = await backend.connect(list(config.storage_urls), **options)
     return storage
 
 
@@ -76,8 +82,8 @@ async def open_storage(config: ServerConfig, connect: Connector | None = None) -
     try:
         async with asyncio.timeout(seconds):
             return await (connect or connect_jetstream)(config)
-    except StorageUnavailable:
-        raise
+    except (StorageUnavailable, TypeError, AttributeError, NameError, AssertionError):
+        raise  # (ours, or a bug: a traceback, not "cannot reach the cluster")
     except TimeoutError:
         raise StorageUnavailable(f"the cluster at {urls} did not answer within {seconds:g} s "
                                  "(cluster.append_timeout_s)") from None  # fmt: skip
