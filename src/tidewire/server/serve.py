@@ -112,7 +112,7 @@ async def serve(
             f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.describe()}",
             file=out,
         )
-        if config.clustered:  # (the line `tidewire cluster local` prints has this shape too)
+        if config.clustered:  # (where the streams are: the cluster, and nothing on this disk)
             print(f"  storage  {hub.describe()}; no data directory", file=out)
         for e in endpoints:
             print(f"  {e.protocol:<8} {e.url:<40} {e.what}", file=out)

@@ -79,6 +79,7 @@ async def open_storage(config: ServerConfig, connect: Connector | None = None) -
     is :class:`StorageUnavailable` (the cause is logged at debug level, with its traceback)."""
     urls = ",".join(config.storage_urls)
     seconds = float(config.values["cluster.append_timeout_s"])
+    log.info("connecting to the cluster at %s (at most %g s)", urls, seconds)
     try:
         async with asyncio.timeout(seconds):
             return await (connect or connect_jetstream)(config)
