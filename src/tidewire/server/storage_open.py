@@ -53,7 +53,8 @@ def gateway_name() -> str:
 
 async def connect_jetstream(config: ServerConfig) -> Storage:
     """:class:`~tidewire.cluster.jetstream.JetStreamStorage` on ``config``'s cluster, with
-    ``cluster.shards``, ``cluster.replicas`` and ``cluster.append_timeout_s``."""
+    ``cluster.shards``, ``cluster.replicas`` and ``cluster.append_timeout_s``, and the log's
+    retention settings (``log.retention_*``, ``[log.streams]``, their check interval)."""
     try:
         # (imported when used: an embedded hub loads neither nats-py nor the backend)
         backend: Any = importlib.import_module(JETSTREAM_MODULE).JetStreamStorage
@@ -63,13 +64,17 @@ async def connect_jetstream(config: ServerConfig) -> Storage:
     v = config.values
     options: dict[str, Any] = {"shards": int(v["cluster.shards"]),
                                "replicas": int(v["cluster.replicas"]), "name": gateway_name()}
-    # (append_timeout_s is the backend constructor's; passed on when its connect takes it)
+    # The rest is passed on when the backend's connect takes it (else its default, said once):
+    # per-stream retention (log.retention_*, [log.streams]), its interval, the append bound.
+    optional = {"config": config.log, "retention_interval_s": config.retention_check_interval_s,
+                "append_timeout_s": float(v["cluster.append_timeout_s"])}  # fmt: skip
     accepted = inspect.signature(backend.connect).parameters
-    if "append_timeout_s" in accepted or any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
-        options["append_timeout_s"] = float(v["cluster.append_timeout_s"])
-    else:
-        log.warning("cluster.append_timeout_s: this JetStream backend does not take it; its "
-                    "own default applies to appends")  # fmt: skip
+    anything = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    for key, value in optional.items():
+        if anything or key in accepted:
+            options[key] = value
+        else:
+            log.warning("this JetStream backend does not take %s: its default applies", key)
     storage: Storage = await backend.connect(list(config.storage_urls), **options)
     return storage
 
