@@ -98,6 +98,8 @@ VALID_TEXT = {"tls.client_auth": ("none", "none"), "tls.min_version": ("1.3", "1
               "memory.principal_bytes": ("134217728", 2**27),
               "memory.connection_bytes": ("8388608", 2**23)}
 VALID_TEXT.update({"limits.peer_prefix_v4": ("24", 24), "limits.peer_prefix_v6": ("48", 48)})
+VALID_TEXT.update({"storage.url": ("nats://h1:4222", "nats://h1:4222"),  # (issue 21)
+                   "cluster.shards": ("64", 64), "cluster.replicas": ("5", 5)})  # fmt: skip
 COMPANIONS = {  # settings that are only valid together
     "tls.cert_file": ("tls.key_file", "tls.ca_file"),
     "tls.key_file": ("tls.cert_file", "tls.ca_file"),

@@ -2,7 +2,9 @@
 (its admin API, docs/observability.md), ``streams --data-dir`` and ``dump`` read a data
 directory offline (read-only: no lock taken, nothing repaired, safe while a server runs);
 ``tail``, ``publish`` and ``bench`` talk RS.io to a running hub (cli_rsio.py), ``seguro``
-Seguro (cli_seguro.py); the options they share are in cli_options.py.
+Seguro (cli_seguro.py); the options they share are in cli_options.py. ``serve --storage``
+runs a gateway of a NATS JetStream cluster, ``cluster local`` a local cluster (cli_cluster.py,
+docs/cluster.md).
 
 click is the library for the command line, rich for its tables and progress bars (progress
 goes to stderr, so that stdout stays the data).
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from . import __version__
+from .cli_cluster import ClusterUnavailable, cluster, offline_data_dir
 from .cli_options import (
     DATA_DIR_HELP,
     HTTP_URL,
@@ -30,7 +33,6 @@ from .cli_options import (
     credential_options,
     open_read_only,
     print_event,
-    resolve_data_dir,
 )
 from .cli_rsio import bench, publish, tail
 from .cli_seguro import seguro
@@ -66,7 +68,10 @@ def _settings_help() -> str:
 @main.command(epilog=_settings_help())
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
               envvar="TIDEWIRE_CONFIG", help="TOML config file ($TIDEWIRE_CONFIG)")  # fmt: skip
-@click.option("--data-dir", help="directory of the embedded log")
+@click.option("--data-dir", help="directory of the embedded log (unused with --storage)")
+@click.option("--storage", "storage_url", metavar="URLS",
+              help="store the streams in this NATS JetStream cluster instead (storage.url: "
+                   "nats://h1:4222,nats://h2:4222; docs/cluster.md)")  # fmt: skip
 @click.option("--host", help="address every listener binds to (default 127.0.0.1)")
 @click.option("--http-port", type=int, help="HTTP port (default 7480; 0 = any free port)")
 @click.option("--rsio-port", type=int, help="RS.io TCP port (default 7400; 0 = any free port)")
@@ -78,6 +83,7 @@ def _settings_help() -> str:
 def serve(
     config_path: str | None,
     data_dir: str | None,
+    storage_url: str | None,
     host: str | None,
     http_port: int | None,
     rsio_port: int | None,
@@ -86,11 +92,14 @@ def serve(
     sets: tuple[str, ...],
 ) -> None:
     """Run the hub: config file < TIDEWIRE_* variables < flags. SIGHUP reloads the tokens
-    and ACL files (auth.tokens_file, auth.acl_file)."""
+    and ACL files (auth.tokens_file, auth.acl_file). With --storage, a gateway of a cluster:
+    the streams are in JetStream, data_dir is not used; an unreachable cluster exits 69."""
     from .server import run_server
+    from .server.storage_open import StorageUnavailable
 
     overrides: dict[str, Any] = {
         "data_dir": data_dir,
+        "storage.url": storage_url,
         "host": host,
         "http.port": http_port,
         "rsio.port": rsio_port,
@@ -109,6 +118,9 @@ def serve(
     configure_logging(config.log_level, str(config.values["log_format"]))
     try:
         run_server(config)
+    except StorageUnavailable as exc:
+        logging.getLogger("tidewire").error("cannot serve: %s", exc)
+        raise ClusterUnavailable(str(exc)) from None  # (exit status 69)
     except (LogError, OSError, ConfigError) as exc:
         logging.getLogger("tidewire").error("cannot serve: %s", exc)
         raise click.ClickException(str(exc)) from None
@@ -231,7 +243,7 @@ def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_
          progress: bool | None) -> None:  # fmt: skip
     """Print the events of STREAM: id, timestamp (ms), key, value. The progress bar (stderr)
     shows by default when stderr is a terminal and stdout is not."""
-    log = open_read_only(resolve_data_dir(data_dir))
+    log = open_read_only(offline_data_dir(data_dir))  # (not with storage.url: a gateway's)
     try:
         if stream not in log:
             raise click.ClickException(str(UnknownStream(stream)))
@@ -281,7 +293,7 @@ def token_create(name: str, days: float | None) -> None:
     click.echo(table, err=True, nl=False)
 
 
-for command in (tail, publish, bench, seguro):
+for command in (tail, publish, bench, seguro, cluster):
     main.add_command(command)
 
 

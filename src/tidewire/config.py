@@ -15,11 +15,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from .log import LogConfig, StreamSettings
 from .model import InvalidStreamName, TidewireError, validate_stream_name
 
-__all__ = ["SETTINGS", "ConfigError", "ServerConfig", "load_config"]
+__all__ = ["SETTINGS", "ConfigError", "ServerConfig", "load_config", "storage_urls"]
 
 
 class ConfigError(TidewireError, ValueError):
@@ -28,7 +29,7 @@ class ConfigError(TidewireError, ValueError):
 
 # key -> (type, default, help)
 SETTINGS: dict[str, tuple[type, Any, str]] = {
-    "data_dir": (str, "./tidewire-data", "directory of the embedded log"),
+    "data_dir": (str, "./tidewire-data", "directory of the embedded log (unused with storage.url)"),
     "host": (str, "127.0.0.1", "address every listener binds to"),
     "log_level": (str, "info", "debug, info, warning or error"),
     "log_format": (str, "text", "text (readable lines) or json (one JSON object per line)"),
@@ -141,6 +142,15 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "log.fsync": (bool, True, "fsync every commit (false only for throw-away data)"),
     "log.inline_commit_bytes": (int, 64 * 1024,
                                 "commit groups this small are fsynced on the event loop's thread"),
+    # cluster (issue 21): the streams in a NATS JetStream cluster instead (docs/cluster.md)
+    "storage.url": (str, "",
+                    "NATS JetStream cluster to store streams in: nats:// or tls:// URLs, comma-"
+                    "separated (unset: the embedded log in data_dir)"),
+    "cluster.shards": (int, 16, "JetStream streams the tidewire streams are spread over"),
+    "cluster.replicas": (int, 3, "replicas of each JetStream stream (at most the servers)"),
+    "cluster.append_timeout_s": (float, 30.0,
+                                 "longest wait for the cluster: an append's ack, the first "
+                                 "connection at start"),
 }
 
 _STREAM_KEYS = {"segment_bytes", "index_interval_bytes", "retention_bytes", "retention_ms"}
@@ -185,6 +195,16 @@ class ServerConfig:
     @property
     def retention_check_interval_s(self) -> float:
         return float(self.values["log.retention_check_interval_s"])
+
+    @property
+    def storage_urls(self) -> tuple[str, ...]:
+        """The cluster's URLs (``storage.url``, validated); empty: the embedded log."""
+        return storage_urls(str(self.values["storage.url"]))
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the streams are in a cluster (``storage.url`` is set), not in data_dir."""
+        return bool(self.storage_urls)
 
 
 def _convert(key: str, kind: type, raw: object) -> Any:
@@ -311,6 +331,10 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "log.inline_commit_bytes": (0, 2**30),
     "log.retention_check_interval_s": (0.001, 10**9),
     "shutdown_seconds": (0, 3600),
+    # cluster (issue 21); JetStream allows at most 5 replicas of a stream
+    "cluster.shards": (1, 1024),
+    "cluster.replicas": (1, 5),
+    "cluster.append_timeout_s": (0.1, 3600),
 }
 
 
@@ -342,6 +366,54 @@ def _check(values: Mapping[str, Any]) -> None:
     if values["tls.cert_file"] and values["tolliver.tls"] and not values["tls.ca_file"]:
         raise ConfigError("Tolliver over TLS requires client certificates: set tls.ca_file "
                           "(or tolliver.tls = false)")  # fmt: skip
+    storage_urls(values["storage.url"])  # (ConfigError when it lists no valid URLs)
+
+
+STORAGE_SCHEMES = ("nats", "tls")
+"""What ``storage.url`` may list: plain NATS, or NATS over TLS."""
+
+
+def storage_urls(text: str) -> tuple[str, ...]:
+    """``storage.url`` as a list: empty for ``""`` (the embedded log), else every
+    comma-separated URL, stripped, each ``nats://host[:port]`` or ``tls://host[:port]``;
+    :class:`ConfigError` names the first that is not one. Credentials in a URL are refused:
+    the URLs are printed (``serve``'s banner, the admin API), and secrets never are."""
+    if not text.strip():
+        return ()
+    urls: list[str] = []
+    for raw in text.split(","):
+        url = raw.strip()
+        why = _bad_url(url)
+        if why:
+            shown = url if "@" not in url else "...@" + url.rpartition("@")[2]  # (no secret)
+            raise ConfigError(f"storage.url: {shown!r} {why} (expected nats://host:port or "
+                              "tls://host:port, comma-separated)")  # fmt: skip
+        if url in urls:
+            raise ConfigError(f"storage.url: {url!r} is listed twice")
+        urls.append(url)
+    return tuple(urls)
+
+
+def _bad_url(url: str) -> str:
+    """Why ``url`` is no NATS server URL (``""``: it is one)."""
+    if not url:
+        return "is empty"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # (ValueError when it is no number, or out of range)
+    except ValueError:
+        return "has no valid port"
+    if not parts.scheme:
+        return "has no scheme"
+    if parts.scheme not in STORAGE_SCHEMES:
+        return f"has the scheme {parts.scheme!r}, not nats or tls"
+    if not parts.hostname:
+        return "has no host"
+    if parts.username is not None or parts.password is not None:
+        return "holds credentials, which would be printed"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or port == 0:
+        return "is more than a server's address"
+    return ""
 
 
 def _check_retention(key: str, value: int) -> None:

@@ -3,7 +3,8 @@
 The hub counts (``tidewire.hub.traffic``: per-batch traffic counters and the log's latencies,
 as plain data); this module sits above it and only reads. Everything else (connections,
 subscriptions with their demand and lag, Tolliver peers, the log's size) is read from the live
-objects when ``/metrics`` asks, by :class:`HubCollector`.
+objects when ``/metrics`` asks, by :class:`HubCollector`; on a gateway of a cluster (issue 21)
+also the cluster as its storage last saw it (:func:`cluster_families`, ``tidewire_cluster_*``).
 
 prometheus-client is the library for the exposition format; the collector is ours because
 prometheus-client's labelled counters cost a lock and a label lookup per increment, and because
@@ -17,6 +18,7 @@ process), made at first use by :func:`registry`, which also carries the process 
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -30,6 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 
 from ..hub import Hub
+from ..hub.storage import ClusterStatus
 from ..hub.traffic import (
     ConnectionView,
     Latency,
@@ -48,6 +51,7 @@ __all__ = [
     "Metrics",
     "TolliverPeer",
     "Traffic",
+    "cluster_families",
     "next_subscription_id",
     "per_protocol",
     "registry",
@@ -119,6 +123,9 @@ class HubCollector:
         yield from self._subscriptions(hub)
         yield from self._tolliver(metrics)
         yield from self._budget(hub)
+        status = hub.storage.cluster()
+        if status is not None:  # (an embedded hub's /metrics is as it was: no cluster_ family)
+            yield from cluster_families(status, time.time())
 
     @staticmethod
     def _budget(hub: Hub) -> Iterator[Metric]:
@@ -226,3 +233,56 @@ class HubCollector:
             unacked.add_metric([p.uuid], p.unacked)
             resends.add_metric([p.uuid], p.resends)
         yield from (unacked, resends)
+
+
+def cluster_families(status: ClusterStatus, now: float) -> Iterator[Metric]:
+    """The cluster a gateway's storage is replicated on (``tidewire_cluster_*``), as its
+    backend last saw it (``status.at_ms``; ``now``: the wall clock, seconds, for the age).
+
+    Groups are JetStream streams (``TW_<k>``), servers are nats-server names; every server
+    holding a group has a ``group_leader`` sample (1: it leads, 0: a follower), so a group
+    without a leader is all zeros (and counted in ``groups_without_leader``)."""
+    servers = GaugeMetricFamily("tidewire_cluster_servers",
+                                "Servers of the cluster this gateway knows (gossip)")  # fmt: skip
+    servers.add_metric([], len(status.servers))
+    age = GaugeMetricFamily("tidewire_cluster_status_age_seconds",
+                            "Seconds since the cluster's status below was read")  # fmt: skip
+    age.add_metric([], max(0.0, now - status.at_ms / 1000))
+    leaderless = GaugeMetricFamily("tidewire_cluster_groups_without_leader",
+                                   "Replicated groups electing a leader (none to write to)")
+    leaderless.add_metric([], sum(1 for g in status.groups if g.leader is None))
+    by_server = ["group", "server"]
+    leader = GaugeMetricFamily("tidewire_cluster_group_leader",
+                               "1 where the server leads the group, 0 where it follows",
+                               labels=by_server)  # fmt: skip
+    current = GaugeMetricFamily("tidewire_cluster_replica_current",
+                                "1 when the follower has caught up with its leader",
+                                labels=by_server)  # fmt: skip
+    offline = GaugeMetricFamily("tidewire_cluster_replica_offline",
+                                "1 when the follower is offline", labels=by_server)
+    lag = GaugeMetricFamily("tidewire_cluster_replica_lag",
+                            "Operations the follower is behind its leader", labels=by_server)
+    active = GaugeMetricFamily("tidewire_cluster_replica_active_seconds",
+                               "Seconds since the leader last heard from the follower",
+                               labels=by_server)  # fmt: skip
+    messages = GaugeMetricFamily("tidewire_cluster_group_messages",
+                                 "Messages (tidewire records) the group holds", labels=["group"])
+    size = GaugeMetricFamily("tidewire_cluster_group_bytes", "Bytes the group holds",
+                             labels=["group"])  # fmt: skip
+    last = GaugeMetricFamily("tidewire_cluster_group_last_seq",
+                             "The group's last sequence number", labels=["group"])  # fmt: skip
+    for group in status.groups:
+        if group.leader is not None:
+            leader.add_metric([group.name, group.leader], 1)
+        for replica in group.replicas:
+            key = [group.name, replica.name]
+            leader.add_metric(key, 0)
+            current.add_metric(key, int(replica.current))
+            offline.add_metric(key, int(replica.offline))
+            lag.add_metric(key, replica.lag)
+            active.add_metric(key, replica.active_s)
+        messages.add_metric([group.name], group.messages)
+        size.add_metric([group.name], group.bytes)
+        last.add_metric([group.name], group.last_seq)
+    yield from (servers, age, leaderless, leader, current, offline, lag, active, messages, size,
+                last)

@@ -1,5 +1,8 @@
 """The operators' side of the HTTP app: ``/metrics`` (Prometheus), the JSON admin API
-(``/api/...``, docs/observability.md) and the dashboard page at ``/``.
+(``/api/...``, docs/observability.md) and the dashboard page at ``/``. On a gateway of a
+cluster (``storage.url``), ``/api/cluster`` and ``/api/stats``' ``cluster`` show the cluster as
+the storage last saw it (:meth:`~tidewire.hub.storage.Storage.cluster`); on an embedded hub
+``/api/cluster`` is ``null`` and ``/api/stats`` has no ``cluster``.
 
 Every figure is read from the hub when asked (:mod:`tidewire.observe.metrics`): the API costs
 nothing while nobody looks. With an ACL, ``/metrics`` and ``/api`` need a principal granted
@@ -28,6 +31,7 @@ from ..observe.metrics import (
 
 __all__ = [
     "add_admin_routes",
+    "cluster",
     "connections",
     "overview",
     "stats",
@@ -53,7 +57,7 @@ def overview(hub: Hub) -> Json:
         "version": __version__,
         "started_at": int(metrics.started_at * 1000),
         "uptime_seconds": round(time.time() - metrics.started_at, 3),
-        "data_dir": hub.describe(),
+        "data_dir": hub.describe(),  # (the storage: in cluster mode, the cluster's URLs)
         "streams": sum(1 for s in hub.stream_names() if not s.startswith(RESERVED_PREFIX)),
         "events_in": ei, "bytes_in": bi, "events_out": eo, "bytes_out": bo,
         "events_in_rate": rates[0], "bytes_in_rate": rates[1],
@@ -114,11 +118,47 @@ def tolliver(hub: Hub) -> Json:
                        "resends": p.resends} for p in peers]}  # fmt: skip
 
 
+def cluster(hub: Hub, now: float | None = None) -> Json | None:
+    """The cluster the hub's storage is replicated on (``GET /api/cluster``), as the storage
+    last saw it (``at_ms``; ``age_seconds`` before ``now``, the wall clock in seconds);
+    ``None`` (JSON ``null``) on an embedded hub. ``servers`` are client URLs, a group's
+    ``leader`` and replicas' ``name`` server names; ``nodes`` sums the groups up by server."""
+    status = hub.storage.cluster()
+    if status is None:
+        return None
+    now = time.time() if now is None else now
+    nodes: dict[str, Json] = {}
+
+    def node(name: str) -> Json:
+        return nodes.setdefault(name, {"name": name, "leads": 0, "current": 0, "behind": 0,
+                                       "offline": 0})  # fmt: skip
+
+    groups = []
+    for g in status.groups:
+        if g.leader is not None:
+            node(g.leader)["leads"] += 1
+        for r in g.replicas:
+            node(r.name)["offline" if r.offline else "current" if r.current else "behind"] += 1
+        replicas = [{"name": r.name, "current": r.current, "offline": r.offline, "lag": r.lag,
+                     "active_seconds": r.active_s} for r in g.replicas]  # fmt: skip
+        groups.append({"name": g.name, "leader": g.leader, "messages": g.messages,
+                       "bytes": g.bytes, "first_seq": g.first_seq, "last_seq": g.last_seq,
+                       "replicas": replicas})  # fmt: skip
+    return {"name": status.name, "connected": status.connected, "servers": list(status.servers),
+            "at_ms": status.at_ms, "age_seconds": round(max(0.0, now - status.at_ms / 1000), 3),
+            "nodes": [nodes[name] for name in sorted(nodes)], "groups": groups}  # fmt: skip
+
+
 def stats(hub: Hub, *, internal: bool = False) -> Json:
-    """Everything (``GET /api/stats``: what the dashboard polls)."""
-    return {"overview": overview(hub), "streams": streams(hub, internal=internal),
-            "connections": connections(hub), "subscriptions": subscriptions(hub),
-            "tolliver": tolliver(hub)}  # fmt: skip
+    """Everything (``GET /api/stats``: what the dashboard polls); with ``cluster`` only on a
+    gateway of a cluster (an embedded hub's answer is as it was before cluster mode)."""
+    out = {"overview": overview(hub), "streams": streams(hub, internal=internal),
+           "connections": connections(hub), "subscriptions": subscriptions(hub),
+           "tolliver": tolliver(hub)}  # fmt: skip
+    status = cluster(hub)
+    if status is not None:
+        out["cluster"] = status
+    return out
 
 
 def add_admin_routes(app: web.Application, hub: Hub, dashboard: bytes | None) -> None:
@@ -150,6 +190,7 @@ def add_admin_routes(app: web.Application, hub: Hub, dashboard: bytes | None) ->
     app.router.add_get("/api/connections", api(lambda r: connections(hub)))
     app.router.add_get("/api/subscriptions", api(lambda r: subscriptions(hub)))
     app.router.add_get("/api/tolliver", api(lambda r: tolliver(hub)))
+    app.router.add_get("/api/cluster", api(lambda r: cluster(hub)))
     app.router.add_get("/api/stats", api(lambda r: stats(hub, internal=internal(r))))
     if dashboard is not None:
         page = dashboard

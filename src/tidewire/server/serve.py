@@ -27,7 +27,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..config import ConfigError, ServerConfig
-from ..hub import Hub
 from ..hub.access import Access, AccessFileError, Acl, Tokens
 from ..hub.budget import Budget
 from ..registry import PROTOCOLS, listeners
@@ -41,6 +40,7 @@ from .listeners import ingest_limits as ingest_limits
 from .listeners import rsio_settings as rsio_settings
 from .listeners import tolliver_settings as tolliver_settings
 from .listeners import tube_settings as tube_settings
+from .storage_open import Connector, open_hub
 
 __all__ = ["Endpoint", "reload_access", "run_server", "serve"]
 
@@ -68,17 +68,16 @@ async def serve(
     out: TextIO = sys.stdout,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[list[Endpoint]], None] | None = None,
+    connect: Connector | None = None,
 ) -> None:
-    """Run the hub until ``stop`` is set (or SIGINT/SIGTERM arrives)."""
+    """Run the hub until ``stop`` is set (or SIGINT/SIGTERM arrives). With ``storage.url``
+    set, the hub runs on that cluster (:mod:`.storage_open`; ``connect``: how to connect it,
+    by default the JetStream backend) and ``data_dir`` is not used."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     quiet_bad_requests()
     access, admission, tls = security(config)
-    expiration = int(config.values["txn.expiration_ms"])
-    hub = Hub.open(
-        config.data_dir, config.log, retention_interval_s=config.retention_check_interval_s,
-        txn_expiration_ms=None if expiration < 0 else expiration,
-    )  # fmt: skip
+    hub = await open_hub(config, connect)  # (cluster mode: StorageUnavailable, one line)
     hub.ingest_limits.update(ingest_limits(config))
     hub.budget = Budget(budget_limits(config))
     runner: web.AppRunner | None = None
@@ -113,6 +112,8 @@ async def serve(
             f"tidewire {__version__}: serving {len(streams)} stream(s) from {hub.describe()}",
             file=out,
         )
+        if config.clustered:  # (where the streams are: the cluster, and nothing on this disk)
+            print(f"  storage  {hub.describe()}; no data directory", file=out)
         for e in endpoints:
             print(f"  {e.protocol:<8} {e.url:<40} {e.what}", file=out)
         print("ready (Ctrl-C or SIGTERM to stop)", file=out, flush=True)
@@ -130,7 +131,9 @@ async def serve(
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
-    if config.log.fsync:
+    if config.clustered:
+        print("stopped: every acknowledged event is in the cluster", file=out, flush=True)
+    elif config.log.fsync:
         print("stopped: every acknowledged event is on disk", file=out, flush=True)
     else:
         print("stopped (log.fsync is off: recent events may not be on disk)", file=out, flush=True)

@@ -1,4 +1,5 @@
-// The hub's dashboard (served at /): polls /api/stats (docs/observability.md) and renders it,
+// The hub's dashboard (served at /): polls /api/stats (docs/observability.md) and renders it
+// (on a gateway of a cluster also its "cluster": nodes, each group's leader and replicas),
 // and tails one stream live over RS.io on Tube on WebSocket (/static/tube.js), with
 // backpressure. A plain ES module, no build step. Data reaches the DOM as textContent only.
 //
@@ -120,7 +121,52 @@ function counts(id, byProtocol) {
   $(id).replaceChildren(...spans.flatMap((span, i) => (i ? [" · ", span] : [span])));
 }
 
+// One follower as "n3 lag 7" (behind), "n2" (current) or "n1 offline": a span each, so the
+// page can colour the ones not caught up.
+function replicas(td, group) {
+  const spans = group.replicas.map((r) => {
+    const span = document.createElement("span");
+    span.dataset.replica = r.name;
+    span.className = r.offline ? "offline" : r.current ? "current" : "behind";
+    span.textContent = r.offline ? `${r.name} offline` : r.current ? r.name : `${r.name} lag ${r.lag}`;
+    return span;
+  });
+  td.replaceChildren(...spans.flatMap((span, i) => (i ? [" · ", span] : [span])));
+}
+
+// The cluster (GET /api/stats' "cluster": only on a gateway of one); hidden when absent.
+function renderCluster(c) {
+  $("cluster").hidden = !c;
+  if (!c) return;
+  $("cluster-name").textContent = c.name;
+  $("cluster-connected").textContent = c.connected;
+  $("cluster-servers").textContent = c.servers.join(", ");
+  $("cluster-age").textContent = duration(c.age_seconds);
+  fill("cluster-nodes", c.nodes, "node", (n) => n.name, [
+    ["node", (n) => n.name],
+    ["leads num", (n) => String(n.leads)],
+    ["current num", (n) => String(n.current)],
+    ["behind num", (n) => String(n.behind)],
+    ["offline num", (n) => String(n.offline)],
+  ]);
+  fill("cluster-groups", c.groups, "group", (g) => g.name, [
+    ["group", (g) => g.name],
+    ["leader", (g) => g.leader ?? "none (electing)"],
+    ["replicas", () => ""],
+    ["messages num", (g) => integer(g.messages)],
+    ["bytes num", (g) => bytes(g.bytes)],
+    ["last-seq num", (g) => integer(g.last_seq)],
+  ]);
+  const byName = new Map(c.groups.map((g) => [g.name, g]));
+  for (const tr of $("cluster-groups").tBodies[0].rows) {
+    const g = byName.get(tr.dataset.group);
+    tr.classList.toggle("leaderless", g.leader === null);
+    replicas(tr.cells[2], g);
+  }
+}
+
 function render(stats) {
+  renderCluster(stats.cluster);
   const o = stats.overview;
   $("version").textContent = o.version;
   $("uptime").textContent = duration(o.uptime_seconds);
