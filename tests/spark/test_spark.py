@@ -528,3 +528,36 @@ def test_gateways_with_a_dead_first_url_read_and_write_through_the_second(
                   .select("key", "value", "timestamp"))  # fmt: skip
         copy_once(reader, "", tmp_path / "checkpoint", gateways=gateways, stream="copy")
         assert content(events(live, "copy")) == content(events(live, "a"))
+
+
+def test_a_gateway_session_resumes_a_read_and_replays_a_commit_at_the_next_gateway(
+    tmp_path: Path,
+) -> None:
+    """What a partition and the sink do with ``gateways``, without Spark: the hub behind the
+    first gateway stops mid-read and the same data is served at the second; the read goes on
+    there after the last id it got (each event once), and a transaction committed at the first
+    gateway, offered again at the second under the same id, stores nothing more."""
+    from tidewire.spark.hubs import HubSession
+
+    fill(tmp_path / "h", [source_batch("a", 1 + 50 * k, 50, pad=30_000) for k in range(6)])
+    with hubs(tmp_path, "h") as (hub,):
+        first = hub.start()
+        second = f"rsio://127.0.0.1:{unused_port()}"
+        with HubSession(first, gateways=[first, second], timeout=60) as session:
+            got: list[int] = []
+            for batch in session.read("a", 1, 301, prefetch=1):
+                got += list(batch.ids)
+                if hub.port != int(second.rsplit(":", 1)[1]):
+                    hub.stop()  # the first gateway goes away mid-read
+                    hub.port = int(second.rsplit(":", 1)[1])
+                    hub.start()
+            assert got == list(range(1, 301))
+            assert session.current == second
+            one = session.commit("t", source_batch("t", 1, 5), "spark:q:0:t")
+            hub.stop()
+            hub.port = int(first.rsplit(":", 1)[1])
+            hub.start()
+            again = session.commit("t", source_batch("t", 1, 5), "spark:q:0:t")
+            assert session.current == first
+        assert again == one
+        assert len(events(first, "t")) == 5
