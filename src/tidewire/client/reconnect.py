@@ -198,7 +198,6 @@ class Reconnector(Generic[C]):
         self.backoff.reset()
 
 
-
 def gateway_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
     """Gateway URLs, in order, from a list or a comma-separated string (the forms Kafka's
     ``bootstrap.servers`` and nats-py's ``servers`` take): ``"rsio://h1:7400,rsio://h2:7400"``,
