@@ -64,7 +64,8 @@ class Reconnector(Generic[C]):
     """One client's reconnects (see the module); :class:`~.backoff.GaveUp` from :meth:`dial`
     and :meth:`pause` when an outage runs out. Counters: :attr:`attempts` (tries),
     :attr:`failures` (failed tries and losses counted), :attr:`connects` (connections made),
-    :attr:`reconnects` (those after the first), :attr:`last_error`."""
+    :attr:`reconnects` (those after the first), :attr:`failovers` (moves to the next of
+    several ``urls``), :attr:`last_error`; :attr:`url` is the gateway in use."""
 
     def __init__(
         self,
