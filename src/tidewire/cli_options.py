@@ -26,6 +26,7 @@ __all__ = [
     "DATA_DIR_HELP",
     "HTTP_URL",
     "PROGRESS",
+    "RSIO_URL",
     "SEGURO_URL",
     "admin_client",
     "admin_message",
@@ -34,6 +35,7 @@ __all__ = [
     "client_options",
     "configure_logging",
     "credential_options",
+    "gateways",
     "open_read_only",
     "print_event",
     "resolve_data_dir",
@@ -89,12 +91,26 @@ def credential_options(f: Any) -> Any:
     return f
 
 
+def gateways(url: str) -> tuple[str, ...]:
+    """``--url`` as the clients take it: one URL, or several gateways, comma-separated
+    (``rsio://h1:7400,rsio://h2:7400`` or ``rsio://h1:7400,h2:7400``: an entry without a
+    scheme takes the first one's); a malformed list is the option's error."""
+    from .client.reconnect import gateway_urls
+
+    try:
+        return gateway_urls(url)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--url") from None
+
+
 def client_options(url: str, token: str | None, ca_file: str | None, cert_file: str | None,
                     key_file: str | None) -> dict[str, Any]:  # fmt: skip
-    """``connect()`` keywords: the token, and a TLS context for rsios:// or any TLS file."""
+    """``connect()`` keywords: the token, and a TLS context for rsios:// (any of the gateways
+    of a comma-separated ``url``) or any TLS file."""
     from .server.guard import client_context
 
-    tls = url.startswith("rsios:") or ca_file is not None or cert_file is not None
+    secure = any(u.startswith(("rsios:", "seguros:")) for u in gateways(url))
+    tls = secure or ca_file is not None or cert_file is not None
     return {"token": token, "ssl": client_context(ca_file, cert_file, key_file) if tls else None}
 
 
@@ -102,7 +118,7 @@ def seguro_tls(url: str, token: str | None, **files: str | None) -> Any:
     """Seguro has no tokens (a ship is its certificate): only the TLS files count."""
     if token is not None:
         raise click.BadParameter("Seguro takes no token: use --cert-file", param_hint="--token")
-    return client_options(url.replace("seguros:", "rsios:", 1), None, **files)["ssl"]
+    return client_options(url, None, **files)["ssl"]
 
 
 # --------------------------------------------------------------------------- the admin API
@@ -176,7 +192,14 @@ PROGRESS = click.option("--progress/--no-progress", default=None,
 
 SEGURO_URL = click.option("--url", default="seguro://127.0.0.1:7403", show_default=True,
                            envvar="TIDEWIRE_SEGURO_URL",
-                           help="the hub's Seguro endpoint ($TIDEWIRE_SEGURO_URL)")  # fmt: skip
+                           help="the hub's Seguro endpoint, or several gateways, "
+                                "comma-separated: the first that answers "
+                                "($TIDEWIRE_SEGURO_URL)")  # fmt: skip
+
+RSIO_URL = click.option("--url", default="rsio://127.0.0.1:7400", show_default=True,
+                         envvar="TIDEWIRE_URL",
+                         help="the hub's RS.io endpoint, or several gateways, comma-separated "
+                              "(the first that answers is used; $TIDEWIRE_URL)")  # fmt: skip
 
 
 def print_event(event: Event, as_json: bool) -> None:

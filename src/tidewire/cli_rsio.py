@@ -14,6 +14,7 @@ import click
 
 from .cli_options import (
     PROGRESS,
+    RSIO_URL,
     client_options,
     credential_options,
     print_event,
@@ -31,8 +32,7 @@ __all__ = ["bench", "publish", "tail"]
 
 @click.command()
 @click.argument("stream")
-@click.option("--url", default="rsio://127.0.0.1:7400", show_default=True, envvar="TIDEWIRE_URL",
-              help="the hub's RS.io endpoint ($TIDEWIRE_URL)")  # fmt: skip
+@RSIO_URL
 @click.option("--from", "from_id", default="earliest", show_default=True,
               help="an id, earliest or latest")  # fmt: skip
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="stop after N events")
@@ -72,8 +72,7 @@ def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool,
 @click.command()
 @click.argument("stream")
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.option("--url", default="rsio://127.0.0.1:7400", show_default=True, envvar="TIDEWIRE_URL",
-              help="the hub's RS.io endpoint ($TIDEWIRE_URL)")  # fmt: skip
+@RSIO_URL
 @click.option("--key", default=None, help="the key of every event (UTF-8)")
 @click.option("--batch", "batch_size", type=click.IntRange(min=1), default=1000,
               show_default=True, help="at most N events per batch")  # fmt: skip
@@ -148,8 +147,7 @@ def publish(
 
 
 @click.command()
-@click.option("--url", default="rsio://127.0.0.1:7400", show_default=True, envvar="TIDEWIRE_URL",
-              help="the hub's RS.io endpoint ($TIDEWIRE_URL)")  # fmt: skip
+@RSIO_URL
 @click.option("--stream", default="bench", show_default=True, help="the stream to publish to")
 @click.option("--events", "count", type=click.IntRange(min=1), default=100_000,
               show_default=True, help="events to publish")  # fmt: skip

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -252,6 +253,28 @@ def test_seguro_save_and_read(tmp_path: Path) -> None:
         assert asyncio.run(first_values(rsio, "~zod", 3)) == [b"hello", b"a", b"b\nc"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_url_takes_several_gateways_the_first_that_answers(tmp_path: Path) -> None:
+    """``--url rsio://dead,live`` (the second entry without a scheme takes the first's): the
+    command uses the gateway that answers; a malformed list is an error of ``--url``."""
+    fill(tmp_path)
+    with server("--data-dir", str(tmp_path), "--http-port", "0") as proc, \
+            socket.socket() as dead:  # fmt: skip
+        dead.bind(("127.0.0.1", 0))  # bound, never listening: refused
+        lines = read_until(proc, "ready")
+        rsio = next(w for line in lines for w in line.split() if w.startswith("rsio://"))
+        both = f"rsio://127.0.0.1:{dead.getsockname()[1]},{rsio.removeprefix('rsio://')}"
+        result = subprocess.run(
+            [sys.executable, "-m", "tidewire.cli", "tail", "zeta", "--url", both,
+             "--from", "3", "--limit", "1"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["3\t7\t-\tz"]
+    bad = CliRunner().invoke(main, ["tail", "s", "--url", "127.0.0.1:1,rsio://h:2"])
+    assert bad.exit_code == 2
+    assert "--url" in bad.output
 
 
 def test_tail_reports_an_unreachable_hub(tmp_path: Path) -> None:

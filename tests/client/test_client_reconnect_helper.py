@@ -10,7 +10,7 @@ import pytest
 
 from helpers import run
 from tidewire.client.backoff import Backoff, GaveUp, Retry
-from tidewire.client.reconnect import Closed, Reconnector
+from tidewire.client.reconnect import Closed, Reconnector, first_reachable, gateway_urls
 
 
 class FakeTime:
@@ -133,5 +133,122 @@ def test_on_reconnect_and_what_counts_as_stable() -> None:
         time.now += 1.0  # lived stable_after seconds
         assert reconnector.lasted()
         assert reconnector.reconnects == 1
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- several gateways
+
+
+def test_failed_tries_and_lost_connections_move_round_robin_to_the_next_url() -> None:
+    """Three gateways, a fake clock: every failed try goes on at the next URL, each wait still
+    the backoff's; a later dial (the connection was lost) starts at the next URL too, and the
+    rotation wraps around."""
+
+    async def main() -> None:
+        time = FakeTime()
+        tried: list[str] = []
+        down = {"rsio://a:1", "rsio://b:2"}
+        reconnector: Reconnector[str] = Reconnector(
+            pacing(time), "gateways", urls=["rsio://a:1", "rsio://b:2", "rsio://c:3"]
+        )
+
+        async def attempt() -> str:
+            url = reconnector.url
+            assert url is not None
+            tried.append(url)
+            if url in down:
+                raise ConnectionRefusedError(url)
+            return url
+
+        assert reconnector.url == "rsio://a:1"
+        assert await reconnector.dial(attempt) == "rsio://c:3"
+        assert tried == ["rsio://a:1", "rsio://b:2", "rsio://c:3"]
+        assert time.delays == [0.1, 0.2]  # paced as with one URL
+        assert reconnector.url == "rsio://c:3"  # the connection's gateway
+        reconnector.reset()
+        down.clear()
+        assert await reconnector.dial(attempt) == "rsio://a:1"  # lost: next one, wrapping
+        assert await reconnector.dial(attempt) == "rsio://b:2"
+        assert time.delays == [0.1, 0.2]  # a lost connection itself waits only if paused
+        assert reconnector.failovers == 4
+        assert (reconnector.attempts, reconnector.connects, reconnector.reconnects) == (5, 3, 2)
+
+    run(main())
+
+
+def test_a_final_error_does_not_fail_over_and_one_url_never_moves() -> None:
+    async def main() -> None:
+        time = FakeTime()
+        reconnector: Reconnector[str] = Reconnector(pacing(time), "gateways",
+                                                    urls=["rsio://a:1", "rsio://b:2"])
+
+        async def refused() -> str:
+            raise RuntimeError("a refused token")
+
+        with pytest.raises(RuntimeError):
+            await reconnector.dial(refused)
+        assert (reconnector.url, reconnector.failovers, time.delays) == ("rsio://a:1", 0, [])
+
+        single: Reconnector[str] = Reconnector(pacing(time, attempts=3), "one", urls=["rsio://a:1"])
+        errors = [ConnectionRefusedError("no")]
+
+        async def flaky() -> str:
+            if errors:
+                raise errors.pop()
+            return "up"
+
+        assert await single.dial(flaky) == "up"
+        assert await single.dial(flaky) == "up"
+        assert (single.url, single.failovers) == ("rsio://a:1", 0)
+        assert Reconnector(pacing(time), "no urls").url is None
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("rsio://h1:7701,rsio://h2:7701", ("rsio://h1:7701", "rsio://h2:7701")),
+        ("rsio://h1:7701, h2:7701 ,", ("rsio://h1:7701", "rsio://h2:7701")),
+        (["rsio://h1:1", "rsio://h2:2,h3:3"], ("rsio://h1:1", "rsio://h2:2", "rsio://h3:3")),
+        ("ws://h1:7480/tube,h2:7480", ("ws://h1:7480/tube", "ws://h2:7480/tube")),
+        ("http://h1:7480,h2:7480", ("http://h1:7480", "http://h2:7480")),
+        ("seguro://h1:7403", ("seguro://h1:7403",)),
+    ],
+)
+def test_gateway_urls_forms(given: str | list[str], expected: tuple[str, ...]) -> None:
+    assert gateway_urls(given) == expected
+
+
+@pytest.mark.parametrize("given", ["", " , ", "h1:7701,rsio://h2:1", "rsio://a:1,a:1"])
+def test_gateway_urls_refuses(given: str) -> None:
+    with pytest.raises(ValueError, match="URL"):
+        gateway_urls(given)
+
+
+def test_first_reachable_tries_each_once_in_order() -> None:
+    async def main() -> None:
+        tried: list[str] = []
+
+        async def attempt(url: str) -> str:
+            tried.append(url)
+            if url != "c":
+                raise ConnectionRefusedError(url)
+            return url
+
+        assert await first_reachable(["a", "b", "c"], attempt) == "c"
+        assert tried == ["a", "b", "c"]
+        with pytest.raises(ConnectionRefusedError, match="b"):
+            await first_reachable(["a", "b"], attempt)
+
+        async def refused(url: str) -> str:
+            tried.append(url)
+            raise RuntimeError(url)
+
+        tried.clear()
+        with pytest.raises(RuntimeError):
+            await first_reachable(["a", "b"], refused)
+        assert tried == ["a"]
 
     run(main())

@@ -208,14 +208,15 @@ def read_stream(spark: SparkSession, url: str, streams: str, **options: str) -> 
 
 
 def copy_once(df: DataFrame, url: str, checkpoint: Path, **options: str) -> StreamingQuery:
-    """Run ``df`` into the tidewire sink at ``url`` with ``Trigger.AvailableNow``, to the end;
-    the finished query (its failure raises)."""
+    """Run ``df`` into the tidewire sink at ``url`` (or where ``options`` say) with
+    ``Trigger.AvailableNow``, to the end; the finished query (its failure raises)."""
     writer = (
         df.writeStream.format("tidewire")
-        .option("url", url)
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
     )
+    if url:  # (else the options name the hubs: gateways=...)
+        writer = writer.option("url", url)
     for key, value in options.items():
         writer = writer.option(key, value)
     query = writer.start()
@@ -502,3 +503,61 @@ def test_fail_on_data_loss(spark: SparkSession, tmp_path: Path) -> None:
         after = events(hub.url, "r")
         assert after[0][0] == kept
         assert content(events(hub.url, "out")) == content(before) + content(after)
+
+
+def test_gateways_with_a_dead_first_url_read_and_write_through_the_second(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The option ``gateways`` (every URL serves every stream, cluster mode): with the first
+    gateway dead, planning asks the second, every partition (some dealt to the dead one first)
+    reads there, and the exactly-once sink commits there."""
+    fill(tmp_path / "h", [source_batch("a", 1, 40), source_batch("b", 1, 25)])
+    with hubs(tmp_path, "h") as (hub,), socket.socket() as dead_socket:
+        dead_socket.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        dead = f"rsio://127.0.0.1:{dead_socket.getsockname()[1]}"
+        live = hub.start()
+        gateways = f"{dead},{live.removeprefix('rsio://')}"  # (the second form: no scheme)
+        rows = (spark.read.format("tidewire").option("gateways", gateways)
+                .option("streams", "a,b").option("minPartitions", "6").load()
+                .select("stream", "id", "value").collect())  # fmt: skip
+        assert sorted((r.stream, r.id, r.value) for r in rows) == [
+            (s, i, v) for s in ("a", "b") for i, _, v, _ in events(live, s)
+        ]  # fmt: skip
+        reader = (spark.readStream.format("tidewire").option("gateways", gateways)
+                  .option("streams", "a").option("startingOffsets", "earliest").load()
+                  .select("key", "value", "timestamp"))  # fmt: skip
+        copy_once(reader, "", tmp_path / "checkpoint", gateways=gateways, stream="copy")
+        assert content(events(live, "copy")) == content(events(live, "a"))
+
+
+def test_a_gateway_session_resumes_a_read_and_replays_a_commit_at_the_next_gateway(
+    tmp_path: Path,
+) -> None:
+    """What a partition and the sink do with ``gateways``, without Spark: the hub behind the
+    first gateway stops mid-read and the same data is served at the second; the read goes on
+    there after the last id it got (each event once), and a transaction committed at the first
+    gateway, offered again at the second under the same id, stores nothing more."""
+    from tidewire.spark.hubs import HubSession
+
+    fill(tmp_path / "h", [source_batch("a", 1 + 50 * k, 50, pad=30_000) for k in range(6)])
+    with hubs(tmp_path, "h") as (hub,):
+        first = hub.start()
+        second = f"rsio://127.0.0.1:{unused_port()}"
+        with HubSession(first, gateways=[first, second], timeout=60) as session:
+            got: list[int] = []
+            for batch in session.read("a", 1, 301, prefetch=1):
+                got += list(batch.ids)
+                if hub.port != int(second.rsplit(":", 1)[1]):
+                    hub.stop()  # the first gateway goes away mid-read
+                    hub.port = int(second.rsplit(":", 1)[1])
+                    hub.start()
+            assert got == list(range(1, 301))
+            assert session.current == second
+            one = session.commit("t", source_batch("t", 1, 5), "spark:q:0:t")
+            hub.stop()
+            hub.port = int(first.rsplit(":", 1)[1])
+            hub.start()
+            again = session.commit("t", source_batch("t", 1, 5), "spark:q:0:t")
+            assert session.current == first
+        assert again == one
+        assert len(events(first, "t")) == 5

@@ -30,6 +30,7 @@ from tidewire.spark.planning import (
     latest_offsets,
     parse_options,
     split_ranges,
+    spread,
     starting_offsets,
 )
 
@@ -106,6 +107,22 @@ def test_a_url_given_twice_is_refused_or_counted_once() -> None:
     except OptionError as exc:
         urls = (str(exc),)
     assert urls == (URL,) or "'url'" in urls[0]
+
+
+def test_gateways_say_every_url_serves_every_stream() -> None:
+    options = parse_options({"gateways": f"{URL},hub-b:7400", "streams": "a"}, streaming=True)
+    assert (options.urls, options.gateways) == ((URL, URL_B), True)
+    assert parse_options({"url": URL, "streams": "a"}, streaming=True).gateways is False
+    assert "not both" in _error({"url": URL, "gateways": URL, "streams": "a"}, streaming=False)
+    assert "'gateways'" in _error({"gateways": "http://h:1", "streams": "a"}, streaming=False)
+    assert "'gateways'" in _error({"gateways": f"{URL},{URL}", "streams": "a"}, streaming=False)
+    assert "'gateways'" in _error({"gateways": " , ", "streams": "a"}, streaming=False)
+
+
+def test_spread_deals_the_ranges_round_robin_over_the_gateways() -> None:
+    ranges = [Range(URL, "a", i, i + 1) for i in range(1, 6)]
+    assert [r.url for r in spread(ranges, [URL, URL_B])] == [URL, URL_B, URL, URL_B, URL]
+    assert [(r.start, r.end) for r in spread(ranges, [URL_B])] == [(i, i + 1) for i in range(1, 6)]
 
 
 @pytest.mark.parametrize("streaming", [False, True])

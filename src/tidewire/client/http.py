@@ -25,6 +25,14 @@ and goes on: every event once, in order. That needs the ids, so it holds for env
 of bare values (``elements("s?format=value")``) cannot resume, and its lost subscription is
 final as without ``retry=``. See docs/protocols/rsio-http.md, "Reconnecting clients".
 
+Several gateways (cluster mode, where each serves every stream): ``HttpHub(["http://h1:7480",
+"http://h2:7480"])``, or ``"http://h1:7480,http://h2:7480"`` / ``"http://h1:7480,h2:7480"``. A
+request that fails on the current gateway (no connection, or an answer that is retried) moves
+the client on to the next one, round robin (:attr:`HttpHub.url`), paced by the same backoff; a
+subscription lives on the gateway that made it, so with ``retry=`` it is made again on the
+next gateway from the last id handed over (as after a restart), and without ``retry=`` only
+new subscriptions go there.
+
 Credentials: ``token=`` is sent on every request as ``Authorization: Bearer <token>`` (a
 refusal is a 401/403 onError: :class:`HttpRsioError`); ``ssl=`` is the TLS context for
 ``https://`` (e.g. with a client certificate, ``tidewire.server.guard.client_context``).
@@ -36,7 +44,7 @@ import asyncio
 import contextlib
 import json
 import ssl as _ssl
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -56,7 +64,7 @@ from ..protocols.rsio_http import (
 from ..protocols.rsio_http.codec import MAX_DEMAND
 from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
-from .reconnect import Reconnector
+from .reconnect import Reconnector, gateway_urls
 from .rsio import start_position
 
 __all__ = ["HttpHub", "HttpRsioError"]
@@ -77,7 +85,8 @@ class HttpRsioError(TidewireError):
 
 
 class HttpHub:
-    """A hub's RS.io-over-HTTP endpoint (``base_url``: ``http://host:port``).
+    """A hub's RS.io-over-HTTP endpoint (``base_url``: ``http://host:port``, or several
+    gateways: a list or a comma-separated string, see the module).
 
     ``retries``, ``backoff``, ``max_backoff``: how one request is retried (``retries`` more
     tries, waits from ``backoff`` seconds doubling up to ``max_backoff``, 50-100 % of each);
@@ -89,12 +98,13 @@ class HttpHub:
     and clock). Counters: ``retried`` (requests tried again), ``resubscribed`` (subscriptions
     made again after the hub lost one)."""
 
-    def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
-                 retries: int = 6, backoff: float = 0.05, max_backoff: float = 2.0,
+    def __init__(self, base_url: str | Sequence[str], *,
+                 session: aiohttp.ClientSession | None = None, retries: int = 6,
+                 backoff: float = 0.05, max_backoff: float = 2.0,
                  poll_timeout: float = 90.0, token: str | None = None,
                  ssl: _ssl.SSLContext | None = None, retry: Retry | None = None,
                  pacing: Callable[[Retry], Backoff] = Backoff) -> None:  # fmt: skip
-        self.base_url = base_url.rstrip("/")
+        urls = tuple(url.rstrip("/") for url in gateway_urls(base_url))
         self._auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
         self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True  # True: verify
         self._own_session = session is None
@@ -111,6 +121,31 @@ class HttpHub:
         self.pacing = pacing
         self.retried = 0
         self.resubscribed = 0
+        # (only its URL rotation is used: each request's waits are its own Reconnector's)
+        self._gateways: Reconnector[_Answer] = Reconnector(pacing(self.retry), "RS.io over "
+                                                           "HTTP", urls=urls)  # fmt: skip
+
+    @property
+    def base_url(self) -> str:
+        """The gateway new requests go to (``http://host:port``)."""
+        url = self._gateways.url
+        assert url is not None  # (gateway_urls gives one at least)
+        return url
+
+    @property
+    def url(self) -> str:
+        """The gateway new requests go to (the same as :attr:`base_url`)."""
+        return self.base_url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every gateway, in the order they are tried."""
+        return self._gateways.urls
+
+    @property
+    def failovers(self) -> int:
+        """Moves to the next gateway after a failed request."""
+        return self._gateways.failovers
 
     async def __aenter__(self) -> HttpHub:
         return self
@@ -262,10 +297,11 @@ class HttpHub:
         """``PUT <publisher>?request=<demand>``: the subscription URL (the 201's Location)."""
         path, _, query = publisher.partition("?")
         path = {".": "%2E", "..": "%2E%2E"}.get(path, path)  # (not dot segments of the URL)
-        url = f"{self.base_url}/rsio/pub/{path}?{query + '&' if query else ''}request={demand}"
+        tail = f"/rsio/pub/{path}?{query + '&' if query else ''}request={demand}"
         # With retry=, a 503 with X-Rsio-Error (the hub shutting down, or full) is "later",
         # and so is a 429 (this principal's subscriptions at their limit, until one ends).
-        response = await self._put(url, pacing, what,
+        # Each try goes to the gateway of the moment: a failed one moved it on.
+        response = await self._put(lambda: self.base_url + tail, pacing, what,
                                    again=(429, 503) if self.reconnecting else ())  # fmt: skip
         if response.status != 201 or "Location" not in response.headers:
             raise HttpRsioError(response.status, "no subscription (201 with a Location) in "
@@ -307,7 +343,8 @@ class HttpHub:
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
             return _Answer(0, {}, str(exc).encode())
 
-    async def _put(self, url: str, pacing: Reconnector[_Answer] | None = None, what: str = "",
+    async def _put(self, url: str | Callable[[], str], pacing: Reconnector[_Answer] | None = None,
+                   what: str = "",
                    *, headers: dict[str, str] | None = None, again: tuple[int, ...] = (),
                    lost: tuple[int, ...] = (), lost_after: int | None = None
                    ) -> _Answer:  # fmt: skip
@@ -316,13 +353,16 @@ class HttpHub:
         5xx without ``X-Rsio-Error``, a failed connection, and the ``again`` statuses with it;
         an onError or a final error raises :class:`HttpRsioError`. :class:`_Lost` (after a
         wait): the ``lost`` statuses with the header, or ``lost_after`` failed connections
-        in a row."""
+        in a row. ``url``: or a function giving it at each try (a request to whichever
+        gateway is current). A failure that is tried again, of a request to the current
+        gateway, moves the client on to the next gateway first."""
         what = what or f"RS.io over HTTP at {self.base_url}"
         if pacing is None:
             pacing = Reconnector(self.pacing(self.retry), what)
         failed = 0  # connections in a row
         while True:
-            answer = await self._request(url, headers)
+            target = url() if callable(url) else url
+            answer = await self._request(target, headers)
             if 0 < answer.status < 400 or answer.status == 410:  # (410: onComplete)
                 return answer
             message = answer.body.decode("utf-8", "replace").strip()[:500]
@@ -337,6 +377,8 @@ class HttpHub:
             ))  # fmt: skip
             if not gone and not retriable:
                 raise error
+            if target.startswith(self.base_url + "/"):  # (not a subscription on an old one)
+                self._gateways.move_on()
             later = 0.0
             if rsio:  # (a 503 that says when: not before)
                 later = min(_retry_after(answer.headers.get("Retry-After")), self.retry.maximum)

@@ -17,7 +17,14 @@ what the four reconnect loops shared, each in its own copy until issue 19:
   clock), which the client uses to end the outage (:meth:`Reconnector.reset`) or count the loss
   as one more failure of it;
 * ``on_reconnect``: a hook called with each connection made after the first (re-subscribe,
-  re-offer what is unacknowledged, ...).
+  re-offer what is unacknowledged, ...);
+* ``urls``: several gateways that serve the same streams (cluster mode, docs/cluster.md), tried
+  round robin: :attr:`Reconnector.url` is the one the next try (or the connection made) uses;
+  a failed try moves on to the next one before its wait, and so does the first
+  :meth:`Reconnector.dial` after a connection was made (the connection was lost: its gateway
+  may be the one that died). The backoff paces the tries as with one URL, so a client whose
+  gateways are all down still waits between tries; one URL (or none) changes nothing.
+  :func:`gateway_urls` parses a comma-separated list the way every client accepts it.
 
 What a lost connection means stays the client's rule (the docs of each say it): RS.io tries
 again at once after a stable connection; Tolliver counts every loss (``Retry(attempts=1)``
@@ -29,13 +36,13 @@ reads the wall clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from ..model import TidewireError
 from .backoff import Backoff
 
-__all__ = ["Closed", "Final", "Reconnector"]
+__all__ = ["Closed", "Final", "Reconnector", "first_reachable", "gateway_urls"]
 
 C = TypeVar("C")
 
@@ -57,7 +64,8 @@ class Reconnector(Generic[C]):
     """One client's reconnects (see the module); :class:`~.backoff.GaveUp` from :meth:`dial`
     and :meth:`pause` when an outage runs out. Counters: :attr:`attempts` (tries),
     :attr:`failures` (failed tries and losses counted), :attr:`connects` (connections made),
-    :attr:`reconnects` (those after the first), :attr:`last_error`."""
+    :attr:`reconnects` (those after the first), :attr:`failovers` (moves to the next of
+    several ``urls``), :attr:`last_error`; :attr:`url` is the gateway in use."""
 
     def __init__(
         self,
@@ -68,11 +76,13 @@ class Reconnector(Generic[C]):
         final: Final = _retriable,
         on_reconnect: Callable[[C], None] | None = None,
         closed: Callable[[], BaseException] | None = None,
+        urls: Sequence[str] = (),
     ) -> None:
         """``what``: names the peer in errors and logs. ``final``: which errors end the
         client (default: all but ``OSError``). ``on_reconnect``: called with every
         connection made after the first. ``closed``: the error a wait ends with once the
-        client is closed (default :class:`Closed`)."""
+        client is closed (default :class:`Closed`). ``urls``: the gateways to rotate over
+        (see the module; the first is tried first)."""
         self.backoff = backoff
         self.what = what
         self.stable_after = stable_after
@@ -87,6 +97,22 @@ class Reconnector(Generic[C]):
         self._closed_error = closed or (lambda: Closed(f"{self.what}: the client is closed"))
         self._up_at = 0.0
         self._progress = False
+        self.urls: tuple[str, ...] = tuple(urls)
+        self.failovers = 0  # moves to the next URL (with several)
+        self._at = 0  # the index in urls of the current URL
+        self._live = False  # a connection made by dial() that no later dial() replaced yet
+
+    @property
+    def url(self) -> str | None:
+        """The gateway of the connection made last, or of the next try after a failure
+        (``None`` without ``urls``)."""
+        return self.urls[self._at] if self.urls else None
+
+    def move_on(self) -> None:
+        """The next URL (round robin) for the next try; nothing with fewer than two."""
+        if len(self.urls) > 1:
+            self._at = (self._at + 1) % len(self.urls)
+            self.failovers += 1
 
     @property
     def closed(self) -> bool:
@@ -103,7 +129,12 @@ class Reconnector(Generic[C]):
         seconds (a :class:`TimeoutError`, retriable by the default rule); an error that
         ``final`` says no try can help is raised at once (as ``final`` gives it), any other is
         counted and waited for (:meth:`pause`: :class:`GaveUp` once the outage is over its
-        bounds). The connection made is counted (:meth:`up`)."""
+        bounds). The connection made is counted (:meth:`up`). With ``urls``, ``attempt``
+        reads :attr:`url` for where to go: a failed try moves on to the next URL, and so does
+        a call after a connection was made (that connection is taken for lost)."""
+        if self._live:
+            self._live = False
+            self.move_on()
         while True:
             if self.closed:
                 raise self._closed_error()
@@ -117,8 +148,10 @@ class Reconnector(Generic[C]):
                     raise
                 if final is not None:
                     raise final from exc
+                self.move_on()
                 await self.pause(exc)
                 continue
+            self._live = True
             self.up(connection)
             return connection
 
@@ -165,3 +198,43 @@ class Reconnector(Generic[C]):
         """The outage is over: the next one starts at ``Retry.initial`` with its own bounds."""
         self.backoff.reset()
 
+
+def gateway_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
+    """Gateway URLs, in order, from a list or a comma-separated string (the forms Kafka's
+    ``bootstrap.servers`` and nats-py's ``servers`` take): ``"rsio://h1:7400,rsio://h2:7400"``,
+    or ``"rsio://h1:7400,h2:7400"``, where an entry without ``scheme://`` takes the first
+    entry's scheme, and its path too when it has none (``"ws://h1:7480/tube,h2:7480"`` is
+    ``ws://h2:7480/tube``). Spaces around entries and empty entries are ignored.
+    :class:`ValueError`: no URL, a first entry without a scheme, or a URL named twice."""
+    items = [urls] if isinstance(urls, str) else list(urls)
+    parts = [p.strip() for item in items for p in item.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("no URL given")
+    scheme, sep, rest = parts[0].partition("://")
+    if not sep:
+        raise ValueError(f"the first URL needs a scheme (like rsio://host:port): {parts[0]!r}")
+    path = rest[rest.find("/"):] if "/" in rest else ""
+    out = tuple(p if "://" in p else f"{scheme}://{p}{'' if '/' in p else path}" for p in parts)
+    if len(set(out)) != len(out):
+        raise ValueError(f"a URL is named twice: {', '.join(out)}")
+    return out
+
+
+async def first_reachable(urls: Sequence[str], attempt: Callable[[str], Awaitable[C]],
+                          final: Final = _retriable) -> C:  # fmt: skip
+    """One try of each URL in order, without waits (a client that does not reconnect, given
+    several gateways): the first connection made; an error ``final`` calls final at once;
+    else the last URL's error."""
+    error: BaseException | None = None
+    for url in urls:
+        try:
+            return await attempt(url)
+        except Exception as exc:
+            rule = final(exc)
+            if rule is exc:
+                raise
+            if rule is not None:
+                raise rule from exc
+            error = exc
+    assert error is not None, "no URL given"
+    raise error

@@ -38,7 +38,7 @@ import contextlib
 import dataclasses
 import ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aiohttp
 
@@ -56,10 +56,13 @@ from .reconnect import Reconnector
 from .resilient_publisher import ResilientPublisher
 from .rsio import ConnectionLost, Receipt, RsioClient, RsioError, Values
 
-__all__ = ["Opener", "Reconnect", "ReconnectingClient", "ResilientPublisher"]
+__all__ = ["Opener", "Reconnect", "ReconnectingClient", "ResilientPublisher", "UrlOpener"]
 
 Opener = Callable[[], Awaitable[RsioClient]]
 """Opens one new connection to the hub at each call."""
+
+UrlOpener = Callable[[str], Awaitable[RsioClient]]
+"""Opens one new connection to the gateway at the URL it is given (several gateways)."""
 
 
 
@@ -72,13 +75,17 @@ class ReconnectingClient:
     there is one: the client is then unusable).
     """
 
-    def __init__(self, open: Opener, *, backoff: Backoff | None = None, what: str = "the hub",
-                 connect_timeout: float = 10.0, stable_after: float = 1.0) -> None:  # fmt: skip
-        """``open``: makes one connection per call. ``backoff``: the pacing (its ``retry``
-        bounds the tries of one outage; its clock, sleep and random source may be fakes).
-        ``connect_timeout``: a try that has not finished its handshake by then failed.
+    def __init__(self, open: Opener | UrlOpener, *, backoff: Backoff | None = None,
+                 what: str = "the hub", connect_timeout: float = 10.0, stable_after: float = 1.0,
+                 urls: Sequence[str] = ()) -> None:  # fmt: skip
+        """``open``: makes one connection per call: an :data:`Opener`, or with ``urls`` a
+        :data:`UrlOpener` called with the gateway to try. ``backoff``: the pacing (its
+        ``retry`` bounds the tries of one outage; its clock, sleep and random source may be
+        fakes). ``connect_timeout``: a try that has not finished its handshake by then failed.
         ``stable_after``: a connection that lived this long (by the backoff's clock) ends
-        its outage even if it delivered nothing."""
+        its outage even if it delivered nothing. ``urls``: gateways that all serve the same
+        streams (cluster mode), tried round robin: a lost connection or a failed try goes on
+        at the next one, resuming and re-offering as after a reconnect to the same hub."""
         self.open = open
         self.what = what
         self.connect_timeout = connect_timeout
@@ -92,7 +99,7 @@ class ReconnectingClient:
         self._lock = asyncio.Lock()
         self._reconnector: Reconnector[RsioClient] = Reconnector(
             backoff if backoff is not None else Backoff(), what, stable_after=stable_after,
-            final=self._final_try, closed=lambda: RsioError("this client is closed"),
+            final=self._final_try, closed=lambda: RsioError("this client is closed"), urls=urls,
         )  # fmt: skip
         self._disposing: set[asyncio.Task[None]] = set()
         self._publishers: set[ResilientPublisher] = set()
@@ -121,6 +128,22 @@ class ReconnectingClient:
     @property
     def connected(self) -> bool:
         return self.client is not None and self.client.closed is None
+
+    @property
+    def url(self) -> str | None:
+        """The gateway of the current connection (or of the next try while there is none);
+        ``None`` for a client made with an :data:`Opener` and no ``urls``."""
+        return self._reconnector.url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every gateway this client may use, in the order they are tried."""
+        return self._reconnector.urls
+
+    @property
+    def failovers(self) -> int:
+        """Moves to the next gateway (failed tries and lost connections, with several)."""
+        return self._reconnector.failovers
 
     @property
     def principal(self) -> str | None:
@@ -181,8 +204,12 @@ class ReconnectingClient:
         return final
 
     async def _attempt(self) -> RsioClient:
+        url = self._reconnector.url
         async with asyncio.timeout(self.connect_timeout):
-            client = await self.open()
+            if url is None:
+                client = await cast(Opener, self.open)()
+            else:
+                client = await cast(UrlOpener, self.open)(url)
             try:
                 await client.ready()  # the hello (and authenticated) arrived, else why not
             except BaseException:
@@ -395,16 +422,18 @@ class ReconnectingClient:
 
 class Reconnect(Opening[ReconnectingClient]):
     """``connect(url, retry=...)``: awaitable (gives a connected :class:`ReconnectingClient`)
-    and an async context manager (closes it)."""
+    and an async context manager (closes it). With ``urls``, ``open`` is a :data:`UrlOpener`."""
 
-    def __init__(self, open: Opener, backoff: Backoff, *, what: str) -> None:
+    def __init__(self, open: Opener | UrlOpener, backoff: Backoff, *, what: str,
+                 urls: Sequence[str] = ()) -> None:  # fmt: skip
         self.open = open
         self.backoff = backoff
         self.what = what
+        self.urls = tuple(urls)
 
     async def _open(self) -> ReconnectingClient:
         backoff = dataclasses.replace(self.backoff, failures=0, since=None)  # one per client
-        client = ReconnectingClient(self.open, backoff=backoff, what=self.what)
+        client = ReconnectingClient(self.open, backoff=backoff, what=self.what, urls=self.urls)
         try:
             await client.connection()  # the first connection (tries paced as later ones)
         except BaseException:

@@ -23,7 +23,7 @@ import json
 import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from ssl import SSLContext, create_default_context
+from ssl import SSLCertVerificationError, SSLContext, create_default_context
 from typing import TYPE_CHECKING, Any, Literal, overload
 from urllib.parse import quote, urlsplit
 
@@ -486,29 +486,62 @@ def _tcp_keepalive(writer: asyncio.StreamWriter) -> None:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
+class _ConnectAny(Opening[RsioClient]):
+    """``connect("rsio://h1:7400,rsio://h2:7400")`` without ``retry``: one try of each
+    gateway in order, the first that connects (a refused token or certificate at once)."""
+
+    def __init__(self, urls: Sequence[str], token: str | None, ssl: SSLContext | None) -> None:
+        self.each = [_Connect(url, token, ssl) for url in urls]  # (their errors here)
+        self.urls = tuple(urls)
+
+    async def _open(self) -> RsioClient:
+        from .reconnect import first_reachable
+
+        by_url = dict(zip(self.urls, self.each, strict=True))
+        return await first_reachable(self.urls, lambda url: by_url[url]._open(), _final_one)
+
+
+def _final_one(exc: BaseException) -> BaseException | None:
+    """A refused connection or a timeout: try the next gateway; not a certificate."""
+    if isinstance(exc, OSError) and not isinstance(exc, SSLCertVerificationError):
+        return None
+    return exc
+
+
 @overload
-def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None,
-            retry: None = None) -> _Connect: ...  # fmt: skip
+def connect(url: str | Sequence[str], *, token: str | None = None, ssl: SSLContext | None = None,
+            retry: None = None) -> Opening[RsioClient]: ...  # fmt: skip
 @overload
-def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None,
-            retry: Retry) -> Reconnect: ...  # fmt: skip
-def connect(url: str, *, token: str | None = None, ssl: SSLContext | None = None,
-            retry: Retry | None = None) -> _Connect | Reconnect:  # fmt: skip
+def connect(url: str | Sequence[str], *, token: str | None = None,
+            ssl: SSLContext | None = None, retry: Retry) -> Reconnect: ...  # fmt: skip
+def connect(url: str | Sequence[str], *, token: str | None = None,
+            ssl: SSLContext | None = None, retry: Retry | None = None
+            ) -> Opening[RsioClient] | Reconnect:  # fmt: skip
     """Open an RS.io connection to ``rsio://host:port`` (``rsios://`` or ``ssl=``: over TLS,
     the hub's certificate verified): ``async with connect(url) as hub`` (or
     ``hub = await connect(url)``, then ``await hub.close()``). ``token``: authenticate as that
     principal (extension 2); a refused token raises here. For mutual TLS, ``ssl`` carries the
     client certificate (``tidewire.server.guard.client_context``).
 
+    Several gateways (cluster mode: each serves every stream): a list, or one string with
+    commas, ``"rsio://h1:7400,rsio://h2:7400"`` or ``"rsio://h1:7400,h2:7400"``
+    (:func:`~tidewire.client.reconnect.gateway_urls`). Without ``retry`` they are tried once
+    each, in order, and the first that connects is used.
+
     With ``retry`` (a :class:`~tidewire.client.backoff.Retry`), the client is a
     :class:`~tidewire.client.resilient.ReconnectingClient`: it reconnects with backoff after a
     lost connection, resumes subscriptions after the last id handed out and re-offers what the
-    hub has not acknowledged (docs/protocols/rsio.md, "Reconnecting clients")."""
+    hub has not acknowledged (docs/protocols/rsio.md, "Reconnecting clients"); with several
+    gateways each new try goes to the next one, round robin (``client.url`` says which)."""
+    from .reconnect import gateway_urls
+
+    urls = gateway_urls(url)
     if retry is None:
-        return _Connect(url, token, ssl)
+        return _Connect(urls[0], token, ssl) if len(urls) == 1 else _ConnectAny(urls, token, ssl)
     from .backoff import Backoff  # (resilient builds on this module: imported when used)
     from .resilient import Reconnect
 
-    _Connect(url, token, ssl)  # the URL's errors are raised here, not at the first try
-    return Reconnect(lambda: _Connect(url, token, ssl, keepalive=True)._open(),
-                     Backoff(retry), what=url)  # fmt: skip
+    for one in urls:
+        _Connect(one, token, ssl)  # the URL's errors are raised here, not at the first try
+    return Reconnect(lambda one: _Connect(one, token, ssl, keepalive=True)._open(),
+                     Backoff(retry), what=",".join(urls), urls=urls)  # fmt: skip

@@ -30,7 +30,7 @@ import contextlib
 import ssl as _ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from itertools import pairwise
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
 from ..model import MAX_ID, LocalProtocolError, TidewireError
@@ -48,7 +48,7 @@ from ..protocols.seguro import (
 )
 from .backoff import Backoff, GaveUp, Retry
 from .opening import Opening
-from .reconnect import Reconnector
+from .reconnect import Reconnector, first_reachable, gateway_urls
 
 __all__ = [
     "REFUSED_AFTER",
@@ -66,6 +66,8 @@ them for a refusal (final): the hub dropped the point after ``POINT`` (an old se
 point may linger briefly, so a few are retried), or a command after sending it."""
 
 Dial = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+UrlDial = Callable[[str], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+"""Dials the gateway at the URL it is given (several gateways)."""
 
 
 class SeguroError(TidewireError):
@@ -184,9 +186,15 @@ class ReconnectingSeguroClient:
     (drops after ``POINT``), ``resent`` (events sent again), ``found_stored`` (unacknowledged
     events that LATEST or WELCOME showed were stored, so not sent again)."""
 
-    def __init__(self, dial: Dial, point: str, backoff: Backoff, *, where: str = "the hub",
-                 refused_after: int = REFUSED_AFTER, timeout: float = 10.0,
-                 limits: Limits | None = None) -> None:  # fmt: skip
+    def __init__(self, dial: Dial | UrlDial, point: str, backoff: Backoff, *,
+                 where: str = "the hub", refused_after: int = REFUSED_AFTER,
+                 timeout: float = 10.0, limits: Limits | None = None,
+                 urls: Sequence[str] = ()) -> None:  # fmt: skip
+        """``dial``: opens one connection per call: a :data:`Dial`, or with ``urls`` a
+        :data:`UrlDial` given the gateway to try. ``urls``: gateways that all serve the
+        point (cluster mode), tried round robin: a lost connection or a failed try goes on at
+        the next one, where WELCOME's latest id tells what was stored, as after a reconnect
+        to the same hub."""
         if refused_after < 1:
             raise ValueError("refused_after is at least 1")
         self.point = validate_patp(point)
@@ -205,7 +213,7 @@ class ReconnectingSeguroClient:
         self._dropped = 0  # after POINT, in a row
         self._reconnector: Reconnector[SeguroClient] = Reconnector(
             backoff, self._what, final=self._final_try,
-            closed=lambda: SeguroError("the client is closed"),
+            closed=lambda: SeguroError("the client is closed"), urls=urls,
         )  # fmt: skip
         self.point_drops = 0
         self.resent = 0
@@ -223,6 +231,22 @@ class ReconnectingSeguroClient:
         return self._client is not None
 
     @property
+    def url(self) -> str | None:
+        """The gateway of the current session (or of the next try while there is none);
+        ``None`` when made with a :data:`Dial` and no ``urls``."""
+        return self._reconnector.url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every gateway this client may use, in the order they are tried."""
+        return self._reconnector.urls
+
+    @property
+    def failovers(self) -> int:
+        """Moves to the next gateway (failed tries and lost sessions, with several)."""
+        return self._reconnector.failovers
+
+    @property
     def connects(self) -> int:
         """Welcomed sessions."""
         return self._reconnector.connects
@@ -235,7 +259,11 @@ class ReconnectingSeguroClient:
     # ------------------------------------------------------------------ connecting
 
     async def _handshake(self) -> SeguroClient:
-        reader, writer = await self._dial()
+        url = self._reconnector.url
+        if url is None:
+            reader, writer = await cast(Dial, self._dial)()
+        else:
+            reader, writer = await cast(UrlDial, self._dial)(url)
         client = SeguroClient(reader, writer, self.point)
         try:
             await client._until((Identify,))
@@ -482,13 +510,14 @@ class _Endpoint:
 
 
 @overload
-def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None,
+def connect(url: str | Sequence[str], point: str, *, ssl: _ssl.SSLContext | None = None,
             retry: None = None) -> _Connect[SeguroClient]: ...  # fmt: skip
 @overload
-def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None, retry: Retry,
-            pacing: Callable[[Retry], Backoff] = Backoff, refused_after: int = REFUSED_AFTER,
+def connect(url: str | Sequence[str], point: str, *, ssl: _ssl.SSLContext | None = None,
+            retry: Retry, pacing: Callable[[Retry], Backoff] = Backoff,
+            refused_after: int = REFUSED_AFTER,
             timeout: float = 10.0) -> _Connect[ReconnectingSeguroClient]: ...  # fmt: skip
-def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None,
+def connect(url: str | Sequence[str], point: str, *, ssl: _ssl.SSLContext | None = None,
             retry: Retry | None = None, pacing: Callable[[Retry], Backoff] = Backoff,
             refused_after: int = REFUSED_AFTER, timeout: float = 10.0
             ) -> _Connect[SeguroClient] | _Connect[ReconnectingSeguroClient]:  # fmt: skip
@@ -498,19 +527,34 @@ def connect(url: str, point: str, *, ssl: _ssl.SSLContext | None = None,
     hub's certificate and host name are verified; for mutual TLS the context's certificate
     must name ``point`` (its subject CN).
 
+    Several gateways (cluster mode): a list, or ``"seguro://h1:7403,seguro://h2:7403"`` /
+    ``"seguro://h1:7403,h2:7403"`` (:func:`~tidewire.client.reconnect.gateway_urls`);
+    without ``retry`` each is tried once, in order; with it, round robin (``ship.url``).
+
     ``retry``: reconnect (:class:`ReconnectingSeguroClient`), paced by ``pacing(retry)`` (a
     :class:`~tidewire.client.backoff.Backoff`; tests give one with their own sleep and clock),
     the first connection included; ``refused_after``: see :data:`REFUSED_AFTER`;
     ``timeout``: seconds for one connection and its handshake."""
-    endpoint = _Endpoint(url, ssl)
+    urls = gateway_urls(url)
+    endpoints = {one: _Endpoint(one, ssl) for one in urls}
     if retry is None:
-        return _Connect(lambda: endpoint.session(point))
-    where = f"{endpoint.host}:{endpoint.port}"
+        return _Connect(lambda: first_reachable(urls, lambda one: endpoints[one].session(point),
+                                                _final_one))  # fmt: skip
+    where = ",".join(f"{e.host}:{e.port}" for e in endpoints.values())
 
     async def reconnecting() -> ReconnectingSeguroClient:
-        ship = ReconnectingSeguroClient(endpoint.dial, point, pacing(retry), where=where,
-                                        refused_after=refused_after, timeout=timeout)  # fmt: skip
+        ship = ReconnectingSeguroClient(lambda one: endpoints[one].dial(), point, pacing(retry),
+                                        where=where, refused_after=refused_after,
+                                        timeout=timeout, urls=urls)  # fmt: skip
         await ship._connect()
         return ship
 
     return _Connect(reconnecting)
+
+
+def _final_one(exc: BaseException) -> BaseException | None:
+    """Several gateways, no ``retry``: a refused connection tries the next; a certificate
+    that does not verify (or a dropped POINT: a refusal) does not."""
+    if isinstance(exc, OSError) and not isinstance(exc, _ssl.SSLCertVerificationError):
+        return None
+    return exc

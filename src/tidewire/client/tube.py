@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import ssl as _ssl
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import aiohttp
@@ -203,26 +204,61 @@ class _Connect(Opening[RsioClient]):
 
 
 @overload
-def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None, *,
-            retry: None = None, **options: Any) -> _Connect: ...  # fmt: skip
+def connect(url: str | Sequence[str], token: str | None = None,
+            ssl: _ssl.SSLContext | None = None, *, retry: None = None,
+            **options: Any) -> Opening[RsioClient]: ...  # fmt: skip
 @overload
-def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None, *,
-            retry: Retry, **options: Any) -> Reconnect: ...  # fmt: skip
-def connect(url: str, token: str | None = None, ssl: _ssl.SSLContext | None = None, *,
-            retry: Retry | None = None, **options: Any) -> _Connect | Reconnect:  # fmt: skip
+def connect(url: str | Sequence[str], token: str | None = None,
+            ssl: _ssl.SSLContext | None = None, *, retry: Retry,
+            **options: Any) -> Reconnect: ...  # fmt: skip
+def connect(url: str | Sequence[str], token: str | None = None,
+            ssl: _ssl.SSLContext | None = None, *, retry: Retry | None = None,
+            **options: Any) -> Opening[RsioClient] | Reconnect:  # fmt: skip
     """RS.io over Tube at ``ws://host:port/tube`` (``wss://``: over TLS, ``ssl`` its context):
     ``async with connect(url) as hub``. ``token``: sent as ``Authorization: Bearer`` on the
     upgrade (a refused one raises :class:`~tidewire.model.Unauthenticated` here). Options:
     ``fragment_size``, ``compression``, ``keepalive``, ``max_message_bytes``, ``session``.
 
+    Several gateways: a list or ``"ws://h1:7480/tube,ws://h2:7480/tube"`` (an entry without
+    a scheme takes the first one's scheme and path: ``"ws://h1:7480/tube,h2:7480"``). Without
+    ``retry`` each is tried once, in order, the first that connects used.
+
     With ``retry`` (a :class:`~tidewire.client.backoff.Retry`), the client is a
     :class:`~tidewire.client.resilient.ReconnectingClient` over Tube: it reconnects with
     backoff, resumes subscriptions and re-offers what was not acknowledged, exactly as over
-    TCP (docs/protocols/rsio.md, "Reconnecting clients")."""
-    opener = _Connect(url, {**options, "token": token, "ssl": ssl})
+    TCP (docs/protocols/rsio.md, "Reconnecting clients"), each new try at the next gateway."""
+    from .reconnect import first_reachable, gateway_urls
+
+    urls = gateway_urls(url)
+    opts = {**options, "token": token, "ssl": ssl}
     if retry is None:
-        return opener
+        if len(urls) == 1:
+            return _Connect(urls[0], opts)
+        return _Opened(lambda: first_reachable(urls, lambda one: _Connect(one, opts)._open(),
+                                               _final_try))  # fmt: skip
     from .backoff import Backoff  # (resilient builds on the RS.io client: imported when used)
     from .resilient import Reconnect
 
-    return Reconnect(opener._open, Backoff(retry), what=url)
+    return Reconnect(lambda one: _Connect(one, opts)._open(), Backoff(retry),
+                     what=",".join(urls), urls=urls)  # fmt: skip
+
+
+class _Opened(Opening[RsioClient]):
+    def __init__(self, open: Callable[[], Awaitable[RsioClient]]) -> None:
+        self.open = open
+
+    async def _open(self) -> RsioClient:
+        return await self.open()
+
+
+def _final_try(exc: BaseException) -> BaseException | None:
+    """Without ``retry``, several gateways: a refused connection or upgrade answered 5xx
+    moves on to the next; a refused token or certificate does not."""
+    if isinstance(exc, AccessError | _ssl.SSLCertVerificationError
+                  | aiohttp.ClientConnectorCertificateError):  # fmt: skip
+        return exc
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return None if exc.status >= 500 else exc
+    if isinstance(exc, OSError | aiohttp.ClientError):
+        return None
+    return exc

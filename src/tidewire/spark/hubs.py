@@ -8,6 +8,13 @@ hold the hub back when Spark is slower; nothing piles up in memory.
 Several hubs: a stream lives on one hub. :func:`locate` asks every hub which of the wanted streams
 it has; a stream on none goes to the hub chosen by its name's CRC-32C (so every writer picks the
 same one), and a stream on two is an error.
+
+Several gateways (the option ``gateways``: cluster mode, every URL serves every stream): a
+:class:`HubSession` over all of them is the reconnecting RS.io client
+(:class:`~tidewire.client.resilient.ReconnectingClient`), so a failed connection goes on at the
+next gateway, round robin, bounded by :data:`FAILOVER`: a read resumes after the last id it
+got, a commit offers the same transaction id again (stored once: ``tidewire.hub.txn``), and
+:func:`locate_any` asks whichever gateway answers first.
 """
 
 from __future__ import annotations
@@ -19,11 +26,17 @@ from types import TracebackType
 
 from crc32c import crc32c
 
+from ..client.backoff import Retry
+from ..client.resilient import ReconnectingClient
 from ..client.rsio import Receipt, RsioClient, RsioError, connect
 from ..model import Batch, TidewireError
 from .planning import StreamInfo
 
-__all__ = ["HubError", "HubSession", "home_hub", "locate"]
+__all__ = ["FAILOVER", "HubError", "HubSession", "home_hub", "locate", "locate_any"]
+
+FAILOVER = Retry(initial=0.05, maximum=1.0, attempts=12, give_up_after=30.0)
+"""How a session over several gateways tries again: per outage at most 12 tries (4 rounds of
+3 gateways) or 30 s, each new try at the next gateway, the waits doubling from 50 ms."""
 
 
 class HubError(TidewireError, RuntimeError):
@@ -36,13 +49,19 @@ def home_hub(stream: str, urls: Sequence[str]) -> str:
 
 
 class HubSession:
-    """One RS.io connection to one hub, used synchronously (``with HubSession(url) as hub``)."""
+    """One RS.io connection to one hub, used synchronously (``with HubSession(url) as hub``).
 
-    def __init__(self, url: str, *, timeout: float = 60.0) -> None:
-        self.url = url
+    ``gateways`` (several URLs that all serve every stream): the connection is made to the
+    first that answers, and a lost one is made again at the next, paced and bounded by
+    :data:`FAILOVER`; reads and commits carry on there (see the module)."""
+
+    def __init__(self, url: str, *, timeout: float = 60.0,
+                 gateways: Sequence[str] = ()) -> None:  # fmt: skip
+        self.url = url if not gateways else ",".join(gateways)
+        self.gateways = tuple(gateways)
         self.timeout = timeout
         self.loop = asyncio.new_event_loop()
-        self.client: RsioClient | None = None
+        self.client: RsioClient | ReconnectingClient | None = None
 
     def _run(self, coro: object) -> object:
         async def bounded() -> object:
@@ -58,8 +77,16 @@ class HubSession:
 
     def open(self) -> HubSession:
         if self.client is None:
-            self.client = self._run(connect(self.url)._open())  # type: ignore[assignment]
+            opening = connect(self.gateways, retry=FAILOVER) if self.gateways else connect(self.url)
+            self.client = self._run(opening._open())  # type: ignore[assignment]
         return self
+
+    @property
+    def current(self) -> str:
+        """The gateway (or hub) the session is connected to now."""
+        if isinstance(self.client, ReconnectingClient) and self.client.url is not None:
+            return self.client.url
+        return self.url
 
     def __enter__(self) -> HubSession:
         return self.open()
@@ -79,7 +106,7 @@ class HubSession:
         self.loop.close()
 
     @property
-    def _client(self) -> RsioClient:
+    def _client(self) -> RsioClient | ReconnectingClient:
         self.open()
         assert self.client is not None
         return self.client
@@ -135,3 +162,11 @@ def locate(
             home = home_hub(name, urls)
             found[name] = StreamInfo(name, home, False, None, 0)
     return found
+
+
+def locate_any(urls: Sequence[str], streams: Sequence[str], *,
+               timeout: float = 60.0) -> dict[str, StreamInfo]:  # fmt: skip
+    """What the first of the gateways ``urls`` that answers says of each of ``streams`` (every
+    gateway serves every stream, so one answer is the cluster's)."""
+    with HubSession(urls[0], timeout=timeout, gateways=urls) as hub:
+        return {info.stream: info for info in hub.streams(list(streams))}

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ..client.reconnect import gateway_urls
 from ..model import MAX_ID, InvalidStreamName, TidewireError, validate_stream_name
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "latest_offsets",
     "parse_options",
     "split_ranges",
+    "spread",
     "starting_offsets",
 ]
 
@@ -92,11 +94,12 @@ class Options:
     min_partitions: int
     stream: str | None  # writing: the target stream when rows have no ``stream`` column
     prefetch: int
+    gateways: bool = False  # every URL serves every stream (option 'gateways'), not one hub each
 
 
 _KNOWN = {
-    "url", "streams", "stream", "startingoffsets", "endingoffsets", "maxeventspertrigger",
-    "failondataloss", "eventsperpartition", "minpartitions", "prefetch",
+    "url", "gateways", "streams", "stream", "startingoffsets", "endingoffsets",
+    "maxeventspertrigger", "failondataloss", "eventsperpartition", "minpartitions", "prefetch",
 }  # fmt: skip
 _SPARKS = {"path", "checkpointlocation", "queryname"}  # Spark's own, passed to every source
 
@@ -110,14 +113,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
     if unknown:
         raise OptionError(f"unknown option(s) {', '.join(unknown)} for format tidewire "
                           f"(known: {', '.join(sorted(_KNOWN))})")  # fmt: skip
-    urls = tuple(u.strip() for u in lowered.get("url", "").split(",") if u.strip())
-    if not urls:
-        raise OptionError("option 'url' is required: rsio://host:port, or several, comma-separated")
-    for url in urls:
-        if not url.startswith("rsio://") or ":" not in url[len("rsio://") :]:
-            raise OptionError(f"option 'url': {url!r} is not rsio://host:port")
-    if len(set(urls)) != len(urls):
-        raise OptionError("option 'url' names a hub twice")
+    gateways = "gateways" in lowered
+    urls = _urls(lowered)
     streams = tuple(s.strip() for s in lowered.get("streams", "").split(",") if s.strip())
     for name in streams:
         _stream_name(name, "streams")
@@ -140,6 +137,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
         _offsets_spec(ending, "endingOffsets", streams)
     return Options(
         urls=urls,
+        gateways=gateways,
         streams=streams,
         starting=starting,
         ending=ending,
@@ -152,6 +150,38 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
         stream=stream,
         prefetch=_positive(lowered.get("prefetch", "16"), "prefetch"),
     )  # fmt: skip
+
+
+def _urls(lowered: Mapping[str, str]) -> tuple[str, ...]:
+    """The URLs of the option ``url`` (independent hubs) or ``gateways`` (each serves every
+    stream: ``rsio://h1:7400,rsio://h2:7400`` or ``rsio://h1:7400,h2:7400``); exactly one."""
+    if "gateways" in lowered:
+        if "url" in lowered:
+            raise OptionError("give either 'url' (independent hubs, each stream on one) or "
+                              "'gateways' (every URL serves every stream), not both")  # fmt: skip
+        try:
+            urls = gateway_urls(lowered["gateways"])
+        except ValueError as exc:
+            raise OptionError(f"option 'gateways': {exc}") from None
+        option = "gateways"
+    else:
+        urls = tuple(u.strip() for u in lowered.get("url", "").split(",") if u.strip())
+        if not urls:
+            raise OptionError("option 'url' is required (or 'gateways'): rsio://host:port, or "
+                              "several, comma-separated")  # fmt: skip
+        if len(set(urls)) != len(urls):
+            raise OptionError("option 'url' names a hub twice")
+        option = "url"
+    for url in urls:
+        if not url.startswith("rsio://") or ":" not in url[len("rsio://") :]:
+            raise OptionError(f"option {option!r}: {url!r} is not rsio://host:port")
+    return urls
+
+
+def spread(ranges: Sequence[Range], urls: Sequence[str]) -> list[Range]:
+    """Gateways: the partitions dealt round robin over ``urls`` (each range's first gateway),
+    so that their reads are shared by every gateway."""
+    return [replace(r, url=urls[i % len(urls)]) for i, r in enumerate(ranges)]
 
 
 def _stream_name(name: str, option: str) -> None:

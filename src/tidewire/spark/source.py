@@ -14,6 +14,12 @@ failure, with the same query and batch ids, finds its transactions already commi
 nothing. ``abort()`` has nothing to discard: staged rows live only in the commit messages. A
 micro-batch's rows for one stream travel through the driver and are bounded by the hub's
 ``rsio.max_txn_bytes`` (64 MiB by default).
+
+Gateways (the option ``gateways``, cluster mode): every URL serves every stream, so planning
+asks whichever answers first, the partitions are dealt round robin over the gateways (each
+partition's first), a partition whose connection fails goes on at the next gateway from the
+last id it read, and a commit that fails offers the same transaction id at the next gateway
+(:class:`~.hubs.HubSession` with ``gateways``).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from .arrow import SCHEMA_DDL, from_arrow, to_arrow
-from .hubs import HubError, HubSession, locate
+from .hubs import HubError, HubSession, locate, locate_any
 from .planning import (
     OptionError,
     Options,
@@ -56,6 +62,7 @@ from .planning import (
     latest_offsets,
     parse_options,
     split_ranges,
+    spread,
     starting_offsets,
 )
 
@@ -98,15 +105,24 @@ class TidewireDataSource(DataSource):
 
 
 class _Partition(InputPartition):
-    def __init__(self, range_: Range, prefetch: int, fail_on_data_loss: bool) -> None:
+    def __init__(self, range_: Range, prefetch: int, fail_on_data_loss: bool,
+                 gateways: Sequence[str] = ()) -> None:  # fmt: skip
         super().__init__(range_)
         self.range = range_
         self.prefetch = prefetch
         self.fail_on_data_loss = fail_on_data_loss
+        self.gateways = tuple(gateways)  # this partition's order: its own gateway first
 
 
 def _partitions(ranges: Sequence[Range], options: Options) -> list[InputPartition]:
-    return [_Partition(r, options.prefetch, options.fail_on_data_loss) for r in ranges]
+    if not options.gateways:
+        return [_Partition(r, options.prefetch, options.fail_on_data_loss) for r in ranges]
+    urls = options.urls
+    return [
+        _Partition(r, options.prefetch, options.fail_on_data_loss,
+                   urls[i % len(urls):] + urls[: i % len(urls)])
+        for i, r in enumerate(spread(ranges, urls))
+    ]  # fmt: skip
 
 
 ARROW_BATCH_ROWS = 65536
@@ -127,7 +143,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     next_id = r.start
     pending: list[pa.RecordBatch] = []
     rows = 0
-    with HubSession(r.url) as hub:
+    with HubSession(r.url, gateways=partition.gateways) as hub:
         while next_id < r.end:
             try:
                 for batch in hub.read(r.stream, next_id, r.end, partition.prefetch):
@@ -157,6 +173,8 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
 
 
 def _located(options: Options) -> dict[str, StreamInfo]:
+    if options.gateways:
+        return locate_any(options.urls, options.streams)
     return locate(options.urls, options.streams)
 
 
@@ -280,15 +298,20 @@ def _publish(messages: Sequence[WriterCommitMessage | None], options: Options, t
     table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
     (rows,) = table.to_batches()  # one chunk per column after combine_chunks: one batch
     per_stream = {batch.stream: batch for batch in from_arrow(rows, options.stream)}
-    where = locate(options.urls, sorted(per_stream))
-    sessions: dict[str, HubSession] = {}
+    if options.gateways:  # any gateway: one session, the same txn id again at the next
+        anywhere = HubSession(options.urls[0], gateways=options.urls)
+        where = {s: StreamInfo(s, anywhere.url, False, None, 0) for s in per_stream}
+        sessions = {anywhere.url: anywhere.open()}
+    else:
+        where = locate(options.urls, sorted(per_stream))
+        sessions = {}
     try:
         for stream in sorted(per_stream):
             url = where[stream].url
             hub = sessions.get(url) or sessions.setdefault(url, HubSession(url).open())
             receipt = hub.commit(stream, per_stream[stream], f"{txn}:{stream}")
-            log.info("committed %d event(s) to %r (ids %d..%d) for %s", receipt.count, stream,
-                     receipt.first_id, receipt.last_id, txn)  # fmt: skip
+            log.info("committed %d event(s) to %r (ids %d..%d) for %s at %s", receipt.count,
+                     stream, receipt.first_id, receipt.last_id, txn, hub.current)  # fmt: skip
     finally:
         for hub in sessions.values():
             hub.close()

@@ -152,6 +152,7 @@ class Instance:
         retry: Retry | None = None,
         handshake_timeout: float = 10.0,
         stable_after: float = 1.0,
+        failover: str | Sequence[str] = (),
     ) -> uuid.UUID:
         """Connect to a remote and complete the handshake; the remote's UUID.
 
@@ -169,14 +170,17 @@ class Instance:
         try bounded by ``handshake_timeout`` seconds and paced by ``retry``; it raises
         :class:`GaveUp` if ``retry`` runs out first (or at once on :class:`HandshakeFailed`).
         ``stable_after``: how long a connection must have lasted for its loss to start a new
-        outage (see :class:`Supervisor`)."""
+        outage (see :class:`Supervisor`). ``failover`` (with ``retry``): more gateways of the
+        same hub, ``host:port`` or ``tolliver://host:port``, tried round robin."""
+        if failover and retry is None:
+            raise ValueError("failover= needs retry= (gateways are tried by the supervisor)")
         if retry is not None:
             if self._closed:
                 raise ConnectionError("the instance is closed")
             supervisor = Supervisor(self, host, port, retry, ssl=ssl,
                                     server_hostname=server_hostname,
                                     handshake_timeout=handshake_timeout,
-                                    stable_after=stable_after)  # fmt: skip
+                                    stable_after=stable_after, failover=failover)  # fmt: skip
             self.supervisors.append(supervisor)
             try:
                 return await supervisor.first()

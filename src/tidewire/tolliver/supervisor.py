@@ -1,7 +1,9 @@
 """Keeping a stand-alone :class:`~.instance.Instance` connected to one remote
 (``Instance.connect(..., retry=Retry(...))``): the reconnect loop, its counters, and what is
 known of the remote while it is away (docs/protocols/tolliver.md, "Reconnecting and
-duplicates")."""
+duplicates"). The remote may be reached at several gateways (cluster mode, where every gateway
+is the same hub to a Tolliver instance: ``Instance.connect(host, port, failover=[...])``),
+tried round robin by the one reconnect helper."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import asyncio
 import logging
 import ssl as _ssl
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ..client.backoff import Backoff, GaveUp, Retry
-from ..client.reconnect import Reconnector
+from ..client.reconnect import Reconnector, gateway_urls
 from ..protocols.tolliver import Role, matches
 from .instance_link import InstanceLink
 from .link import HandshakeFailed
@@ -39,6 +43,13 @@ class Supervisor:
     every connection right after its handshake (e.g. an ACL refusing what is resent) still
     ends in :class:`GaveUp`. A :class:`HandshakeFailed` (versions) is final at once.
 
+    Several gateways (``failover``: more ``host:port`` or ``tolliver://host:port`` after
+    ``host:port``): a failed try or a lost connection goes on at the next one, round robin,
+    paced as above; :attr:`url` (and :attr:`host`, :attr:`port`) say which is current. The
+    handshake is made again there and the outbox re-offers every unacked message, as after a
+    reconnect to the same hub. With TLS, ``server_hostname`` (when given) is checked at every
+    gateway, else each gateway's own host name.
+
     Counters: :attr:`attempts` (connection tries), :attr:`failures` (tries failed and
     connections lost, in all), :attr:`reconnects` (connections established after the first),
     :attr:`last_error`; :attr:`gave_up` once it stopped for good (:meth:`wait` raises it).
@@ -55,9 +66,14 @@ class Supervisor:
         server_hostname: str | None,
         handshake_timeout: float,
         stable_after: float,
+        failover: str | Sequence[str] = (),
     ) -> None:
         self.instance = instance
-        self.host, self.port, self.retry = host, port, retry
+        self.retry = retry
+        others = [failover] if isinstance(failover, str) else list(failover)
+        urls = gateway_urls([f"tolliver://{host}:{port}", *others])
+        for url in urls:
+            _address(url)  # (a bad one is refused here, not at its first try)
         self.ssl, self.server_hostname = ssl, server_hostname
         self.handshake_timeout = handshake_timeout
         self.stable_after = stable_after
@@ -69,7 +85,8 @@ class Supervisor:
         self._known: frozenset[tuple[str, str]] = frozenset()  # the remote's, when last seen
         self._reconnector: Reconnector[InstanceLink] = Reconnector(
             Backoff(retry, clock=instance.clock, sleep=instance.sleep),
-            f"tolliver {host}:{port}", stable_after=stable_after, final=self._final,
+            f"tolliver {','.join(u.removeprefix('tolliver://') for u in urls)}",
+            stable_after=stable_after, final=self._final, urls=urls,
         )  # fmt: skip
         self._first: asyncio.Future[uuid.UUID] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._run(), name=f"tolliver {host}:{port}")
@@ -77,6 +94,31 @@ class Supervisor:
     def __repr__(self) -> str:
         return (f"<Supervisor {self.host}:{self.port} peer={self.peer} "
                 f"connected={self.connected} reconnects={self.reconnects}>")  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        """The gateway (``tolliver://host:port``) of the connection now, or of the next try."""
+        url = self._reconnector.url
+        assert url is not None  # (one URL at least)
+        return url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every gateway, in the order they are tried."""
+        return self._reconnector.urls
+
+    @property
+    def host(self) -> str:
+        return _address(self.url)[0]
+
+    @property
+    def port(self) -> int:
+        return _address(self.url)[1]
+
+    @property
+    def failovers(self) -> int:
+        """Moves to the next gateway (failed tries and lost connections, with several)."""
+        return self._reconnector.failovers
 
     @property
     def attempts(self) -> int:
@@ -178,13 +220,14 @@ class Supervisor:
 
     async def _dial(self) -> InstanceLink:
         instance = self.instance
+        host, port = self.host, self.port
         loop = asyncio.get_running_loop()
         link: InstanceLink | None = None
         try:
             async with asyncio.timeout(self.handshake_timeout):
                 _, link = await loop.create_connection(
-                    lambda: InstanceLink(instance, Role.CONNECTOR), self.host, self.port,
-                    ssl=self.ssl, server_hostname=(self.server_hostname or self.host)
+                    lambda: InstanceLink(instance, Role.CONNECTOR), host, port,
+                    ssl=self.ssl, server_hostname=(self.server_hostname or host)
                     if self.ssl is not None else None,
                 )  # fmt: skip
                 await link.ready
@@ -212,3 +255,11 @@ class Supervisor:
         self.failures += 1
         self.last_error = error
         self.instance.last_error = error
+
+
+def _address(url: str) -> tuple[str, int]:
+    """``tolliver://host:port`` as (host, port); :class:`ValueError` without both."""
+    parts = urlsplit(url)
+    if parts.scheme != "tolliver" or not parts.hostname or parts.port is None:
+        raise ValueError(f"not a tolliver://host:port (or host:port) address: {url!r}")
+    return parts.hostname, parts.port
