@@ -143,14 +143,20 @@ class Mixed:
                 await ship.save_many(events)
                 self.seguro_acked.update(events)
 
+    async def connect_tolliver(self, instance: Instance) -> None:
+        """Connect ``instance`` to the hub (the first of several gateways, failing over to the
+        others: ``urls["tolliver"]`` may be a comma list)."""
+        first, *others = self.urls["tolliver"].split(",")
+        at = urlsplit(first)
+        await instance.connect(at.hostname or "", at.port or 0, retry=RETRY, failover=others)
+
     async def send_tolliver(self) -> None:
-        at = urlsplit(self.urls["tolliver"])
         sender = Instance(str(self.tmp / "sender.db"))
         try:
             # The hub hands a remote what arrives once it is connected (the seed's rule), so
             # the receiver connects first.
             await self.receiving.wait()
-            await sender.connect(at.hostname or "", at.port or 0, retry=RETRY)
+            await self.connect_tolliver(sender)
             self.reconnects["tolliver-send"] = lambda: sender.reconnects
             n = 0
             while not self.stop.is_set():
@@ -164,11 +170,10 @@ class Mixed:
             await sender.close()
 
     async def receive_tolliver(self) -> None:
-        at = urlsplit(self.urls["tolliver"])
         receiver = Instance(str(self.tmp / "receiver.db"), dedupe=True)
         receiver.subscribe("k-tolliver")
         try:
-            await receiver.connect(at.hostname or "", at.port or 0, retry=RETRY)
+            await self.connect_tolliver(receiver)
             self.reconnects["tolliver-receive"] = lambda: receiver.reconnects
             self.receiving.set()
             async for delivery in receiver.messages():
