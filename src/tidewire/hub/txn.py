@@ -336,9 +336,7 @@ class Transactions:
                     first = max(storage.accepted_latest(stream), seen) + 1 + slack
                 intent = {"txn": txn, "stream": stream, "principal": key[0], "first": first,
                           "count": count, "fp": fp}  # fmt: skip
-                if self._find(key) != found:
-                    continue
-                try:  # (no await since the check above: the decision stands on this state)
+                try:  # (no await since the registry was last looked at: the decision stands)
                     seq = await self.ledger.record_exclusive(intent)
                 except IdOrderError:
                     continue  # someone recorded something: catch up, decide again
