@@ -56,7 +56,8 @@ hub and many:
 *Why a transaction is stored at most once.* Invariant: **all the live intents of a key (those
 that may still land) start at the same id.** A fresh intent is written only when every earlier
 intent of the key is DEAD or absent, by a writer that saw all of them (the exclusive write
-fails otherwise); a rival is written at the live intents' id. Own-id appends are conditional
+fails otherwise; DEAD is for ever, so by induction checking the latest intent and its rivals
+is enough); a rival is written at the live intents' id. Own-id appends are conditional
 (the storage refuses ids not above the stream's latest, whoever wrote it), so at most one batch
 ever lands at that id: at most one intent of the key lands, once. Data is appended only under
 an intent of its key (its own, or the one it completes), so no other copy exists.
@@ -69,7 +70,8 @@ outcome is recorded (a ``done`` record; with rivals it names the fingerprint, ``
 the count and ids alone do not say which of them landed); a gateway reading a ``done`` that
 is ambiguous to it simply settles again by reading. The registry is folded in ledger order by
 ledger id, so a gateway reading its own records again (they landed after another's) ends
-where it was.
+where it was. (An unsettled intent from before keys, whose writer predates clusters, is taken
+as dead unless its data is there, as before.)
 
 What a storage must give for this (the embedded log and JetStream both do): own-id appends
 refused unless above the stream's latest id, whoever appended it; appends of one stream
@@ -88,7 +90,8 @@ retention pass, or when the hub reopens): a replay of it then appends anew, whic
 tell apart from a first commit anyway, since the events it would be compared with are gone.
 With ``txn_expiration_ms`` (setting ``txn.expiration_ms``, default -1: never) an entry is also
 forgotten that long after its commit (or after the hub reopened, for entries loaded then),
-whatever the data's retention. An entry costs about 150 bytes of memory.
+whatever the data's retention. An entry costs about 150 bytes of memory. Each gateway forgets
+by its own clock and retention passes: a key one gateway forgot is a new transaction there.
 """
 
 from __future__ import annotations
