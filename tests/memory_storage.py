@@ -1,12 +1,14 @@
 """A second :class:`~tidewire.hub.Storage`: streams in memory, appends completed when the test
 says (``hold=True``) or at the next turn of the loop. It proves the interface has no local-disk
 assumption (the hub runs on it), and lets the ingest tests complete appends out of order and
-refuse them for want of space."""
+refuse them for want of space. :class:`Gateway`: one of several hubs' doors to one shared
+:class:`MemoryStorage` (cluster mode in one process)."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -208,3 +210,109 @@ class MemoryStorage:
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
+
+
+class Gateway:
+    """One gateway's door to a shared :class:`MemoryStorage` (cluster mode: several hubs over
+    one storage, in one process). Everything is the shared storage's, except:
+
+    * :meth:`close` closes this door only (the others go on);
+    * :meth:`kill` (or :attr:`die_before`, :attr:`die_after`): the gateway "dies" there:
+      every later append, read or wait of it raises :class:`~tidewire.model.LogClosedError`,
+      while what it handed over before still lands (as a publish that reached the cluster
+      does);
+    * ``rng``: each append first lets the loop turn 0..3 times (chosen by ``rng``), so that
+      two gateways' appends interleave in ways a seed picks.
+    """
+
+    def __init__(self, shared: MemoryStorage, rng: random.Random | None = None) -> None:
+        self.shared = shared
+        self.rng = rng
+        self.dead = False
+        self.reads: dict[str, int] = {}  # by stream: how many reads this gateway made
+        self.die_before: Callable[[Batch], bool] = lambda batch: False
+        """The test's seam: an append for which this says true kills the gateway instead."""
+        self.die_after: Callable[[Batch], bool] = lambda batch: False
+        """An append for which this says true lands, then the gateway dies (no answer)."""
+
+    def kill(self) -> None:
+        self.dead = True
+
+    def _alive(self) -> None:
+        if self.dead or self.shared.closed:
+            raise LogClosedError("this gateway is gone")
+
+    def cluster(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return "memory (a gateway)"
+
+    def observe(
+        self,
+        *,
+        append: Callable[[float], None] | None = None,
+        fsync: Callable[[float], None] | None = None,
+    ) -> None:
+        pass
+
+    def streams(self) -> list[str]:
+        return self.shared.streams()
+
+    def stats(self) -> list[StreamStats]:
+        return self.shared.stats()
+
+    def __contains__(self, stream: object) -> bool:
+        return stream in self.shared
+
+    def latest(self, stream: str) -> int:
+        return self.shared.latest(stream)
+
+    def accepted_latest(self, stream: str) -> int:
+        return self.shared.accepted_latest(stream)
+
+    def start_id(self, stream: str) -> int:
+        return self.shared.start_id(stream)
+
+    def fence(self) -> int:
+        return self.shared.fence()
+
+    def replay(self, stream: str) -> Iterator[Batch]:
+        return self.shared.replay(stream)
+
+    async def append(
+        self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
+    ) -> Batch:
+        self._alive()
+        for _ in range(self.rng.randrange(4) if self.rng is not None else 0):
+            await asyncio.sleep(0)
+            self._alive()
+        if self.die_before(batch):
+            self.kill()
+            self._alive()
+        stored = await self.shared.append(batch, assign_ids=assign_ids, fence=fence)
+        if self.die_after(batch):
+            self.kill()
+        self._alive()
+        return stored
+
+    async def read(
+        self, stream: str, from_id: int, max_bytes: int, max_events: int
+    ) -> list[Batch]:
+        self._alive()
+        self.reads[stream] = self.reads.get(stream, 0) + 1
+        return await self.shared.read(stream, from_id, max_bytes, max_events)
+
+    async def wait_for(self, stream: str, after_id: int) -> None:
+        self._alive()
+        await self.shared.wait_for(stream, after_id)
+
+    async def settled(self, stream: str) -> int:
+        self._alive()
+        return await self.shared.settled(stream)
+
+    def enforce_retention(self, now_ms: int) -> int:
+        return 0
+
+    async def close(self) -> None:
+        self.dead = True

@@ -27,15 +27,60 @@ any other.
 
 The data is appended with its own ids ``F..``: if another writer took ``F`` meanwhile, the append
 fails and is retried under a new intent whose ``F`` leaves a gap for the others (ids may have gaps),
-wider at each retry. Commits into one stream run one at a time (they would only collide), and a
-commit runs to its end even if its caller goes away, so a retry waits for it and finds it done.
-So after a crash, an intent without its ``done`` is
-settled by reading ids ``F..F+N-1`` of ``S``: the transaction happened if and only if they are
-there with the same fingerprint (nobody else can have written exactly those). A commit of a known
-transaction returns the ids it got the first time and appends nothing.
+wider at each retry. Commits into one stream run one at a time on one hub (they would only
+collide), and a commit runs to its end even if its caller goes away, so a retry waits for it
+and finds it done. A commit of a known transaction returns the ids it got the first time and
+appends nothing.
+
+**Several gateways** (cluster mode: hubs sharing one storage, docs/cluster.md "Transactions and
+the hub's state with several gateways"). Each gateway folds the ledger into its memory, and
+another may commit the same key at the same moment, or die half-way. One code path serves one
+hub and many:
+
+1. A commit of a key not known here as done first **catches up** the ledger
+   (:meth:`~.ledger.Ledger.catch_up`; on one hub: one empty read).
+2. It **settles** the key's latest intent ``E`` if not done: reading ids ``E.first..`` of
+   ``S`` tells DONE (an intent of the key at ``E.first`` is stored there: its content, by
+   fingerprint), DEAD (something else is stored at or above ``E.first``: committed ids never
+   change, so no intent at ``E.first`` can land any more) or OPEN (nothing committed at or
+   above ``E.first`` yet).
+3. DONE: answer its ids (``already``). OPEN with the same content: **append at ``E``'s ids**,
+   under no new intent (completing ``E``, whoever wrote it). OPEN with other content: a
+   **rival** intent at the same ``E.first``. DEAD, or no intent: a fresh intent at
+   ``max(accepted latest, highest id read) + 1`` (+ a gap after collisions).
+4. Every intent is written with :meth:`~.ledger.Ledger.record_exclusive` (a compare-and-swap
+   on the ledger: refused if anything was recorded since this gateway last caught up), after
+   checking that the decision was made on the registry as it still is; a refusal, of the
+   intent or of the data (``IdOrderError``), goes back to 1.
+
+*Why a transaction is stored at most once.* Invariant: **all the live intents of a key (those
+that may still land) start at the same id.** A fresh intent is written only when every earlier
+intent of the key is DEAD or absent, by a writer that saw all of them (the exclusive write
+fails otherwise; DEAD is for ever, so by induction checking the latest intent and its rivals
+is enough); a rival is written at the live intents' id. Own-id appends are conditional
+(the storage refuses ids not above the stream's latest, whoever wrote it), so at most one batch
+ever lands at that id: at most one intent of the key lands, once. Data is appended only under
+an intent of its key (its own, or the one it completes), so no other copy exists.
+
+*Why it is stored at least once, and answered the first ids.* A dead gateway leaves at most an
+intent (and maybe its data): the next commit of the key through any gateway settles it: the
+data there is DONE (its ids answered), an OPEN intent is completed at its own ids (same
+content: the ids the first commit would have answered), a DEAD one gives way. A settled
+outcome is recorded (a ``done`` record; with rivals it names the fingerprint, ``"fp"``, since
+the count and ids alone do not say which of them landed); a gateway reading a ``done`` that
+is ambiguous to it simply settles again by reading. The registry is folded in ledger order by
+ledger id, so a gateway reading its own records again (they landed after another's) ends
+where it was. (An unsettled intent from before keys, whose writer predates clusters, is taken
+as dead unless its data is there, as before.)
+
+What a storage must give for this (the embedded log and JetStream both do): own-id appends
+refused unless above the stream's latest id, whoever appended it; appends of one stream
+landing in order; and a read, after a refusal, seeing what caused it (committed data is what
+DEAD is judged on; an append still in flight is waited for, :func:`~.ledger.past`).
 
 The registry is in memory, rebuilt from the stream (a :class:`~.ledger.Ledger`) when the hub
-opens; the stream is subject to retention like any other (its default is to keep everything).
+opens and caught up as above; the stream is subject to retention like any other (its default
+is to keep everything).
 Spark replays only a query's last micro-batch, so a retention of days is plenty.
 
 **How long a transaction id is remembered** (what keeps the registry bounded; Kafka's
@@ -45,7 +90,8 @@ retention pass, or when the hub reopens): a replay of it then appends anew, whic
 tell apart from a first commit anyway, since the events it would be compared with are gone.
 With ``txn_expiration_ms`` (setting ``txn.expiration_ms``, default -1: never) an entry is also
 forgotten that long after its commit (or after the hub reopened, for entries loaded then),
-whatever the data's retention. An entry costs about 150 bytes of memory.
+whatever the data's retention. An entry costs about 150 bytes of memory. Each gateway forgets
+by its own clock and retention passes: a key one gateway forgot is a new transaction there.
 """
 
 from __future__ import annotations
@@ -55,11 +101,13 @@ import logging
 import sys
 from array import array
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from crc32c import crc32c
 
 from ..model import Batch, IdOrderError, TidewireError
+from .ledger import past
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -70,7 +118,8 @@ log = logging.getLogger("tidewire.hub")
 
 TXN_STREAM = "_tidewire.txns"
 MAX_TXN_BYTES = 1024
-RETRIES = 16
+RETRIES = 16  # collisions with other writers' ids (each leaves a wider gap) before giving up
+TRIES = 256  # decisions (each after a catch-up) before giving up: see _commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +139,25 @@ TxnKey = tuple[str | None, str, str]
 matches any principal (module docstring)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Entry:
     first: int
     count: int
     fp: int
     done: bool
     at: int  # ms, the hub's clock: when committed (or loaded): for the age bound
+    seq: int = 0  # the ledger id of the last record folded into it
+    rivals: tuple[tuple[int, int], ...] = ()  # (count, fp): other live intents at ``first``
 
     @property
     def last(self) -> int:
         return self.first + self.count - 1
+
+
+class _Outcome(Enum):
+    OPEN = "open"  # nothing stored at or above the intent's first id yet: it may still land
+    DONE = "done"  # one of the key's intents at that id is stored there
+    DEAD = "dead"  # something else is stored there: none of them can ever land
 
 
 def fingerprint(batch: Batch) -> int:
@@ -139,12 +196,24 @@ class Transactions:
         """Rebuild the registry from ``_tidewire.txns`` (at hub open), then forget what
         retention removed meanwhile."""
         now = self.hub.clock()
-        for record in self.ledger.load():
-            self._apply(record, now)
+        for seq, record in self.ledger.load_numbered():
+            self._apply(record, now, seq)
         self._legacy.clear()
         self.forget_removed(now)
 
-    def _apply(self, record: dict[str, Any], now: int) -> None:
+    async def catch_up(self) -> int:
+        """Fold in what other gateways (or this hub, out of order) recorded since the last
+        record seen; how many records."""
+        now = self.hub.clock()
+        records = await self.ledger.catch_up_numbered()
+        for seq, record in records:
+            self._apply(record, now, seq)
+        return len(records)
+
+    def _apply(self, record: dict[str, Any], now: int, seq: int) -> None:
+        """Fold in one record, ``seq`` its id in the ledger. Idempotent, and a record older
+        than what an entry holds changes nothing: a gateway reading its own records again
+        (they landed after another's) ends where it was."""
         try:
             txn = record["txn"]
             if not isinstance(txn, str):
@@ -155,12 +224,19 @@ class Transactions:
                 else:  # (before keys: the latest intent of that id)
                     legacy = self._legacy.get(txn)
                     entry = None if legacy is None else self._entries.get(legacy)
-                if entry is not None:
-                    entry.done = True
+                if entry is not None and seq > entry.seq:
+                    fp = record.get("fp")
+                    _settle_entry(entry, None if fp is None else int(fp), seq)
                 return
             key = _key(record.get("principal"), record["stream"], txn)
-            self._entries[key] = _Entry(int(record["first"]), int(record["count"]),
-                                        int(record["fp"]), False, now)  # fmt: skip
+            first, count, fp = int(record["first"]), int(record["count"]), int(record["fp"])
+            old = self._entries.get(key)
+            if old is not None and seq <= old.seq:
+                return  # (folded already)
+            rivals: tuple[tuple[int, int], ...] = ()
+            if old is not None and not old.done and old.first == first:  # (module docstring)
+                rivals = tuple(c for c in ((old.count, old.fp), *old.rivals) if c != (count, fp))
+            self._entries[key] = _Entry(first, count, fp, False, now, seq, rivals)
             if key[0] is None:
                 self._legacy[txn] = key
         except (ValueError, KeyError, TypeError) as exc:
@@ -224,55 +300,142 @@ class Transactions:
         return None if entry is None else (legacy, entry)
 
     async def _commit(self, key: TxnKey, batch: Batch) -> TxnReceipt:
+        """One decision per turn (module docstring, "Several gateways"): catch up unless the
+        key is known done; settle its live intent; then complete that intent (same content),
+        or write an intent at its first id (other content), or a fresh intent (none live),
+        the last two only with :meth:`~.ledger.Ledger.record_exclusive`; append the data at
+        the intent's ids; a refusal of either starts the next turn."""
         _, stream, txn = key
-        found = self._find(key)
-        if found is not None:
-            known, entry = found
-            if entry.done or await self._settle(known, entry):
-                if entry.count != len(batch):
-                    raise TidewireError(f"transaction {txn!r} was committed to {stream!r} with "
-                                        f"{entry.count} event(s), not {len(batch)}")  # fmt: skip
-                return TxnReceipt(stream, entry.count, entry.first, entry.last, already=True)
-            if known != key:  # an old intent that did not happen: this commit is keyed
-                del self._entries[known]
-        fp = fingerprint(batch)
+        fp, count = fingerprint(batch), len(batch)
         storage = self.hub.storage
-        for attempt in range(RETRIES):
-            # Other writers may take ids while the intent is written: after a collision, leave
-            # them room (ids may have gaps), more each time.
-            slack = 0 if attempt == 0 else 2 ** (attempt + 5)
-            first = storage.accepted_latest(stream) + 1 + slack
-            intent = {"txn": txn, "stream": stream, "principal": key[0], "first": first,
-                      "count": len(batch), "fp": fp}  # fmt: skip
-            await self.ledger.record(intent)
-            self._entries[key] = entry = _Entry(first, len(batch), fp, False, self.hub.clock())
+        collisions = 0
+        for _ in range(TRIES):
+            found = self._find(key)
+            if found is None or not found[1].done:
+                await self.catch_up()
+                found = self._find(key)
+            outcome, seen = _Outcome.DEAD, 0
+            if found is not None:
+                known, entry = found
+                if not entry.done:
+                    outcome, seen = await self._settle(known, entry)
+                if entry.done:
+                    return _already(entry, stream, txn, count)
+                if self._find(key) != found:
+                    continue  # (a catch-up meanwhile brought a newer intent: decide again)
+                if known != key:  # an old intent that did not happen: now keyed (its
+                    del self._entries[known]  # writer, from before clusters, is gone)
+                    outcome = _Outcome.DEAD
+            target = key  # whose intent the data completes
+            if outcome is _Outcome.OPEN and found is not None and (
+                (found[1].count, found[1].fp) == (count, fp)
+            ):
+                target, first = found[0], found[1].first  # the same: complete that intent
+            else:
+                if outcome is _Outcome.OPEN and found is not None:
+                    first = found[1].first  # a rival: whichever lands first is the one
+                else:  # after a collision, leave other writers room (ids may have gaps)
+                    slack = 0 if collisions == 0 else 2 ** (collisions + 5)
+                    first = max(storage.accepted_latest(stream), seen) + 1 + slack
+                intent = {"txn": txn, "stream": stream, "principal": key[0], "first": first,
+                          "count": count, "fp": fp}  # fmt: skip
+                try:  # (no await since the registry was last looked at: the decision stands)
+                    seq = await self.ledger.record_exclusive(intent)
+                except IdOrderError:
+                    continue  # someone recorded something: catch up, decide again
+                self._apply(intent, self.hub.clock(), seq)
             try:
                 stored = await storage.append(batch.with_ids(first))
             except IdOrderError:
-                continue  # another writer took those ids: a new intent
-            await self.ledger.record(_done(key))
-            entry.done = True
-            return TxnReceipt(stream, len(batch), stored.first_id, stored.last_id, False)
+                collisions += 1
+                if collisions > RETRIES:
+                    break
+                continue  # another writer took those ids: the next turn settles them
+            if (done := self._entries.get(target)) is not None:
+                await self._record_done(target, done, fp)
+            return TxnReceipt(stream, count, stored.first_id, stored.last_id, False)
         raise TidewireError(f"transaction {txn!r}: {stream!r} is too busy (gave up)")
 
-    async def _settle(self, key: TxnKey, entry: _Entry) -> bool:
-        """After a crash: did the intent's append happen? (The ids hold its content.)"""
-        events: list[Batch] = []
-        next_id, left = entry.first, entry.count
+    async def _settle(self, key: TxnKey, entry: _Entry) -> tuple[_Outcome, int]:
+        """Whether the key's live intents at ``entry.first`` landed (:attr:`_Outcome.DONE`:
+        the entry is done, recorded so), cannot any more (``DEAD``) or may yet (``OPEN``);
+        and the highest id seen at or above it."""
+        storage, stream = self.hub.storage, key[1]
+        candidates = [(entry.count, entry.fp), *entry.rivals]
+        run, seen = await self._run(stream, entry.first, max(c for c, _ in candidates))
+        if seen == 0 and storage.accepted_latest(stream) >= entry.first:
+            await past(storage, stream, entry.first - 1)  # (in flight there: its outcome)
+            run, seen = await self._run(stream, entry.first, max(c for c, _ in candidates))
+        if seen == 0:
+            return _Outcome.OPEN, 0
+        for count, fp in candidates:
+            if sum(len(b) for b in run) >= count and _fingerprint_all(_take(run, count)) == fp:
+                if not entry.done:
+                    entry.count, entry.fp = count, fp
+                    await self._record_done(key, entry, fp)
+                return _Outcome.DONE, seen
+        return _Outcome.DEAD, seen
+
+    async def _run(self, stream: str, first: int, count: int) -> tuple[list[Batch], int]:
+        """The events at ids ``first``, ``first + 1``, ... (at most ``count``, no gap) and the
+        highest id read (0: nothing stored at or above ``first``)."""
+        run: list[Batch] = []
+        next_id, left, seen = first, count, 0
         while left > 0:
-            got = await self.hub.storage.read(key[1], next_id, 8 * 1024 * 1024, left)
-            if not got or got[0].first_id != next_id:
-                return False
-            events += got
-            left -= sum(len(b) for b in got)
-            next_id = got[-1].last_id + 1
-        if any(b.last_id != b.first_id + len(b) - 1 for b in events):
-            return False
-        happened = all(len(b) for b in events) and _fingerprint_all(events) == entry.fp
-        if happened:
-            await self.ledger.record(_done(key))
-            entry.done = True
-        return happened
+            got = await self.hub.storage.read(stream, next_id, 8 * 1024 * 1024, left)
+            if not got:
+                break
+            seen = max(seen, got[-1].last_id)
+            for b in got:
+                if b.first_id != next_id or b.last_id != b.first_id + len(b) - 1 or not len(b):
+                    return run, seen
+                run.append(b)
+                left -= len(b)
+                next_id = b.last_id + 1
+        return run, seen
+
+    async def _record_done(self, key: TxnKey, entry: _Entry, fp: int) -> None:
+        """Record that ``key``'s intent of fingerprint ``fp`` is stored, and fold it in."""
+        record = _done(key)
+        if entry.rivals:  # (which of them: others cannot tell otherwise)
+            record["fp"] = fp
+        seq = await self.ledger.record(record)
+        if self._entries.get(key) is entry:
+            _settle_entry(entry, fp, seq)
+
+
+def _settle_entry(entry: _Entry, fp: int | None, seq: int) -> None:
+    """A done record (ledger id ``seq``): for the intent of fingerprint ``fp``, else the only
+    one (with rivals and no ``fp`` it is left for a commit to settle by reading)."""
+    if fp is None and entry.rivals:
+        return
+    if fp is not None and fp != entry.fp:
+        chosen = [c for c in entry.rivals if c[1] == fp]
+        if not chosen:
+            return
+        entry.count = chosen[0][0]
+        entry.fp = fp
+    entry.rivals = ()
+    entry.done = True
+    entry.seq = seq
+
+
+def _already(entry: _Entry, stream: str, txn: str, count: int) -> TxnReceipt:
+    if entry.count != count:
+        raise TidewireError(f"transaction {txn!r} was committed to {stream!r} with "
+                            f"{entry.count} event(s), not {count}")  # fmt: skip
+    return TxnReceipt(stream, entry.count, entry.first, entry.last, already=True)
+
+
+def _take(batches: list[Batch], count: int) -> list[Batch]:
+    """The first ``count`` events of ``batches``."""
+    out: list[Batch] = []
+    for b in batches:
+        if count <= 0:
+            break
+        out.append(b if len(b) <= count else b.slice(0, count))
+        count -= len(out[-1])
+    return out
 
 
 def _key(principal: object, stream: object, txn: str) -> TxnKey:

@@ -16,7 +16,9 @@ a breached ``SAVE MANY`` already handed to the log are stored (the next ``WELCOM
 those not yet handed over are discarded. One session per point: a second connection for a point
 that has one is dropped after its ``POINT``, unless the one there may only read the point and
 the newcomer may write it: then the writer takes the point and the reader is dropped (a
-read-only principal never keeps a point from its owner).
+read-only principal never keeps a point from its owner). With several gateways (cluster mode)
+that is per gateway; the storage's conditional own-id appends keep two ships of one point on
+two gateways in order (docs/protocols/seguro.md, "Several gateways").
 
 Memory (issue 20): each connection has a :class:`~tidewire.hub.Share` of the hub's budget. What
 the session holds or was promised (:attr:`ServerSession.inbound_bytes`) is its ``"inbound"``

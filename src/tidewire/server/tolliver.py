@@ -66,10 +66,11 @@ from ..protocols.tolliver import Message, Role
 from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener
 from .tolliver_ledger import GroupedRecords
-from .tolliver_link import MAX_UNACKED, HubLink
+from .tolliver_link import HubLink
 from .tolliver_list import HubList
 from .tolliver_offsets import RemoteOffsets
 from .tolliver_origins import Origins
+from .tolliver_state import ID_BLOCK, ID_MASK, SharedState
 
 __all__ = ["TolliverServer", "TolliverSettings", "start_tolliver_server"]
 
@@ -81,7 +82,6 @@ MAX_HUB_SUBSCRIPTIONS = 65536  # what a remote's decoder takes in a handshake (L
 MAX_COUNTED = 4096  # remotes whose resends are counted past their connections, at least
 OFFSETS_PER_CHANNEL = 4  # offsets kept: at most max_channels times this (RemoteOffsets)
 MAX_PENDING_BYTES = INGEST_DEFAULTS["tolliver"].max_pending_bytes  # per remote, not yet stored
-ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,7 @@ class _Link(HubLink):
         self.pipeline = self.ingest.pipeline()
         self._paused = False
         self._quiet = False  # shutting down: never read again
+        self._caught_up = False  # (with the other gateways' records of this remote)
 
     def _hold(self, nbytes: int) -> None:
         """Bodies on their way to the log (the ingest path counts them; so does the share)."""
@@ -160,6 +161,17 @@ class _Link(HubLink):
         return self.ingest.pending_bytes > 0 and self.transport is not None \
             and not self.transport.is_closing()
 
+    async def _make_deliveries(self, peer: uuid.UUID) -> None:
+        """First, once per connection, fold in what other gateways recorded (tolliver_state):
+        a remote that moved here resumes where their recorded acks left it."""
+        if not self._caught_up:
+            self._caught_up = True
+            try:
+                await self.server.catch_up(peer, self.channels.keys() | self._to_follow.keys())
+            except TidewireError as exc:
+                self.log.warning("(%s) other gateways' offsets not caught up: %s", peer, exc)
+        await super()._make_deliveries(peer)
+
     async def _store(self, messages: list[Message]) -> None:
         """Append to stream C (keys K) in one batch through the ingest path (acks in the order
         the messages came), then ack each (an ack says: durable in the hub)."""
@@ -189,7 +201,7 @@ class _Link(HubLink):
             self.flush()
 
 
-class TolliverServer:
+class TolliverServer(SharedState):
     def __init__(
         self,
         hub: Hub,
@@ -241,6 +253,8 @@ class TolliverServer:
         # instance's ids do (from its database): a receiver's dedupe keys on it.
         self.next_message_id = 0
         self._ids_left = 0  # reserved (durably) and not yet taken
+        self._spare: int | None = None  # (tolliver_state: blocks with several gateways)
+        self._upto = 0
         self.ids_ready = asyncio.Event()  # at least MAX_UNACKED ids are reserved
         self._reserving = False
         self.instance = uuid7()
@@ -278,10 +292,11 @@ class TolliverServer:
         remotes = []
         for record in self.state.load():
             if "instance" in record:
-                self.instance = uuid.UUID(record["instance"])
+                if not found:  # (the first recorded wins: tolliver_state)
+                    self.instance = uuid.UUID(record["instance"])
                 found = True
             elif "ids" in record:  # the last reservation: start after it
-                self.next_message_id = int(record["ids"])
+                self.next_message_id = self._upto = int(record["ids"]) & ID_MASK
             elif "remote" in record:
                 remotes.append(record)
         self._needs_instance = not found
@@ -292,8 +307,7 @@ class TolliverServer:
             self.wanted.add((channel, ""))  # (no remote is connected yet: none to tell)
 
     async def start(self, host: str, port: int) -> None:
-        if self._needs_instance:
-            await self._record({"instance": str(self.instance)})
+        await self.claim_instance()
         for peer, channel in self._stale:  # (else a later record of the remote revives them)
             self._record_later({"remote": str(peer), "channel": channel, "drop": True})
         self._stale.clear()
@@ -304,7 +318,7 @@ class TolliverServer:
                       "nothing); set tls.cert_file and tls.ca_file, or tolliver.allow_plaintext "
                       "= true to let remotes in as 'anonymous'")  # fmt: skip
         try:
-            await self._reserve_block()
+            await self.reserve_block()
         except TidewireError as exc:  # (a full disk): the hub starts; deliveries wait
             log.warning("tolliver: delivery ids not reserved (%s): nothing is delivered "
                         "until they are", exc)  # fmt: skip
@@ -349,28 +363,20 @@ class TolliverServer:
     def took_ids(self, next_id: int, count: int) -> None:
         """Deliveries took ``count`` ids, up to ``next_id``; past half of the reserved ones,
         the next block is reserved."""
+        self._ids_left -= (next_id - self.next_message_id) & ID_MASK  # (UNRELIABLE skipped too)
         self.next_message_id = next_id
-        self._ids_left -= count
-        if self._ids_left < MAX_UNACKED:  # (only while reserving fails: a full disk)
+        if not self._switch():  # (only while reserving fails: a full disk)
             self.ids_ready.clear()
-        if self._ids_left < ID_BLOCK // 2 and not self._reserving:
+        if self._ids_left < ID_BLOCK // 2 and not self._reserving and self._spare is None:
             self._reserving = True
             self.spawn(self._reserve())
-
-    async def _reserve_block(self) -> None:
-        """Keep, durably, that ids up to one more block are taken; only then use them (a
-        restart, even after SIGKILL, starts after the last block kept)."""
-        upto = (self.next_message_id + self._ids_left + ID_BLOCK) & 0xFFFFFFFF
-        await self._record({"ids": upto})
-        self._ids_left += ID_BLOCK
-        self.ids_ready.set()
 
     async def _reserve(self) -> None:
         """Reserve a block, trying again every second while the log refuses (disk full)."""
         try:
             while True:
                 try:
-                    await self._reserve_block()
+                    await self.reserve_block()
                     return
                 except TidewireError as exc:
                     log.warning("tolliver: delivery ids not reserved, trying again: %s", exc)
