@@ -79,7 +79,10 @@ def untoken(text: str) -> str:
                 raise ValueError(f"unescaped {ch!r} in subject token {text!r}")
             raw.append(ord(ch))
             i += 1
-    return raw.decode()
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise ValueError(f"not UTF-8 in subject token {text!r}") from None
 
 
 def shard_of(stream: str, shards: int) -> int:
