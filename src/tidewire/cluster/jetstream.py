@@ -228,7 +228,7 @@ class JetStreamStorage:
             body = {"subjects_filter": f"tw.{shard}.>", "offset": len(subjects)}
             info = await retrying(
                 functools.partial(
-                    self.api.call, f"$JS.API.STREAM.INFO.{shard_stream(shard)}", body
+                    self.api.call, f"$JS.API.STREAM.INFO.{shard_stream(shard)}", body, FIRST_WAIT
                 ),
                 self.startup_s,
             )
@@ -281,6 +281,8 @@ class JetStreamStorage:
                 raise
             except Exception as exc:  # (the cluster may be electing: try again next time)
                 log.warning("JetStream background pass %s failed: %r", work.__name__, exc)
+            if self._closed:  # (a cancel landing as a request completes can be lost: 3.11's
+                return  # wait_for, inside nats-py, returns the result instead)
             await asyncio.sleep(seconds)
 
     async def retention_pass(self, now: int | None = None) -> int:
@@ -402,11 +404,11 @@ class JetStreamStorage:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.catalog.close()
-        try:
-            await self.nc.drain()
-        except Exception as exc:  # (a connection already gone has nothing to drain)
-            log.debug("drain: %r", exc)
-            await self.nc.close()
+        try:  # (every append was acked above: flushing what is buffered is all that is left)
+            await self.nc.flush(timeout=2)
+        except Exception as exc:  # (a connection already gone has nothing to flush)
+            log.debug("flush at close: %r", exc)
+        await self.nc.close()
 
     def __repr__(self) -> str:
         return f"JetStreamStorage({self.describe()!r}, streams={len(self.streams())})"
