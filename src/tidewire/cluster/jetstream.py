@@ -28,7 +28,7 @@ from ..hub.storage import ClusterStatus, Storage, StreamStats
 from ..log import LogConfig
 from ..model import Batch, LogClosedError, LogError, StorageFullError, now_ms
 from .catalog import Catalog, Head, RecordPoint
-from .jsapi import STREAM_NAME_IN_USE, Api, JetStreamError, StoredRecord, retrying
+from .jsapi import STREAM_NAME_IN_USE, TRANSIENT, Api, JetStreamError, StoredRecord, retrying
 from .jsread import Reader
 from .jswrite import StreamWriter
 from .retention import enforce
@@ -271,7 +271,12 @@ class JetStreamStorage:
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("JetStream background task failed: %r", task.exception())
 
     async def _every(self, seconds: float, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         while not self._closed:
@@ -379,7 +384,13 @@ class JetStreamStorage:
     async def read(self, stream: str, from_id: int, max_bytes: int, max_events: int) -> list[Batch]:
         if self._closed:
             raise LogClosedError("the JetStream storage is closed")
-        return await self.reader.read(stream, from_id, max_bytes, max_events)
+        try:  # (through a failover: the replicas answer again once a leader is elected)
+            return await retrying(
+                lambda: self.reader.read(stream, from_id, max_bytes, max_events),
+                self.append_timeout_s,
+            )
+        except TRANSIENT as exc:
+            raise LogError(f"stream {stream!r}: JetStream did not answer a read: {exc!r}") from exc
 
     async def wait_for(self, stream: str, after_id: int) -> None:
         await self.catalog.wait(stream, after_id)

@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import (
+    ConnectionReconnectingError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+)
 from nats.errors import TimeoutError as NatsTimeout
 
 from ..model import LogError
@@ -45,8 +50,16 @@ NOT_FOUND = 10059
 _FULL_CODES = frozenset({10023, 10047, 10027, 10028, 10054})
 
 
-TRANSIENT = (NatsTimeout, NoRespondersError, asyncio.TimeoutError)
-"""No answer (yet): a request that timed out, or no responder while a leader is elected."""
+TRANSIENT = (
+    NatsTimeout,
+    NoRespondersError,
+    ConnectionReconnectingError,
+    StaleConnectionError,
+    OutboundBufferLimitError,
+    asyncio.TimeoutError,
+)
+"""No answer (yet): a request that timed out, no responder while a leader is elected, a
+connection being re-established."""
 
 
 class JetStreamError(LogError):

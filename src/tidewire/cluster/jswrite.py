@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nats.errors import ConnectionClosedError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
+from nats.errors import Error as NatsError
 
 from ..model import (
     MAX_ID,
@@ -52,7 +52,7 @@ RECORD_BYTES = 8 * 1024 * 1024 - 64 * 1024
 """The largest record the writer publishes: JetStream's ``max_payload`` (8 MiB) less room for
 the headers. A bigger batch is split into several records."""
 
-_NO_ACK = (NatsTimeout, NoRespondersError, asyncio.TimeoutError)
+_NO_ACK = (NatsError, asyncio.TimeoutError)  # (ConnectionClosedError is caught before)
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 1.0
 
@@ -265,32 +265,40 @@ class StreamWriter:
         deadline = time.monotonic() + host.append_timeout_s
         delay = _FIRST_DELAY
         unsure = False  # an attempt without an ack may have been stored
+        conflict = False  # refused for a stale expected sequence: resolve before anything
         for attempt in itertools.count():
             left = deadline - time.monotonic()
             try:
+                if conflict:
+                    found = await self._resolve_conflict(expected, write, unsure)
+                    if found is not None:
+                        return RecordPoint.of(found)
+                    raise _Conflict
                 seq = await host.api.publish(
                     head.subject, payload, headers, wait=max(0.05, min(left, host.api.timeout))
                 )
                 return RecordPoint(seq, last_id, record_sum)  # fmt: skip
             except JetStreamError as exc:
                 if exc.err_code in WRONG_LAST_SEQUENCE:
-                    found = await self._resolve_conflict(expected, write, unsure)
-                    if found is not None:
-                        return RecordPoint.of(found)
-                    raise _Conflict from None
+                    conflict = True
+                    continue
                 if is_storage_full(exc):
                     raise StorageFullError(
                         head.name, errno.ENOSPC, f"writing to JetStream: {exc.description}"
                     ) from None
-                raise
+                if exc.code != 503:  # (503: JetStream unavailable for now, as no ack)
+                    raise
+                unsure = True
+            except ConnectionClosedError:
+                raise LogClosedError("the JetStream connection is closed") from None
             except _NO_ACK as exc:
+                # No ack: a timeout, no responders (a leader being elected), a connection
+                # being re-established. Only "no responders" proves nothing was stored.
                 unsure = unsure or not isinstance(exc, NoRespondersError)
                 if time.monotonic() + delay > deadline:
                     raise LogError(f"stream {head.name!r}: no ack from JetStream in "
                                    f"{host.append_timeout_s:g} s ({attempt + 1} attempts: "
                                    f"{exc!r})") from None  # fmt: skip
-            except ConnectionClosedError:
-                raise LogClosedError("the JetStream connection is closed") from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_DELAY)
         raise AssertionError("unreachable")  # pragma: no cover

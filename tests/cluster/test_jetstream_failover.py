@@ -1,0 +1,93 @@
+"""A stream's leader SIGKILLed while a gateway appends to it: no acknowledged append lost, none
+stored twice, appends resume within seconds (a cluster of the test's own)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+
+from helpers import run
+from tidewire.cluster.jetstream import JetStreamStorage
+from tidewire.cluster.local import LocalCluster
+from tidewire.cluster.subjects import shard_of
+from tidewire.model import Batch
+
+RESUME_SECONDS = 15.0
+
+
+def leader_of(cluster: LocalCluster, jetstream: str) -> int:
+    """The index of the node leading ``jetstream`` (asked of every live node's /jsz)."""
+    for node in cluster.nodes:
+        if node.pid is None:
+            continue
+        url = f"http://127.0.0.1:{node.monitor_port}/jsz?streams=true"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            report = json.loads(answer.read())
+        for account in report.get("account_details", []):
+            for stream in account.get("stream_detail", []):
+                if stream["name"] == jetstream:
+                    leader = stream.get("cluster", {}).get("leader")
+                    if leader:
+                        return [n.name for n in cluster.nodes].index(leader)
+    raise AssertionError(f"no leader found for {jetstream}")
+
+
+def test_killing_the_leader_loses_no_acked_append_and_appends_resume(
+    own_cluster: Callable[[int], LocalCluster],
+) -> None:
+    cluster = own_cluster(3)
+    stream = "failover.s"
+    jetstream = f"TW_{shard_of(stream, 16)}"
+
+    async def main() -> None:
+        storage = await JetStreamStorage.connect(cluster.urls, append_timeout_s=30)
+        acked: list[tuple[int, bytes, float]] = []
+        stop = asyncio.Event()
+
+        async def appender(tag: bytes) -> None:
+            n = 0
+            while not stop.is_set():
+                value = tag + b"%d" % n
+                stored = await storage.append(Batch.build(stream, [value]), assign_ids=True)
+                acked.append((stored.first_id, value, time.monotonic()))
+                n += 1
+
+        tasks = [asyncio.ensure_future(appender(b"%d-" % i)) for i in range(4)]
+        while len(acked) < 200:
+            await asyncio.sleep(0.01)
+        victim = leader_of(cluster, jetstream)
+        killed_at = time.monotonic()
+        cluster.kill(victim)
+        before = len(acked)
+        while not [a for a in acked[before:] if a[2] > killed_at]:
+            assert time.monotonic() - killed_at < RESUME_SECONDS, "appends did not resume"
+            await asyncio.sleep(0.01)
+        resumed = min(a[2] for a in acked[before:] if a[2] > killed_at) - killed_at
+        target = len(acked) + 200
+        while len(acked) < target:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.gather(*tasks)
+        await storage.close()
+
+        cluster.restart(victim)
+        reader = await JetStreamStorage.connect(cluster.urls)
+        try:
+            stored: list[tuple[int, bytes]] = []
+            next_id = 1
+            while batches := await reader.read(stream, next_id, 1 << 20, 10_000):
+                stored += [(int(b.ids[i]), b.value(i)) for b in batches for i in range(len(b))]
+                next_id = batches[-1].last_id + 1
+        finally:
+            await reader.close()
+        ids = [i for i, _ in stored]
+        assert ids == sorted(set(ids))  # strictly increasing, nothing twice
+        assert len({v for _, v in stored}) == len(stored)  # no value stored twice
+        assert {(i, v) for i, v, _ in acked} <= set(stored)  # every acked append is there
+        print(f"appends resumed {resumed:.2f} s after the leader was killed")
+        assert resumed < RESUME_SECONDS
+
+    run(main(), 120)
