@@ -54,6 +54,7 @@ the headers. A bigger batch is split into several records."""
 
 _NO_ACK = (NatsError, asyncio.TimeoutError)  # (ConnectionClosedError is caught before)
 _FIRST_DELAY = 0.05
+_FIRST_ACK_WAIT = 1.0
 _MAX_DELAY = 1.0
 
 
@@ -266,6 +267,9 @@ class StreamWriter:
         delay = _FIRST_DELAY
         unsure = False  # an attempt without an ack may have been stored
         conflict = False  # refused for a stale expected sequence: resolve before anything
+        # A first attempt waits 1 s for its ack, later ones longer: a leader that died with the
+        # publish costs a second, not the whole request timeout, and an unsure attempt is safe.
+        ack_wait = min(_FIRST_ACK_WAIT, host.api.timeout)
         for attempt in itertools.count():
             left = deadline - time.monotonic()
             try:
@@ -275,7 +279,7 @@ class StreamWriter:
                         return RecordPoint.of(found)
                     raise _Conflict
                 seq = await host.api.publish(
-                    head.subject, payload, headers, wait=max(0.05, min(left, host.api.timeout))
+                    head.subject, payload, headers, wait=max(0.05, min(left, ack_wait))
                 )
                 return RecordPoint(seq, last_id, record_sum)  # fmt: skip
             except JetStreamError as exc:
@@ -301,6 +305,7 @@ class StreamWriter:
                                    f"{exc!r})") from None  # fmt: skip
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_DELAY)
+            ack_wait = min(ack_wait * 2, host.api.timeout)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _resolve_conflict(
