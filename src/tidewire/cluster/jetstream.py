@@ -123,6 +123,9 @@ class JetStreamStorage:
 
         async def error(exc: Exception) -> None:
             log.warning("NATS connection: %r", exc)
+            if storage is not None and isinstance(exc, nats.errors.SlowConsumerError):
+                # Notifications were dropped: the heads may be behind; read them again.
+                storage._spawn(storage._load_catalog(load_concurrency))
 
         try:
             nc = await nats.connect(servers=list(urls), name=name, max_reconnect_attempts=-1,

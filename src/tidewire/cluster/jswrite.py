@@ -38,6 +38,7 @@ from ..model import (
     LogClosedError,
     LogError,
     StorageFullError,
+    TidewireError,
 )
 from ..record import HEADER_SIZE, encode, merge
 from .catalog import Catalog, Head, RecordPoint
@@ -98,8 +99,9 @@ class _Part:
     first_id: int = 0  # planned: the part's first id
 
 
-class _Conflict(Exception):
-    """Another gateway wrote the stream since the head this publish expected."""
+class _Conflict(TidewireError):
+    """Another gateway wrote the stream since the head this publish expected (internal: the
+    writer plans again and never lets it out)."""
 
 
 class StreamWriter:
