@@ -343,3 +343,25 @@ def test_the_storage_full_codes() -> None:
     assert not is_storage_full(JetStreamError(400, 10071, "wrong last sequence: 3"))
     assert StorageFullError("s", errno.ENOSPC, "x").errno == errno.ENOSPC
     assert RecordSum(0, 0, 0, 1, 8, 0).events_through == 1
+
+
+def test_appends_over_the_queue_bound_wait_in_order_and_are_observed(
+    cluster: LocalCluster,
+) -> None:
+    s = name("bounded")
+
+    async def body(a: JetStreamStorage) -> None:
+        seen: list[float] = []
+        a.observe(append=seen.append)
+        calls = [a.append(Batch.build(s, [b"%03d" % i * 30]), assign_ids=True)
+                 for i in range(200)]  # fmt: skip
+        stored = await asyncio.gather(*calls)
+        assert [b.first_id for b in stored] == list(range(1, 201))  # in the order of the calls
+        assert [b.value(i) for b in await everything(a, s) for i in range(len(b))] == [
+            b"%03d" % i * 30 for i in range(200)
+        ]
+        assert len(seen) == 200
+        assert all(0 <= t < 30 for t in seen)
+        assert a.writers[s].queued_bytes == 0
+
+    with_storages(cluster, 1, body, max_queued_bytes=2048)

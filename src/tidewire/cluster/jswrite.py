@@ -115,6 +115,8 @@ class StreamWriter:
         self.queued_bytes = 0
         self.accepted = 0  # the last id planned for a queued append (accepted_latest)
         self.room = asyncio.Event()
+        self.admission = asyncio.Lock()
+        self.waiting = 0  # appenders waiting for room (newcomers queue behind them)
         self.idle = asyncio.Event()
         self.idle.set()
         self.task: asyncio.Task[None] | None = None
@@ -125,9 +127,28 @@ class StreamWriter:
         """Queue ``batch`` (owned and validated) and wait until it is stored or refused."""
         started = time.perf_counter()
         size = batch.nbytes
-        while self.queue and self.queued_bytes + size > self.max_queued_bytes:
-            self.room.clear()  # bounded in bytes: wait for the queue to drain
-            await self.room.wait()
+        if self.waiting or self._full(size):
+            # Bounded in bytes: wait for room, first come first served (an asyncio.Lock is
+            # FIFO), so that appends are stored in the order of the calls.
+            self.waiting += 1
+            try:
+                async with self.admission:
+                    while self._full(size):
+                        self.room.clear()
+                        await self.room.wait()
+                    stored = self._enqueue(batch, assign, fence, started)
+            finally:
+                self.waiting -= 1
+        else:
+            stored = self._enqueue(batch, assign, fence, started)
+        return await stored
+
+    def _full(self, size: int) -> bool:
+        return bool(self.queue) and self.queued_bytes + size > self.max_queued_bytes
+
+    def _enqueue(
+        self, batch: Batch, assign: bool, fence: int | None, started: float
+    ) -> asyncio.Future[Batch]:
         self._check_fence(fence)
         cursor = max(self.accepted, self.head.latest)
         if assign:
@@ -140,11 +161,11 @@ class StreamWriter:
             self.accepted = batch.last_id
         item = _Append(batch, assign, fence, asyncio.get_running_loop().create_future(), started)
         self.queue.append(item)
-        self.queued_bytes += size
+        self.queued_bytes += batch.nbytes
         self.idle.clear()
         if self.task is None:
             self.task = asyncio.ensure_future(self._run())
-        return await asyncio.shield(item.future)  # (a cancelled caller leaves the write on)
+        return asyncio.shield(item.future)  # (a cancelled caller leaves the write on)
 
     def _check_fence(self, fence: int | None) -> None:
         if fence is not None and fence != self.host.refusals:
