@@ -28,7 +28,15 @@ from ..hub.storage import ClusterStatus, Storage, StreamStats
 from ..log import LogConfig
 from ..model import Batch, LogClosedError, LogError, StorageFullError, now_ms
 from .catalog import Catalog, Head, RecordPoint
-from .jsapi import STREAM_NAME_IN_USE, TRANSIENT, Api, JetStreamError, StoredRecord, retrying
+from .jsapi import (
+    STREAM_NAME_IN_USE,
+    TRANSIENT,
+    Api,
+    CorruptRecordError,
+    JetStreamError,
+    StoredRecord,
+    retrying,
+)
 from .jsread import Reader
 from .jswrite import StreamWriter
 from .retention import enforce
@@ -220,7 +228,10 @@ class JetStreamStorage:
 
         async def load(head: Head) -> None:
             async with gate:
-                await retrying(lambda: self.refresh_head(head), self.startup_s)
+                try:
+                    await retrying(lambda: self.refresh_head(head), self.startup_s)
+                except CorruptRecordError as exc:  # (the stream's reads will say so too)
+                    log.error("stream %r: %s", head.name, exc)
 
         await asyncio.gather(*(load(h) for h in heads))
 

@@ -26,13 +26,14 @@ from nats.errors import (
 )
 from nats.errors import TimeoutError as NatsTimeout
 
-from ..model import LogError
+from ..model import CorruptLogError, LogError
 from .subjects import IDS, SUM, WRITE, RecordSum, parse_ids
 
 __all__ = [
     "TRANSIENT",
     "WRONG_LAST_SEQUENCE",
     "Api",
+    "CorruptRecordError",
     "JetStreamError",
     "StoredRecord",
     "is_storage_full",
@@ -96,6 +97,29 @@ def is_storage_full(exc: JetStreamError) -> bool:
     if exc.err_code in _FULL_CODES or "insufficient" in text:
         return True
     return "storage" in text and ("limit" in text or "exceeded" in text)
+
+
+class CorruptRecordError(CorruptLogError):
+    """A stored message that is not a sound tidewire record: headers missing or unreadable,
+    or a record that does not decode or check (CRC, ids disagreeing with the headers)."""
+
+    def __init__(self, jetstream: str, subject: str, seq: int, reason: str) -> None:
+        super().__init__(f"JetStream {jetstream} subject {subject}", seq, reason)
+        self.seq = seq
+
+    def __str__(self) -> str:
+        return f"corrupt record in {self.path}, message {self.seq}: {self.reason}"
+
+
+def _record(jetstream: str, headers: Mapping[str, str], data: bytes = b"") -> StoredRecord:
+    try:
+        return StoredRecord.from_headers(headers, data)
+    except (KeyError, ValueError) as exc:
+        seq = headers.get("Nats-Sequence", "0")
+        subject = headers.get("Nats-Subject", "?")
+        reason = f"not a tidewire record's headers ({exc!r})"
+        raise CorruptRecordError(jetstream, subject, int(seq) if seq.isdigit() else 0,
+                                 reason) from None  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +191,7 @@ class Api:
             return None
         if status is not None or not msg.headers:
             raise JetStreamError(int(status or 0), 0, f"direct get {body}: status {status}")
-        return StoredRecord.from_headers(msg.headers, msg.data)
+        return _record(stream, msg.headers, msg.data)
 
     async def leader_get(self, stream: str, body: Mapping[str, Any]) -> StoredRecord | None:
         """A message get answered by the stream's leader (never a lagging replica, unlike a
@@ -182,7 +206,8 @@ class Api:
         message = answer["message"]
         headers = parse_header_block(base64.b64decode(message.get("hdrs", "")))
         headers["Nats-Sequence"] = str(message["seq"])
-        return StoredRecord.from_headers(headers, base64.b64decode(message.get("data", "")))
+        headers.setdefault("Nats-Subject", str(message.get("subject", "?")))
+        return _record(stream, headers, base64.b64decode(message.get("data", "")))
 
     async def direct_batch(
         self, stream: str, subject: str, seq: int, batch: int, max_bytes: int
@@ -205,7 +230,7 @@ class Api:
                     return out
                 if status is not None or not msg.headers:
                     raise JetStreamError(int(status or 0), 0, f"direct get batch: {status}")
-                out.append(StoredRecord.from_headers(msg.headers, msg.data))
+                out.append(_record(stream, msg.headers, msg.data))
         finally:
             await sub.unsubscribe()
 

@@ -17,10 +17,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..log.segment import ReadBudget
-from ..model import Batch, CorruptLogError, DataLossError
+from ..model import Batch, DataLossError
 from ..record import HeaderError, decode_body, parse_header
 from .catalog import Catalog, Head, RecordPoint
-from .jsapi import Api, StoredRecord
+from .jsapi import Api, CorruptRecordError, StoredRecord
 
 __all__ = ["CorruptRecordError", "Reader", "decode", "seek"]
 
@@ -28,17 +28,6 @@ POSITIONS = 4096  # remembered read positions (stream, next id) -> sequence, lea
 BATCH = 256  # messages per batched direct get
 STALE_RETRIES = 20  # a lagging replica answered short: ask again, 10 ms apart
 _STALE_DELAY = 0.01
-
-
-class CorruptRecordError(CorruptLogError):
-    """A stored message whose record does not decode or check (CRC, headers disagreeing)."""
-
-    def __init__(self, jetstream: str, subject: str, seq: int, reason: str) -> None:
-        super().__init__(f"JetStream {jetstream} subject {subject}", seq, reason)
-        self.seq = seq
-
-    def __str__(self) -> str:
-        return f"corrupt record in JetStream {self.path}, message {self.seq}: {self.reason}"
 
 
 def decode(head: Head, record: StoredRecord) -> Batch:
