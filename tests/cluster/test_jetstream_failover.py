@@ -94,3 +94,33 @@ def test_killing_the_leader_loses_no_acked_append_and_appends_resume(
         assert resumed < RESUME_SECONDS
 
     run(main(), 120)
+
+
+def test_the_whole_cluster_stopped_and_started_serves_everything_acked(
+    own_cluster: Callable[[int], LocalCluster],
+) -> None:
+    cluster = own_cluster(3)
+    stream = "restart.s"
+
+    async def main() -> None:
+        storage = await JetStreamStorage.connect(cluster.urls)
+        try:
+            for i in range(50):
+                await storage.append(Batch.build(stream, [b"before%d" % i]), assign_ids=True)
+            await asyncio.to_thread(cluster.stop)
+            await asyncio.to_thread(cluster.start)
+            # the same gateway reconnects, and appends and reads again
+            stored = await storage.append(Batch.build(stream, [b"after"]), assign_ids=True)
+            assert stored.first_id == 51
+            got = await storage.read(stream, 1, 1 << 20, 1000)
+            values = [b.value(i) for b in got for i in range(len(b))]
+            assert values == [b"before%d" % i for i in range(50)] + [b"after"]
+        finally:
+            await storage.close()
+        fresh = await JetStreamStorage.connect(cluster.urls)
+        try:
+            assert fresh.latest(stream) == 51
+        finally:
+            await fresh.close()
+
+    run(main(), 120)
