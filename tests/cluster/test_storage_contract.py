@@ -185,3 +185,18 @@ def test_a_hub_appends_reads_subscribes_and_commits_once_over_it(opener: Opener)
             assert storage.latest(s) == receipt.first_id
 
     run(main(), 60)
+
+
+def test_stats_count_events_bytes_and_the_first_id_stored(opener: Opener) -> None:
+    s = name("stats")
+
+    async def body(storage: Storage) -> None:
+        await storage.append(Batch.build(s, [b"a", b"b"], ids=[5, 6]))
+        await storage.append(Batch.build(s, [b"c" * 100]), assign_ids=True)
+        (stats,) = [x for x in storage.stats() if x.name == s]
+        assert (stats.events, stats.first_id, stats.latest_id) == (3, 5, 7)
+        assert stats.bytes >= 100
+        assert stats.segments >= 1
+        assert storage.start_id(s) == 1  # (nothing removed: ids below 5 were never there)
+
+    go(opener, body)

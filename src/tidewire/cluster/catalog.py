@@ -23,15 +23,16 @@ __all__ = ["Catalog", "Head", "RecordPoint"]
 
 @dataclass(frozen=True, slots=True)
 class RecordPoint:
-    """One record of a stream, as far as the catalog cares: its sequence, last id and sum."""
+    """One record of a stream, as far as the catalog cares: its sequence, ids and sum."""
 
     seq: int
+    first_id: int
     last_id: int
     sum: RecordSum
 
     @classmethod
     def of(cls, record: StoredRecord) -> RecordPoint:
-        return cls(record.seq, record.last_id, record.sum)
+        return cls(record.seq, record.first_id, record.last_id, record.sum)
 
 
 @dataclass(slots=True)
@@ -67,9 +68,9 @@ class Head:
             return StreamStats(self.name, 0, None, None, 0, 0)
         base_events = first.sum.events_before if first is not None else 0
         base_bytes = first.sum.bytes_before if first is not None else 0
-        return StreamStats(self.name, last.sum.events_through - base_events, self.start_id,
-                           last.last_id, last.sum.bytes_through - base_bytes,
-                           max(self.records, 1))  # fmt: skip
+        return StreamStats(self.name, last.sum.events_through - base_events,
+                           first.first_id if first is not None else None, last.last_id,
+                           last.sum.bytes_through - base_bytes, max(self.records, 1))  # fmt: skip
 
 
 @dataclass(slots=True)

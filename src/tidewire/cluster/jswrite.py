@@ -304,7 +304,7 @@ class StreamWriter:
                 seq = await host.api.publish(
                     head.subject, payload, headers, wait=max(0.05, min(left, ack_wait))
                 )
-                return RecordPoint(seq, last_id, record_sum)  # fmt: skip
+                return RecordPoint(seq, first_id, last_id, record_sum)
             except JetStreamError as exc:
                 if exc.err_code in WRONG_LAST_SEQUENCE:
                     conflict = True
