@@ -386,3 +386,13 @@ def test_a_message_without_a_records_headers_is_corrupt_and_does_not_stop_a_conn
             await storage.close()
 
     run(main(), 60)
+
+
+def test_no_cluster_at_the_urls_is_a_log_error_in_seconds() -> None:
+    from tidewire.cluster.local import free_port
+
+    async def main() -> None:
+        with pytest.raises(LogError, match="cannot reach JetStream"):
+            await JetStreamStorage.connect([f"nats://127.0.0.1:{free_port()}"])
+
+    run(main(), 30)

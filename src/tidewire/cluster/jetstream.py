@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 MAX_MSG_SIZE = 8 * MiB
 RESERVED_PREFIX = "_tidewire."
+CONNECT_ATTEMPTS = 8  # per server, 0.25 s apart, before connect gives up
 FIRST_WAIT = 2.0  # seconds for each answer while connecting (a restarted cluster drops some)
 NOTIFY_PENDING_BYTES = 64 * MiB  # the notification subscription's bound (headers only)
 
@@ -136,11 +137,15 @@ class JetStreamStorage:
                 storage._spawn(storage._load_catalog(load_concurrency))
 
         try:
-            nc = await nats.connect(servers=list(urls), name=name, max_reconnect_attempts=-1,
+            nc = await nats.connect(servers=list(urls), name=name,
+                                    max_reconnect_attempts=CONNECT_ATTEMPTS,
                                     reconnect_time_wait=0.25, connect_timeout=5,
                                     reconnected_cb=reconnected, error_cb=error)  # fmt: skip
         except Exception as exc:
             raise LogError(f"cannot reach JetStream at {','.join(urls)}: {exc!r}") from exc
+        # Connected: from now on a lost connection is retried for ever (a gateway outlives
+        # a cluster restart); nats-py reads the option at each reconnect.
+        nc.options["max_reconnect_attempts"] = -1
         storage = cls(nc, urls, shards=shards, replicas=replicas, config=config or LogConfig(),
                       append_timeout_s=append_timeout_s,
                       retention_interval_s=retention_interval_s,
@@ -149,8 +154,10 @@ class JetStreamStorage:
                       max_queued_bytes=max_queued_bytes)  # fmt: skip
         try:
             await storage._start(load_concurrency)
-        except BaseException:
+        except BaseException as exc:
             await nc.close()
+            if isinstance(exc, TRANSIENT):
+                raise LogError(f"JetStream at {','.join(urls)} did not answer: {exc!r}") from exc
             raise
         return storage
 
@@ -166,10 +173,8 @@ class JetStreamStorage:
             if stream.startswith(RESERVED_PREFIX) and self.catalog.known(stream):
                 self._reserved[stream] = await self._read_all(stream)
         self._spawn(self._every(self.status_interval_s, self.refresh_status))
-        if self.config.defaults.retention_bytes is not None or any(
-            s.retention_bytes is not None or s.retention_ms is not None
-            for s in [self.config.defaults, *self.config.streams.values()]
-        ):
+        settings = [self.config.defaults, *self.config.streams.values()]
+        if any(s.retention_bytes is not None or s.retention_ms is not None for s in settings):
             self._spawn(self._every(self.retention_interval_s, self.retention_pass))
 
     def shard_config(self, shard: int) -> dict[str, Any]:
