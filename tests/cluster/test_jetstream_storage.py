@@ -7,7 +7,7 @@ import asyncio
 import errno
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import nats
@@ -15,7 +15,7 @@ import pytest
 
 from helpers import run
 from tidewire.cluster.jetstream import JetStreamStorage
-from tidewire.cluster.jsapi import CorruptRecordError, JetStreamError
+from tidewire.cluster.jsapi import CorruptRecordError, JetStreamError, StoredRecord
 from tidewire.cluster.local import LocalCluster
 from tidewire.cluster.subjects import IDS, SUM, WRITE, RecordSum, shard_of, subject_of
 from tidewire.log import LogConfig, StreamSettings
@@ -396,3 +396,27 @@ def test_no_cluster_at_the_urls_is_a_log_error_in_seconds() -> None:
             await JetStreamStorage.connect([f"nats://127.0.0.1:{free_port()}"])
 
     run(main(), 30)
+
+
+def test_a_seek_misled_by_a_replica_lacking_records_is_caught_and_done_again_on_the_leader(
+    cluster: LocalCluster,
+) -> None:
+    s = name("stale")
+
+    async def body(a: JetStreamStorage) -> None:
+        for i in range(1, 21):
+            await a.append(Batch.build(s, [b"%d" % i]), assign_ids=True)
+        real = a.api.direct_get
+        hidden = {5, 6, 7}  # as if each probe were answered by another replica, one lacking these
+
+        async def patchy(stream: str, body: Mapping[str, Any]) -> StoredRecord | None:
+            found = await real(stream, body)
+            if found is not None and found.first_id in hidden and "next_by_subj" in body:
+                return None
+            return found
+
+        a.api.direct_get = patchy  # type: ignore[method-assign]
+        got = await a.read(s, 6, 1 << 20, 100)
+        assert ids_of(got) == list(range(6, 21))  # not 10..20: the overshoot was noticed
+
+    with_storages(cluster, 1, body)

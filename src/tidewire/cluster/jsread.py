@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from ..log.segment import ReadBudget
 from ..model import Batch, DataLossError
@@ -46,11 +47,15 @@ def decode(head: Head, record: StoredRecord) -> Batch:
         raise CorruptRecordError(head.jetstream, head.subject, record.seq, str(exc)) from None
 
 
+Get = Callable[[str, Mapping[str, Any]], Awaitable[StoredRecord | None]]
+
+
 async def seek(
-    api: Api, head: Head, key: Callable[[StoredRecord], int], target: int
+    api: Api, head: Head, key: Callable[[StoredRecord], int], target: int, get: Get | None = None
 ) -> StoredRecord | None:
     """The stream's first record whose ``key`` is at least ``target`` (keys grow with the
-    sequence); ``None`` when none does. O(log n) direct gets."""
+    sequence); ``None`` when none does. O(log n) direct gets, or ``get``s (the leader's)."""
+    get = get or api.direct_get
     if head.last is None:
         return None
     lo = head.first.seq if head.first is not None else 1
@@ -58,7 +63,7 @@ async def seek(
     hi = head.last.seq + 1  # exclusive: the candidate range is [lo, hi)
     while lo < hi:
         mid = (lo + hi) // 2
-        found = await api.direct_get(head.jetstream, {"seq": mid, "next_by_subj": head.subject})
+        found = await get(head.jetstream, {"seq": mid, "next_by_subj": head.subject})
         if found is None or found.seq >= hi:
             hi = mid  # no record of the stream in [mid, hi)
             continue
@@ -95,10 +100,15 @@ class Reader:
             await asyncio.sleep(_STALE_DELAY)  # a replica behind the head we know of
         return []
 
-    async def _read(self, head: Head, from_id: int, max_bytes: int, max_events: int) -> list[Batch]:
-        seq = self._positions.pop((head.name, from_id), None)
+    async def _read(
+        self, head: Head, from_id: int, max_bytes: int, max_events: int, *, sure: bool = False
+    ) -> list[Batch]:
+        """One read; ``sure``: seek with the leader's gets (a direct get may be answered by a
+        replica behind the others, which can make a seek overshoot)."""
+        seq = None if sure else self._positions.pop((head.name, from_id), None)
         if seq is None:
-            found = await seek(self.api, head, lambda r: r.last_id, from_id)
+            get = self.api.leader_get if sure else None
+            found = await seek(self.api, head, lambda r: r.last_id, from_id, get)
             if found is None:
                 return []
             seq = found.seq
@@ -113,7 +123,8 @@ class Reader:
             for record in records:
                 if not checked:
                     checked = True
-                    self._check_loss(head, record, from_id)
+                    if await self._lost(head, record, from_id, sure):
+                        return await self._read(head, from_id, max_bytes, max_events, sure=True)
                 batch = decode(head, record)
                 self.catalog.advance(head.name, RecordPoint.of(record))
                 taken = budget.add(batch)
@@ -124,12 +135,18 @@ class Reader:
             self._remember(head.name, budget.next_id, seq)
         return budget.out
 
-    def _check_loss(self, head: Head, record: StoredRecord, from_id: int) -> None:
-        """The first record found after ``from_id`` follows a record that held ``from_id``
-        (``Tw-Sum``'s prev), which is gone: retention removed it."""
-        if record.first_id > from_id and record.sum.prev >= from_id:
-            self.catalog.trimmed(head.name, RecordPoint.of(record))
-            raise DataLossError(head.name, from_id, record.sum.prev + 1)
+    async def _lost(self, head: Head, record: StoredRecord, from_id: int, sure: bool) -> bool:
+        """Whether the first record found after ``from_id`` follows one that held it
+        (``Tw-Sum``'s prev) which is not there. Removed by retention (:class:`DataLossError`)
+        when it is the stream's first record now, as the leader says; else the seek
+        overshot (True: seek again, surely)."""
+        if record.first_id <= from_id or record.sum.prev < from_id:
+            return False
+        first = await self.api.leader_get(head.jetstream, {"seq": 0, "next_by_subj": head.subject})
+        if sure or first is None or first.seq >= record.seq:
+            self.catalog.trimmed(head.name, RecordPoint.of(first or record))
+            raise DataLossError(head.name, from_id, (first or record).sum.prev + 1)
+        return True
 
     def _remember(self, stream: str, next_id: int, seq: int) -> None:
         self._positions[(stream, next_id)] = seq
