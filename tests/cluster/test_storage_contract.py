@@ -77,6 +77,7 @@ def test_appends_assign_or_keep_ids_and_the_queries_follow(opener: Opener) -> No
     s = name("ids")
 
     async def body(storage: Storage) -> None:
+        assert isinstance(storage, Storage)  # (runtime_checkable: every method is there)
         assert s not in storage
         assert storage.latest(s) == 0
         assert storage.start_id(s) == 1
