@@ -13,7 +13,7 @@ from typing import Any
 import nats
 import pytest
 
-from helpers import run
+from helpers import run, until
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.jsapi import CorruptRecordError, JetStreamError, StoredRecord
 from tidewire.cluster.local import LocalCluster
@@ -420,3 +420,26 @@ def test_a_seek_misled_by_a_replica_lacking_records_is_caught_and_done_again_on_
         assert ids_of(got) == list(range(6, 21))  # not 10..20: the overshoot was noticed
 
     with_storages(cluster, 1, body)
+
+
+def test_a_stream_first_heard_of_by_a_later_record_gets_its_start_from_its_first_record(
+    cluster: LocalCluster,
+) -> None:
+    s = name("late")
+    config = LogConfig(streams={s: StreamSettings(retention_bytes=1000)})
+
+    async def body(a: JetStreamStorage, b: JetStreamStorage) -> None:
+        for i in range(10):
+            await a.append(Batch.build(s, [b"%03d" % i * 100]), assign_ids=True)
+        assert await a.retention_pass(now=0) > 0
+        start = a.start_id(s)
+        assert start > 1
+        del b.catalog.heads[s]  # as if b had missed every notification of s so far
+        await a.append(Batch.build(s, [b"more"]), assign_ids=True)
+        await asyncio.wait_for(b.wait_for(s, 10), 10)
+        await until(lambda: b.start_id(s) == start, "b reading the stream's first record")
+        (stats,) = [x for x in b.stats() if x.name == s]
+        assert stats.first_id == start
+        assert stats.events == 11 - (start - 1)
+
+    with_storages(cluster, 2, body, config=config)

@@ -96,6 +96,7 @@ class JetStreamStorage:
         self._reserved: dict[str, list[Batch]] = {}
         self._status: ClusterStatus | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._finding_first: set[str] = set()  # streams whose first record is being read
         self._closed = False
 
     # ------------------------------------------------------------------ connecting
@@ -276,6 +277,25 @@ class JetStreamStorage:
         except (KeyError, ValueError):
             return  # (not a record of ours: nothing to learn)
         self.catalog.advance(stream, RecordPoint.of(record))
+        head = self.catalog.heads[stream]
+        if head.first is None and stream not in self._finding_first and not self._closed:
+            # A stream first heard of by a later record (a notification dropped, or older
+            # records purged): its first record gives its start id and counts.
+            self._finding_first.add(stream)
+            self._spawn(self._find_first(head))
+
+    async def _find_first(self, head: Head) -> None:
+        try:
+            first = await retrying(
+                lambda: self.api.direct_get(
+                    head.jetstream, {"seq": 0, "next_by_subj": head.subject}
+                ),
+                self.append_timeout_s,
+            )
+            if first is not None:
+                self.catalog.trimmed(head.name, RecordPoint.of(first))
+        finally:
+            self._finding_first.discard(head.name)
 
     async def _read_all(self, stream: str) -> list[Batch]:
         out: list[Batch] = []
