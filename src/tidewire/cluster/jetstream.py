@@ -176,7 +176,7 @@ class JetStreamStorage:
         self._spawn(self._every(self.status_interval_s, self.refresh_status))
         settings = [self.config.defaults, *self.config.streams.values()]
         if any(s.retention_bytes is not None or s.retention_ms is not None for s in settings):
-            self._spawn(self._every(self.retention_interval_s, self.retention_pass))
+            self._spawn(self._every(self.retention_interval_s, self.retention_pass, wait=True))
 
     def shard_config(self, shard: int) -> dict[str, Any]:
         """The JetStream configuration of shard stream ``TW_<shard>`` (docs/cluster.md)."""
@@ -317,7 +317,12 @@ class JetStreamStorage:
         if not task.cancelled() and task.exception() is not None:
             log.warning("JetStream background task failed: %r", task.exception())
 
-    async def _every(self, seconds: float, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    async def _every(
+        self, seconds: float, work: Callable[[], Coroutine[Any, Any, Any]], *, wait: bool = False
+    ) -> None:
+        """``work()`` every ``seconds`` (after waiting once, with ``wait``) until closed."""
+        if wait:
+            await asyncio.sleep(seconds)
         while not self._closed:
             try:
                 await work()
