@@ -124,3 +124,34 @@ def test_the_whole_cluster_stopped_and_started_serves_everything_acked(
             await fresh.close()
 
     run(main(), 120)
+
+
+def test_a_waiting_gateway_whose_node_died_wakes_for_a_record_stored_meanwhile(
+    own_cluster: Callable[[int], LocalCluster],
+) -> None:
+    cluster = own_cluster(3)
+    stream = "reconnect.s"
+
+    async def main() -> None:
+        waiter = await JetStreamStorage.connect(cluster.urls)
+        connected = waiter.nc.connected_url
+        assert connected is not None
+        assert connected.port is not None
+        victim = [n.client_port for n in cluster.nodes].index(connected.port)
+        others = [n.url for i, n in enumerate(cluster.nodes) if i != victim]
+        writer = await JetStreamStorage.connect(others)
+        try:
+            await writer.append(Batch.build(stream, [b"1"]), assign_ids=True)
+            await asyncio.wait_for(waiter.wait_for(stream, 0), 10)
+            waiting = asyncio.ensure_future(waiter.wait_for(stream, 1))
+            cluster.kill(victim)  # the waiter's connection drops; its notifications stop
+            await writer.append(Batch.build(stream, [b"2"]), assign_ids=True)
+            await asyncio.wait_for(waiting, 30)  # woken after its reconnect, by the reload
+            assert waiter.latest(stream) == 2
+            got = await waiter.read(stream, 2, 1 << 20, 10)
+            assert [b.value(0) for b in got] == [b"2"]
+        finally:
+            await writer.close()
+            await waiter.close()
+
+    run(main(), 90)
