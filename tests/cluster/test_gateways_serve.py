@@ -14,14 +14,10 @@ import urllib.request
 import uuid
 from typing import Any
 
-import pytest
-
 import tidewire
 from helpers import run
 from serveproc import endpoint, first_values, read_until, server
 from tidewire.cluster.local import LocalCluster
-
-pytest.importorskip("tidewire.cluster.jetstream", reason="the JetStream backend is not here")
 
 STATUS_SECONDS = 30.0  # the backend reads the cluster's status every few seconds
 

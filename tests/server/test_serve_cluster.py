@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-import logging
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -22,14 +20,12 @@ import pytest
 import tidewire
 from clustered_storage import URLS, ClusteredStorage
 from helpers import child_env, run
-from tidewire.cluster.local import free_port
+from tidewire.cluster.local import LocalCluster, free_port
 from tidewire.config import ConfigError, ServerConfig, load_config
 from tidewire.hub.storage import Storage
-from tidewire.log import LogConfig
 from tidewire.server.serve import Endpoint, serve
 from tidewire.server.storage_open import (
     EXIT_UNAVAILABLE,
-    JETSTREAM_MODULE,
     StorageUnavailable,
     connect_jetstream,
 )
@@ -198,37 +194,20 @@ def test_an_embedded_hub_is_unchanged_by_the_cluster_settings(tmp_path: Path) ->
 
 
 def test_the_jetstream_backend_is_given_the_cluster_settings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, cluster: LocalCluster
 ) -> None:
-    """``connect_jetstream`` hands ``JetStreamStorage.connect`` the URLs and the ``cluster.*``
-    settings (a stand-in module: the backend itself is tests/cluster/'s)."""
-    given: list[tuple[list[str], dict[str, object]]] = []
+    """``connect_jetstream`` connects the real backend to the cluster ``storage.url`` names,
+    with the ``cluster.*`` settings (the session's 3-node cluster)."""
+    config = load_config(None, {**PORTS, "data_dir": str(tmp_path),
+                                "storage.url": cluster.storage_url, "cluster.shards": 4,
+                                "cluster.replicas": 1, "cluster.append_timeout_s": 7.5},
+                         environ={})  # fmt: skip
 
-    class StandIn:
-        @staticmethod
-        async def connect(urls: list[str], *, shards: int = 16, replicas: int = 3,
-                          name: str = "", config: LogConfig | None = None,
-                          append_timeout_s: float = 30.0) -> Storage:  # fmt: skip
-            given.append((urls, {"shards": shards, "replicas": replicas, "name": name,
-                                 "config": config, "append_timeout_s": append_timeout_s}))
-            return ClusteredStorage()
+    async def main() -> str:
+        storage = await connect_jetstream(config)
+        try:
+            return storage.describe()
+        finally:
+            await storage.close()
 
-    module = types.ModuleType(JETSTREAM_MODULE)
-    module.JetStreamStorage = StandIn  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, JETSTREAM_MODULE, module)
-    config = cluster_config(tmp_path, **{"cluster.shards": 4, "cluster.replicas": 1,
-                                         "cluster.append_timeout_s": 7.5,
-                                         "log.retention_ms": 60_000})  # fmt: skip
-    with caplog.at_level(logging.WARNING, "tidewire.server"):
-        storage = run(connect_jetstream(config))
-    assert isinstance(storage, ClusteredStorage)
-    ((urls, options),) = given
-    assert urls == list(URLS)
-    assert options["shards"] == 4
-    assert options["replicas"] == 1
-    assert options["append_timeout_s"] == 7.5
-    assert options["config"] is config.log  # (per-stream retention)
-    assert str(options["name"]).startswith("tidewire gateway ")
-    # (this one takes no retention_interval_s: its default applies, and the log says so)
-    assert [r.getMessage() for r in caplog.records] == [
-        "this JetStream backend does not take retention_interval_s: its default applies"]
+    assert run(main(), 60) == f"{cluster.storage_url} (JetStream, 4 shards, R1)"

@@ -15,8 +15,6 @@ A cluster that cannot be reached within ``cluster.append_timeout_s`` is
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
 import logging
 import os
 import socket
@@ -39,11 +37,8 @@ EX_UNAVAILABLE): a supervisor can tell "try again later" from a configuration er
 Connector = Callable[[ServerConfig], Awaitable[Storage]]
 """Connects the storage a configuration with ``storage.url`` names (tests give their own)."""
 
-JETSTREAM_MODULE = "tidewire.cluster.jetstream"
-
-
 class StorageUnavailable(TidewireError):
-    """The configured cluster did not answer (or this build has no JetStream backend)."""
+    """The configured cluster did not answer."""
 
 
 def gateway_name() -> str:
@@ -55,27 +50,19 @@ async def connect_jetstream(config: ServerConfig) -> Storage:
     """:class:`~tidewire.cluster.jetstream.JetStreamStorage` on ``config``'s cluster, with
     ``cluster.shards``, ``cluster.replicas`` and ``cluster.append_timeout_s``, and the log's
     retention settings (``log.retention_*``, ``[log.streams]``, their check interval)."""
-    try:
-        # (imported when used: an embedded hub loads neither nats-py nor the backend)
-        backend: Any = importlib.import_module(JETSTREAM_MODULE).JetStreamStorage
-    except (ImportError, AttributeError) as exc:
-        raise StorageUnavailable(f"cluster mode is not available in this build "
-                                 f"({JETSTREAM_MODULE}: {exc})") from None  # fmt: skip
+    # (imported when used: an embedded hub loads neither nats-py nor the backend)
+    from ..cluster.jetstream import JetStreamStorage
+
     v = config.values
-    options: dict[str, Any] = {"shards": int(v["cluster.shards"]),
-                               "replicas": int(v["cluster.replicas"]), "name": gateway_name()}
-    # The rest is passed on when the backend's connect takes it (else its default, said once):
-    # per-stream retention (log.retention_*, [log.streams]), its interval, the append bound.
-    optional = {"config": config.log, "retention_interval_s": config.retention_check_interval_s,
-                "append_timeout_s": float(v["cluster.append_timeout_s"])}  # fmt: skip
-    accepted = inspect.signature(backend.connect).parameters
-    anything = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    for key, value in optional.items():
-        if anything or key in accepted:
-            options[key] = value
-        else:
-            log.warning("this JetStream backend does not take %s: its default applies", key)
-    storage: Storage = await backend.connect(list(config.storage_urls), **options)
+    storage: Storage = await JetStreamStorage.connect(
+        list(config.storage_urls),
+        shards=int(v["cluster.shards"]),
+        replicas=int(v["cluster.replicas"]),
+        name=gateway_name(),
+        config=config.log,  # per-stream retention: log.retention_*, [log.streams]
+        retention_interval_s=config.retention_check_interval_s,
+        append_timeout_s=float(v["cluster.append_timeout_s"]),
+    )
     return storage
 
 
