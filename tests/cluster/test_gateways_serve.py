@@ -52,7 +52,10 @@ def test_two_gateways_serve_the_same_streams_and_show_the_cluster(cluster: Local
         api = http(lines_b) + "/api/cluster"
         deadline = time.monotonic() + STATUS_SECONDS
         shown = get(api)
-        while (shown is None or not shown["groups"]) and time.monotonic() < deadline:
+        def settled(shown: Any) -> bool:  # (a group may be electing a leader for a moment)
+            return bool(shown and shown["groups"]) and all(g["leader"] for g in shown["groups"])
+
+        while not settled(shown) and time.monotonic() < deadline:
             time.sleep(0.2)  # (another process's background refresh: polled, bounded)
             shown = get(api)
         assert shown is not None, "no cluster status on /api/cluster"
