@@ -257,6 +257,7 @@ class TolliverServer(SharedState):
         self._upto = 0
         self.ids_ready = asyncio.Event()  # at least MAX_UNACKED ids are reserved
         self._reserving = False
+        self._follower: asyncio.Task[None] | None = None  # (follow_ledger)
         self.instance = uuid7()
         self.state = hub.ledger(STATE_STREAM)  # the UUID, the remotes' offsets, the ids kept
         self.records = GroupedRecords(self.state)  # (appended in groups: one per loop turn)
@@ -324,6 +325,7 @@ class TolliverServer(SharedState):
                         "until they are", exc)  # fmt: skip
             self._reserving = True
             self.spawn(self._reserve())
+        self._follower = asyncio.create_task(self.follow_ledger())
         await self.listener.start(host, port)
 
     async def connect(
@@ -399,9 +401,18 @@ class TolliverServer(SharedState):
         self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
         if channels:
             self.kept.seen[peer] = now
-        # (the channels new to it are listed with their first offsets, as its deliveries are
-        # made: one that leaves before leaves nothing behind)
-        self.listed.add(c for c in channels if c in self.kept.refs)
+        # Listed now, before the handshake is answered, not when its first offsets are kept
+        # (after a catch-up, later): a sender whose handshake comes meanwhile would get a list
+        # without them and keep what it sends on them for nobody (lost). One it stops
+        # following before its offset is kept is unlisted again (unlist).
+        self.listed.add(channels)
+
+    def unlist(self, channels: Iterable[str]) -> None:
+        """A remote no longer follows ``channels``, listed for it by :meth:`follows` though
+        its offsets on them were never kept: unlisted, unless a remote has an offset on one
+        or another connected remote follows it (so nothing is left behind)."""
+        self.listed.remove([c for c in channels if c not in self.kept.refs
+                            and not any(link.follows(c) for link in self.links)])  # fmt: skip
 
     def first_offsets(self, keys: list[tuple[tuple[uuid.UUID, str], int]]
                       ) -> asyncio.Future[None]:  # fmt: skip
@@ -534,6 +545,9 @@ class TolliverServer(SharedState):
             if link.transport is not None:
                 link.transport.close()
         await self.listener.wait_closed()
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
         for key, handle in list(self._dirty.items()):  # keep the offsets not yet kept
             handle.cancel()
             self._save(key)
