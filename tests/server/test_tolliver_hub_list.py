@@ -154,3 +154,49 @@ def test_a_gateway_lists_what_an_away_remote_follows_through_another(tmp_path: P
             await hub_b.close()
 
     run(main())
+
+
+def test_a_remote_moving_gateways_resumes_though_the_follower_read_its_records_first(
+    tmp_path: Path,
+) -> None:
+    """Gateway B's follower of the state stream is reading (slowly) when a remote that acked
+    up to ``t1`` at gateway A connects to B: the records A kept of it, which that read
+    brings, are folded in though the remote is connected to B by then (else B's own catch-up
+    finds nothing left and the remote would start at the stream's end, missing t2..t4)."""
+
+    async def main() -> None:
+        shared = MemoryStorage()
+        door_b = SlowLedger(shared)
+        hub_a, hub_b = Hub(Gateway(shared)), Hub(door_b)
+        gw_a = await start_tolliver_server(hub_a, HOST, 0)
+        gw_b = await start_tolliver_server(hub_b, HOST, 0)
+        remote = Instance(str(tmp_path / "r.db"), inbox_limit=2)
+        remote.subscribe("ticks")
+        try:
+            door_b.open.clear()  # (B's follower will read A's records of the remote slowly)
+            await remote.connect(HOST, gw_a.port)
+            await until(lambda: gw_a.by_peer.get(remote.instance_id) is not None)
+            await hub_a.append(Batch.build("ticks", [b"t%d" % i for i in range(4)]),
+                               assign_ids=True)  # fmt: skip
+            first = await take(remote, 2)  # its inbox holds 2: t2 and t3 are not acked
+            assert [d.body for d in first] == [b"t0", b"t1"]
+            await until(lambda: gw_a.offsets.get((remote.instance_id, "ticks")) == 3)
+            await remote.close()
+            await gw_a.close()  # (keeps the offset: next 3)
+            await hub_b.append(Batch.build("ticks", [b"t4"]), assign_ids=True)  # (while away)
+            remote = Instance(str(tmp_path / "r.db"))
+            remote.subscribe("ticks")
+            await remote.connect(HOST, gw_b.port)
+            await until(lambda: gw_b.by_peer.get(remote.instance_id) is not None)
+            door_b.open.set()
+            async with asyncio.timeout(5):
+                rest = await take(remote, 3)
+            assert [d.body for d in rest] == [b"t2", b"t3", b"t4"]
+        finally:
+            door_b.open.set()
+            await remote.close()
+            await gw_b.close()
+            await hub_a.close()
+            await hub_b.close()
+
+    run(main())

@@ -170,7 +170,17 @@ class _Link(HubLink):
                 await self.server.catch_up(peer, self.channels.keys() | self._to_follow.keys())
             except TidewireError as exc:
                 self.log.warning("(%s) other gateways' offsets not caught up: %s", peer, exc)
+            finally:
+                self.server.joining.discard(peer)
         await super()._make_deliveries(peer)
+
+    def _follow(self, channels: set[str]) -> None:
+        """As :meth:`HubLink._follow`; the first time, the remote is :attr:`SharedState.
+        joining` until its catch-up is done (its records are folded meanwhile, whoever
+        catches up: the state stream's follower may read them first)."""
+        if not self._caught_up and self.conn.peer is not None:
+            self.server.joining.add(self.conn.peer)
+        super()._follow(channels)
 
     async def _store(self, messages: list[Message]) -> None:
         """Append to stream C (keys K) in one batch through the ingest path (acks in the order
@@ -234,6 +244,7 @@ class TolliverServer(SharedState):
         )
         self.links: set[HubLink] = set()
         self.by_peer: dict[uuid.UUID, HubLink] = {}
+        self.joining: set[uuid.UUID] = set()  # (tolliver_state: connected, not caught up)
         self.resends: dict[uuid.UUID, int] = {}  # by remote, over its past connections
         self.origins = Origins()  # which events came from which remote: never echoed to it
         hub.metrics.listeners.append(self.listener)
@@ -471,6 +482,7 @@ class TolliverServer(SharedState):
     def left(self, peer: uuid.UUID) -> None:
         """``peer``'s connection ended: when it was last seen is kept (its retention runs
         from then)."""
+        self.joining.discard(peer)
         if peer in self.kept.by_remote:
             self.kept.seen[peer] = now = self.wall()
             self._record_later({"remote": str(peer), "at": now})

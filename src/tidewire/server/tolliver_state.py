@@ -20,7 +20,9 @@ hold across them; each is a step that, on one hub, finds nothing new:
   resumes where A's recorded acks left it (at most ``OFFSET_INTERVAL`` of acks resent, as
   after a restart). Offsets only move forward (the highest wins, unless dropped later in the
   ledger), so folding one's own records again is harmless. Records about remotes connected to
-  this gateway now are not folded: its own view of them is the live one.
+  this gateway now are not folded (its own view of them is the live one), except until the
+  catch-up at their connection is done (:attr:`SharedState.joining`): the follower below
+  may read their records first.
 * **Every gateway lists what any remote follows** (:meth:`SharedState.follow_ledger`): the
   hub's own subscriptions decide what instances send it, and an instance keeps a reliable
   message only for the remotes whose subscriptions cover it, so a sender connected to gateway
@@ -67,6 +69,9 @@ class SharedState:
     kept: RemoteOffsets
     listed: HubList
     by_peer: dict[uuid.UUID, HubLink]
+    # connected remotes whose catch-up at connect is not done: their records are folded in by
+    # any catch-up (the follower's too), not skipped as those of a remote connected here are
+    joining: set[uuid.UUID]
     origins: Origins
     ids_ready: asyncio.Event
     wall: Callable[[], float]
@@ -91,7 +96,7 @@ class SharedState:
             self._upto = int(record["ids"]) & ID_MASK
         elif "remote" in record:
             remote = uuid.UUID(record["remote"])
-            if remote in self.by_peer and remote != peer:
+            if remote in self.by_peer and remote != peer and remote not in self.joining:
                 return
             self._fold_remote(remote, record)
 
