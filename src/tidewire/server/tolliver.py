@@ -170,7 +170,17 @@ class _Link(HubLink):
                 await self.server.catch_up(peer, self.channels.keys() | self._to_follow.keys())
             except TidewireError as exc:
                 self.log.warning("(%s) other gateways' offsets not caught up: %s", peer, exc)
+            finally:
+                self.server.joining.discard(peer)
         await super()._make_deliveries(peer)
+
+    def _follow(self, channels: set[str]) -> None:
+        """As :meth:`HubLink._follow`; the first time, the remote is :attr:`SharedState.
+        joining` until its catch-up is done (its records are folded meanwhile, whoever
+        catches up: the state stream's follower may read them first)."""
+        if not self._caught_up and self.conn.peer is not None:
+            self.server.joining.add(self.conn.peer)
+        super()._follow(channels)
 
     async def _store(self, messages: list[Message]) -> None:
         """Append to stream C (keys K) in one batch through the ingest path (acks in the order
@@ -234,6 +244,7 @@ class TolliverServer(SharedState):
         )
         self.links: set[HubLink] = set()
         self.by_peer: dict[uuid.UUID, HubLink] = {}
+        self.joining: set[uuid.UUID] = set()  # (tolliver_state: connected, not caught up)
         self.resends: dict[uuid.UUID, int] = {}  # by remote, over its past connections
         self.origins = Origins()  # which events came from which remote: never echoed to it
         hub.metrics.listeners.append(self.listener)
@@ -257,6 +268,7 @@ class TolliverServer(SharedState):
         self._upto = 0
         self.ids_ready = asyncio.Event()  # at least MAX_UNACKED ids are reserved
         self._reserving = False
+        self._follower: asyncio.Task[None] | None = None  # (follow_ledger)
         self.instance = uuid7()
         self.state = hub.ledger(STATE_STREAM)  # the UUID, the remotes' offsets, the ids kept
         self.records = GroupedRecords(self.state)  # (appended in groups: one per loop turn)
@@ -324,6 +336,7 @@ class TolliverServer(SharedState):
                         "until they are", exc)  # fmt: skip
             self._reserving = True
             self.spawn(self._reserve())
+        self._follower = asyncio.create_task(self.follow_ledger())
         await self.listener.start(host, port)
 
     async def connect(
@@ -399,9 +412,18 @@ class TolliverServer(SharedState):
         self._forget(self.kept.unfollowed(peer, channels) + self.kept.expired(now, self.by_peer))
         if channels:
             self.kept.seen[peer] = now
-        # (the channels new to it are listed with their first offsets, as its deliveries are
-        # made: one that leaves before leaves nothing behind)
-        self.listed.add(c for c in channels if c in self.kept.refs)
+        # Listed now, before the handshake is answered, not when its first offsets are kept
+        # (after a catch-up, later): a sender whose handshake comes meanwhile would get a list
+        # without them and keep what it sends on them for nobody (lost). One it stops
+        # following before its offset is kept is unlisted again (unlist).
+        self.listed.add(channels)
+
+    def unlist(self, channels: Iterable[str]) -> None:
+        """A remote no longer follows ``channels``, listed for it by :meth:`follows` though
+        its offsets on them were never kept: unlisted, unless a remote has an offset on one
+        or another connected remote follows it (so nothing is left behind)."""
+        self.listed.remove([c for c in channels if c not in self.kept.refs
+                            and not any(link.follows(c) for link in self.links)])  # fmt: skip
 
     def first_offsets(self, keys: list[tuple[tuple[uuid.UUID, str], int]]
                       ) -> asyncio.Future[None]:  # fmt: skip
@@ -460,6 +482,7 @@ class TolliverServer(SharedState):
     def left(self, peer: uuid.UUID) -> None:
         """``peer``'s connection ended: when it was last seen is kept (its retention runs
         from then)."""
+        self.joining.discard(peer)
         if peer in self.kept.by_remote:
             self.kept.seen[peer] = now = self.wall()
             self._record_later({"remote": str(peer), "at": now})
@@ -534,6 +557,9 @@ class TolliverServer(SharedState):
             if link.transport is not None:
                 link.transport.close()
         await self.listener.wait_closed()
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
         for key, handle in list(self._dirty.items()):  # keep the offsets not yet kept
             handle.cancel()
             self._save(key)

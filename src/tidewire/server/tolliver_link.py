@@ -233,6 +233,7 @@ class HubLink(Link):
         if peer is not None and self.server.by_peer.get(peer) is self:
             del self.server.by_peer[peer]
             self.server.left(peer)
+        self.server.unlist(list(self._to_follow))  # (listed at its handshake, nothing kept)
         self._to_follow.clear()
         if self._following is not None:
             self._following.cancel()
@@ -378,9 +379,8 @@ class HubLink(Link):
         for name in list(self.channels):
             if name not in channels:
                 self.channels.pop(name).stop()
-        for name in list(self._to_follow):
-            if name not in channels:
-                del self._to_follow[name]
+        for name in (dropped := [n for n in self._to_follow if n not in channels]):
+            del self._to_follow[name]
         peer = self.conn.peer
         assert peer is not None
         valid = channels  # (vetted: stream names)
@@ -392,6 +392,7 @@ class HubLink(Link):
                 except TidewireError:
                     continue  # no stream can have that name
         self.server.follows(peer, valid)
+        self.server.unlist(dropped)  # (listed by follows, no offset kept: TolliverServer)
         for name in sorted(valid - set(self.channels) - set(self._to_follow)):
             self._to_follow[name] = None
         if self._to_follow and self._following is None:

@@ -20,7 +20,16 @@ hold across them; each is a step that, on one hub, finds nothing new:
   resumes where A's recorded acks left it (at most ``OFFSET_INTERVAL`` of acks resent, as
   after a restart). Offsets only move forward (the highest wins, unless dropped later in the
   ledger), so folding one's own records again is harmless. Records about remotes connected to
-  this gateway now are not folded: its own view of them is the live one.
+  this gateway now are not folded (its own view of them is the live one), except until the
+  catch-up at their connection is done (:attr:`SharedState.joining`): the follower below
+  may read their records first.
+* **Every gateway lists what any remote follows** (:meth:`SharedState.follow_ledger`): the
+  hub's own subscriptions decide what instances send it, and an instance keeps a reliable
+  message only for the remotes whose subscriptions cover it, so a sender connected to gateway
+  B while the receiver follows the channel through gateway A (or is away, its offset recorded
+  by A) must see the channel on B's list, else what it sends is kept for nobody and lost. So
+  each gateway folds in the ledger's records as they land (a live tail on the state stream),
+  not only when a remote connects to it.
 """
 
 from __future__ import annotations
@@ -31,8 +40,9 @@ import uuid
 from collections.abc import Callable, Container
 from typing import Any
 
+from ..hub import Hub
 from ..hub.ledger import Ledger
-from ..model import IdOrderError, TidewireError
+from ..model import IdOrderError, LogClosedError, TidewireError
 from .tolliver_link import MAX_UNACKED, HubLink
 from .tolliver_list import HubList
 from .tolliver_offsets import RemoteOffsets
@@ -46,17 +56,22 @@ ID_BLOCK = 1 << 20  # delivery ids reserved at a time in the state stream
 ID_MASK = 0xFFFFFFFF
 NEED = MAX_UNACKED + 1  # ids one delivery may take (its items, and UNRELIABLE skipped)
 TRIES = 64  # exclusive records refused (others recorded meanwhile) before giving up
+FOLLOW_RETRY = 1.0  # seconds before following the ledger again after an error
 
 
 class SharedState:
     """The part of :class:`~tidewire.server.tolliver.TolliverServer` that keeps its ledger in
     step with other gateways' (module docstring)."""
 
+    hub: Hub
     state: Ledger
     instance: uuid.UUID
     kept: RemoteOffsets
     listed: HubList
     by_peer: dict[uuid.UUID, HubLink]
+    # connected remotes whose catch-up at connect is not done: their records are folded in by
+    # any catch-up (the follower's too), not skipped as those of a remote connected here are
+    joining: set[uuid.UUID]
     origins: Origins
     ids_ready: asyncio.Event
     wall: Callable[[], float]
@@ -81,7 +96,7 @@ class SharedState:
             self._upto = int(record["ids"]) & ID_MASK
         elif "remote" in record:
             remote = uuid.UUID(record["remote"])
-            if remote in self.by_peer and remote != peer:
+            if remote in self.by_peer and remote != peer and remote not in self.joining:
                 return
             self._fold_remote(remote, record)
 
@@ -121,6 +136,22 @@ class SharedState:
         if peer is not None and follows is not None:
             self._forget(self.kept.unfollowed(peer, follows))
         return len(records)
+
+    async def follow_ledger(self) -> None:
+        """Fold in every record of the state stream as it lands, for as long as the hub runs
+        (cancel it to stop; ends when the storage closes): other gateways' remotes' offsets,
+        so that the channels they follow are on this gateway's list (module docstring). On
+        one hub it finds only its own records (harmless to fold again). An error (the
+        cluster unreachable) is logged and the wait taken up again after ``FOLLOW_RETRY``."""
+        while True:
+            try:
+                await self.hub.wait_for(self.state.stream, self.state.last_seen)
+                await self.catch_up()
+            except LogClosedError:
+                return
+            except TidewireError as exc:
+                log.warning("tolliver: the state stream not followed (retrying): %s", exc)
+                await asyncio.sleep(FOLLOW_RETRY)
 
     async def claim_instance(self) -> None:
         """Record this hub's UUID unless one is recorded: the first recorded wins."""
