@@ -150,8 +150,17 @@ async def nats_stream(js: Any, name: str) -> None:
     api = module("nats.js.api")
     with contextlib.suppress(Exception):
         await js.delete_stream(name)
-    await js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.>"], num_replicas=3,
-                                         storage=api.StorageType.FILE))  # fmt: skip
+    config = api.StreamConfig(name=name, subjects=[f"{name}.>"], num_replicas=3,
+                              storage=api.StorageType.FILE)  # fmt: skip
+    for _ in range(300):  # (a node restarted a moment ago may not be placeable yet)
+        try:
+            await js.add_stream(config)
+            return
+        except Exception as exc:
+            if "no suitable peers" not in str(exc):
+                raise
+            await asyncio.sleep(0.1)
+    await js.add_stream(config)
 
 
 async def nats_append(urls: list[str], name: str, n: int) -> float:
