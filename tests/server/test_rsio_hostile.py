@@ -9,6 +9,7 @@ the carrier is TCP; a recording carrier stands in for one that never drains (as 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from contextlib import suppress
@@ -174,6 +175,11 @@ def test_a_flood_of_refused_subscribes_is_handled_in_slices(tmp_path: Path, run:
 
     async def main() -> None:
         hub = Hub.open(str(tmp_path))
+        # As `tidewire serve` does after start-up: what the process holds already (here, all the
+        # suite ran before, Spark included) is left out of the collector's passes, so that a
+        # full collection of a heap that is not the hub's is not counted as the hub's turn.
+        gc.collect()
+        gc.freeze()
         settings = RsioSettings(max_refusals=10**9)
         session = RsioSession(hub, settings=settings, access=FORBIDDING, via="tube")
         carrier = Recorder(session, high=1024 * MiB)
@@ -194,7 +200,10 @@ def test_a_flood_of_refused_subscribes_is_handled_in_slices(tmp_path: Path, run:
         session.connection_lost()
         await hub.close()
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        gc.unfreeze()
 
 
 def test_refusals_in_a_row_end_the_connection_and_are_logged_in_aggregate(
