@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "RAM_FILE_SYSTEMS",
+    "RAW_COMMIT_BYTES",
     "LinePump",
     "Processes",
     "choose_base",
@@ -37,6 +38,7 @@ __all__ = [
     "loop_factory",
     "module",
     "note",
+    "raw_fdatasync_rate",
     "serve_hub",
 ]
 
@@ -86,6 +88,41 @@ def fresh_dir(parent: str, prefix: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+RAW_COMMIT_BYTES = 1024
+"""What one raw durable commit writes (:func:`raw_fdatasync_rate`), as issue 22's table says."""
+
+
+def raw_fdatasync_rate(parent: str, budget: float, max_bytes: int = 1 << 30) -> float:
+    """The disk's raw durable-commit rate, in commits/s: one ``os.write`` of 1 KiB then one
+    ``os.fdatasync``, one at a time, for ``budget`` seconds (at least one commit, at most
+    ``max_bytes`` written), appending to a new file in a fresh directory under ``parent`` (the
+    file grows, as a log's segment does, so every commit has metadata to sync too).
+
+    This is the ceiling of a store that syncs once per commit, whatever its language: a store
+    that makes several commits durable with one fsync (group commit) can exceed it."""
+    value = os.urandom(RAW_COMMIT_BYTES)
+    limit = max(1, max_bytes // RAW_COMMIT_BYTES)
+    with fresh_dir(parent, "raw-fdatasync-") as directory:
+        path = os.path.join(directory, "raw.log")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, value)  # warm-up: the file exists and has its first block
+            os.fdatasync(fd)
+            commits = 0
+            start = time.perf_counter()
+            deadline = start + budget
+            while commits < limit:
+                os.write(fd, value)
+                os.fdatasync(fd)
+                commits += 1
+                if time.perf_counter() >= deadline:
+                    break
+            elapsed = time.perf_counter() - start
+        finally:
+            os.close(fd)
+    return commits / elapsed
 
 
 class Processes:

@@ -1,7 +1,7 @@
 """Benchmark: tidewire's durable log against stdlib ``sqlite3`` (WAL, ``synchronous=FULL``).
 
-Run ``.venv/bin/python benchmarks/log_append.py`` (about 1-2 minutes) or add ``--quick`` (well
-under 20 s, fewer and shorter rounds, a smaller read data set). ``--dir`` picks where the temporary
+Run ``.venv/bin/python benchmarks/log_append.py`` (about 1-2 minutes) or add ``--quick`` (about
+20 s, fewer and shorter rounds, a smaller read data set). ``--dir`` picks where the temporary
 directories go (default: ``/tmp`` unless it is a RAM file system, then the working directory; a
 ``fsync`` on tmpfs is free, which would make the comparison meaningless).
 
@@ -16,6 +16,15 @@ the store on both sides, inputs built before the clock starts):
 3. ``concurrent_single_append_16w``: 16 asyncio tasks each appending 1-event batches (100 B) to
    the same stream in a loop, so group commit coalesces them. SQLite: one row per transaction,
    one connection, sequential. Goal: tidewire >= 5x SQLite.
+3b. ``concurrent_single_append_16w_16s_100B``: 16 asyncio tasks, each appending 1-event batches
+   (100 B) to a stream of its own (16 streams), one append in flight per task: commits to
+   *different* streams (issue 22, item 1). Baseline: the disk's raw durable-commit rate, one
+   1 KiB ``os.write`` + ``os.fdatasync`` at a time in a loop on the same file system (its own
+   rounds, taken in turns with both many-stream sides). No goal of its own (issue 22's table
+   sets one for Seguro points, in ``seguro_save.py``). Also reported: figure 3 of the same run
+   (``one_stream_value``, ``vs_one_stream``).
+3c. ``concurrent_single_append_1000w_1000s_100B``: the same with 1,000 tasks on 1,000 streams
+   (one task per stream, so one append in flight per stream, as 1,000 Seguro points are).
 4. ``range_read_100B``: reading a whole stream of 100 B events (1.5 M events, 200 k with
    ``--quick``, written in records of 1000) by id range from the warm page cache. tidewire:
    the log reopened read-only, ``log.read(stream, next_id, max_bytes=1 MiB)`` in a loop,
@@ -56,13 +65,23 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from _common import RAM_FILE_SYSTEMS, choose_base, fresh_dir, fs_type, loop_factory, note
+from _common import (
+    RAM_FILE_SYSTEMS,
+    RAW_COMMIT_BYTES,
+    choose_base,
+    fresh_dir,
+    fs_type,
+    loop_factory,
+    note,
+    raw_fdatasync_rate,
+)
 from tidewire.log import Log, LogConfig
 from tidewire.model import Batch
 
 STREAM = "bench"
 BATCH_EVENTS = 1000
 WRITERS = 16
+MANY_STREAM_WRITERS = (16, 1000)  # figures 3b, 3c: one task per stream, as many streams
 KEY_BYTES = 8
 SMALL = 100
 LARGE = 1024
@@ -234,6 +253,95 @@ def sqlite_single(parent: str, budget: float) -> float:
     return calls / elapsed
 
 
+# --------------------------------------------------------------------------- figures 3b and 3c
+
+
+def stream_names(count: int) -> list[str]:
+    """One stream per writer of the many-stream figures (``bench-0000`` ...)."""
+    return [f"{STREAM}-{i:04d}" for i in range(count)]
+
+
+async def tidewire_many_streams(parent: str, writers: int, budget: float) -> float:
+    """``writers`` asyncio tasks, each appending 1-event batches (100 B) to its own stream, one
+    append in flight per task; durable appends/s over all of them. Every stream is created
+    (its first append) before the clock starts, all at once."""
+    names = stream_names(writers)
+    batches = [
+        Batch.build(name, make_values(SMALL, 1), keys=make_keys(1), timestamps=TIMESTAMP)
+        for name in names
+    ]
+    max_per_writer = max(1, MAX_BYTES_PER_MEASUREMENT // (writers * SMALL))
+    counts = [0] * writers
+    with fresh_dir(parent, f"tw-many-{writers}-") as directory:
+        log = Log.open(directory, LogConfig())
+        try:
+            await asyncio.gather(*(log.append(b, assign_ids=True) for b in batches))  # warm-up
+            start = time.perf_counter()
+            deadline = start + budget
+
+            async def writer(i: int) -> None:
+                batch = batches[i]
+                n = 0
+                while n < max_per_writer:
+                    await log.append(batch, assign_ids=True)
+                    n += 1
+                    if time.perf_counter() >= deadline:
+                        break
+                counts[i] = n
+
+            await asyncio.gather(*(writer(i) for i in range(writers)))
+            elapsed = time.perf_counter() - start
+            for name, n in zip(names, counts, strict=True):
+                if log.latest(name) != n + 1:
+                    raise RuntimeError(f"{name}: latest id {log.latest(name)}, expected {n + 1}")
+        finally:
+            await log.close()
+    return sum(counts) / elapsed
+
+
+async def many_streams(settings: Settings, parent: str, one_stream: Figure) -> list[Figure]:
+    """Figures 3b and 3c: the writers of figure 3, each on a stream of its own (16 and 1,000
+    of them), against the disk's raw durable-commit rate (one 1 KiB ``os.write`` +
+    ``os.fdatasync`` at a time), all three taking turns in the same rounds. ``one_stream`` is
+    figure 3 of this run, reported beside them (``one_stream_value``, ``vs_one_stream``)."""
+    budget = settings.budget_s
+    figures = [
+        Figure(
+            f"concurrent_single_append_{w}w_{w}s_100B",
+            f"os.write {RAW_COMMIT_BYTES} B + os.fdatasync, one at a time",
+            None,  # issue 22's table has no row for the log alone (row 2 is Seguro's)
+            None,
+            tidewire_rounds=[],
+            baseline_rounds=[],
+            one_stream=one_stream,
+        )
+        for w in MANY_STREAM_WRITERS
+    ]
+    raw_rounds: list[float] = []
+    sides: list[tuple[str, Callable[[], Awaitable[float]]]] = [
+        (f"{w} streams", partial(tidewire_many_streams, parent, w, budget))
+        for w in MANY_STREAM_WRITERS
+    ]
+
+    async def raw() -> float:
+        return raw_fdatasync_rate(parent, budget, MAX_BYTES_PER_MEASUREMENT)
+
+    sides.append(("raw write+fdatasync", raw))
+    for r in range(settings.rounds):
+        order = list(range(len(sides))) if r % 2 == 0 else list(reversed(range(len(sides))))
+        for k in order:
+            label, measure = sides[k]
+            value = await measure()
+            if k < len(figures):
+                figures[k].tidewire_rounds = [*(figures[k].tidewire_rounds or []), value]
+            else:
+                raw_rounds.append(value)
+            note(f"  many_streams round {r + 1} {label}: {value:,.0f} commits/s")
+    for figure in figures:
+        figure.baseline_rounds = raw_rounds
+    return figures
+
+
 # --------------------------------------------------------------------------- figure 4
 
 
@@ -300,6 +408,7 @@ class Figure:
     goal_absolute: float | None = None
     tidewire_rounds: list[float] | None = None
     baseline_rounds: list[float] | None = None
+    one_stream: Figure | None = None  # figures 3b, 3c: figure 3 of the same run, for reference
 
     def line(self) -> dict[str, Any]:
         tw_rounds = self.tidewire_rounds or []
@@ -311,7 +420,7 @@ class Figure:
             meets = tw >= self.goal_absolute
         elif self.goal_ratio is not None:
             meets = ratio >= self.goal_ratio
-        return {
+        line: dict[str, Any] = {
             "benchmark": "log_append",
             "figure": self.name,
             "unit": "events/s",
@@ -324,6 +433,21 @@ class Figure:
             "meets_goal": meets,
             "tidewire_rounds": [round(x, 1) for x in tw_rounds],
             "baseline_rounds": [round(x, 1) for x in base_rounds],
+        }
+        if self.one_stream is not None:
+            line.update(self.many_stream_fields(tw, self.one_stream))
+        return line
+
+    @staticmethod
+    def many_stream_fields(tw: float, one_stream: Figure) -> dict[str, Any]:
+        """The many-stream figures' extra fields: the one-stream figure of the same run."""
+        one_rounds = one_stream.tidewire_rounds or []
+        one = max(one_rounds)
+        return {
+            "one_stream_figure": one_stream.name,
+            "one_stream_value": round(one, 1),
+            "vs_one_stream": round(tw / one, 2) if one > 0 else None,
+            "one_stream_rounds": [round(x, 1) for x in one_rounds],
         }
 
 
@@ -381,6 +505,7 @@ async def run(settings: Settings, parent: str) -> list[Figure]:
             partial(sqlite_single, parent, budget),
         )
     )
+    figures.extend(await many_streams(settings, parent, figure))
 
     events = settings.read_events
     with fresh_dir(parent, "tw-read-") as tw_dir, fresh_dir(parent, "sqlite-read-") as sq_dir:
@@ -427,7 +552,7 @@ async def run(settings: Settings, parent: str) -> list[Figure]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (< 20 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (about 20 s)")
     parser.add_argument("--dir", help="where to create temporary directories (default: /tmp)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
