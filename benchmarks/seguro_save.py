@@ -28,6 +28,15 @@ Events are 1 KiB values (random bytes, built before the clock starts). What is m
    rounds against one ``await redis.xadd(key, {"v": value})`` at a time (``appendfsync always``:
    Redis answers after the AOF is fsynced). Information only.
 
+4. ``save_points_16_1KiB`` / ``save_points_1000_1KiB`` (issue 22's second row): 16 (1,000)
+   Seguro points on one ``tidewire serve``, one connection each, each saving one 1 KiB event at
+   a time (``await ship.save``, one in flight per point); the hub's total durable commits/s.
+   Baseline: the disk's raw durable-commit rate, one 1 KiB ``os.write`` + ``os.fdatasync`` at
+   a time in a loop, appending to a file on the same file system (its own rounds, in turns with
+   both). Goal for 16 points, as the issue's table says: ratio >= 6; 1,000 points have no row
+   in the table (goal ``null``). The hub runs with ``limits.max_connections_per_peer`` raised
+   to twice the points (at least its default 256), as every point connects from 127.0.0.1.
+
 Method: the sides of a figure take turns (forward order in odd rounds, reverse in even ones)
 for 5 rounds (2 with ``--quick``); throughput rounds last 4 s (1.5 s), latency rounds take 4000
 samples (1000) after 50 unmeasured ones. Each side's best round is reported (the highest rate;
@@ -43,13 +52,15 @@ Output: exactly one JSON line per figure on stdout (progress goes to stderr), e.
 
 (one line in reality). The fields are log_append.py's, plus ``better`` (``higher`` for rates,
 ``lower`` for latencies: a latency goal is ``ratio <= goal_ratio``), ``rounds`` and, for
-latencies, ``samples`` (per round).
+latencies, ``samples`` (per round); the many-points lines add ``points``,
+``in_flight_per_point`` (1) and ``value_bytes``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -63,10 +74,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from _common import (
     RAM_FILE_SYSTEMS,
+    RAW_COMMIT_BYTES,
     LinePump,
     Processes,
     choose_base,
@@ -76,8 +89,10 @@ from _common import (
     loop_factory,
     module,
     note,
+    raw_fdatasync_rate,
 )
-from tidewire.client.seguro import connect
+from tidewire.client.seguro import SeguroClient, connect
+from tidewire.protocols.seguro.patp import PREFIXES, SUFFIXES, validate_patp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POINT = "~zod"
@@ -87,6 +102,9 @@ VALUE_BYTES = 1024
 BATCH_EVENTS = 1000
 WARMUP_SAMPLES = 50
 MAX_BYTES_PER_MEASUREMENT = 1 << 30  # bounds the disk (and Redis's memory) one round uses
+MANY_POINTS = (16, 1000)  # issue 22's second row: points saving one event at a time
+MANY_POINTS_GOALS = {16: 6.0}  # the row's goal is for 16 points; 1,000 have no row (null)
+CONNECT_AT_ONCE = 64  # Seguro handshakes in flight while the many points connect
 START_TIMEOUT_S = 60.0
 SETTLE_S = 0.5  # a pause before each measurement, after os.sync()
 
@@ -140,13 +158,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def tidewire_server(procs: Processes, parent: str) -> Iterator[str]:
-    """A fresh ``tidewire serve`` (log fsync on) on a fresh data directory; its Seguro URL."""
+def tidewire_server(procs: Processes, parent: str, *args: str) -> Iterator[str]:
+    """A fresh ``tidewire serve`` (log fsync on) on a fresh data directory, with ``args`` as
+    more options; its Seguro URL."""
     with fresh_dir(parent, "tidewire-") as data_dir:
         proc = procs.start(
             [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
              "--host", "127.0.0.1", "--http-port", "0", "--rsio-port", "0",
-             "--seguro-port", "0", "--tolliver-port", "0", "--set", "log.fsync=true"],
+             "--seguro-port", "0", "--tolliver-port", "0", "--set", "log.fsync=true", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -344,6 +363,69 @@ async def fsync_latency(parent: str, samples: int) -> Latency:
             os.close(fd)
 
 
+# --------------------------------------------------------------------------- many points
+
+
+def point_names(count: int) -> list[str]:
+    """``count`` distinct Seguro points, stars (``~marzod``, ``~marnec``, ...): one prefix
+    syllable (never ``doz``, which Urbit renders shorter) and one suffix syllable each."""
+    if count > (len(PREFIXES) - 1) * len(SUFFIXES):
+        raise ValueError(f"{count} points: more than there are stars")
+    return [
+        validate_patp(f"~{PREFIXES[1 + i // len(SUFFIXES)]}{SUFFIXES[i % len(SUFFIXES)]}")
+        for i in range(count)
+    ]
+
+
+async def tidewire_many_points(
+    procs: Processes, parent: str, points: int, budget: float
+) -> float:
+    """``points`` Seguro sessions (one connection per point) on one fresh hub, each saving one
+    1 KiB event at a time (``await ship.save``, one in flight per point, returning on
+    ``COMMITTED``) for ``budget`` seconds; the hub's total durable commits/s. Connections are
+    opened ``CONNECT_AT_ONCE`` at a time and every point saves one event (creating its stream)
+    before the clock starts."""
+    value = make_values(1)[0]
+    names = point_names(points)
+    max_per_point = max(1, MAX_BYTES_PER_MEASUREMENT // (points * VALUE_BYTES))
+    counts = [0] * points
+    peers = f"limits.max_connections_per_peer={max(256, 2 * points)}"
+    with tidewire_server(procs, parent, "--set", peers) as url:
+        async with contextlib.AsyncExitStack() as stack:
+            ships: list[SeguroClient] = []
+            for lo in range(0, points, CONNECT_AT_ONCE):
+                batch = names[lo : lo + CONNECT_AT_ONCE]
+                ships.extend(
+                    await asyncio.gather(
+                        *(stack.enter_async_context(connect(url, name)) for name in batch)
+                    )
+                )
+            await asyncio.gather(*(ship.save(1, value) for ship in ships))  # warm-up
+            start = time.perf_counter()
+            deadline = start + budget
+
+            async def saver(i: int) -> None:
+                ship, n = ships[i], 0
+                while n < max_per_point:
+                    await ship.save(n + 2, value)
+                    n += 1
+                    if time.perf_counter() >= deadline:
+                        break
+                counts[i] = n
+
+            await asyncio.gather(*(saver(i) for i in range(points)))
+            elapsed = time.perf_counter() - start
+            for name, ship, n in zip(names, ships, counts, strict=True):
+                if ship.latest != n + 1:
+                    raise RuntimeError(f"{name}: committed up to {ship.latest}, not {n + 1}")
+    return sum(counts) / elapsed
+
+
+async def raw_fdatasync(parent: str, budget: float) -> float:
+    """The disk's raw durable-commit rate (:func:`_common.raw_fdatasync_rate`), commits/s."""
+    return raw_fdatasync_rate(parent, budget, MAX_BYTES_PER_MEASUREMENT)
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -485,6 +567,35 @@ async def run(settings: Settings, parent: str, procs: Processes) -> list[dict[st
                 None,
                 lower_is_better=True,
                 extra=extra,
+            )
+        )
+        print(json.dumps(lines[-1]), flush=True)
+    lines.extend(await many_points(settings, parent, procs))
+    return lines
+
+
+async def many_points(settings: Settings, parent: str, procs: Processes) -> list[dict[str, Any]]:
+    """Issue 22's second row: 16 and 1,000 points each saving one event at a time, total durable
+    commits/s, against the disk's raw write + fdatasync loop, all in turns in the same rounds."""
+    budget = settings.budget_s
+    sides = [
+        Side(f"tidewire {n} points", partial(tidewire_many_points, procs, parent, n, budget))
+        for n in MANY_POINTS
+    ]
+    raw = Side("write+fdatasync", partial(raw_fdatasync, parent, budget))
+    await run_rounds("many_points", [*sides, raw], settings.rounds)
+    lines: list[dict[str, Any]] = []
+    for n, side in zip(MANY_POINTS, sides, strict=True):
+        lines.append(
+            figure_line(
+                f"save_points_{n}_1KiB",
+                "commits/s",
+                side.rounds,
+                f"os.write {RAW_COMMIT_BYTES} B + os.fdatasync, one at a time, appending",
+                raw.rounds,
+                MANY_POINTS_GOALS.get(n),
+                lower_is_better=False,
+                extra={"points": n, "in_flight_per_point": 1, "value_bytes": VALUE_BYTES},
             )
         )
         print(json.dumps(lines[-1]), flush=True)
