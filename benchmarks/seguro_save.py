@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -91,8 +90,8 @@ from _common import (
     note,
     raw_fdatasync_rate,
 )
-from tidewire.client.seguro import SeguroClient, connect
-from tidewire.protocols.seguro.patp import PREFIXES, SUFFIXES, validate_patp
+from _seguro_points import save_one_at_a_time
+from tidewire.client.seguro import connect
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POINT = "~zod"
@@ -104,7 +103,6 @@ WARMUP_SAMPLES = 50
 MAX_BYTES_PER_MEASUREMENT = 1 << 30  # bounds the disk (and Redis's memory) one round uses
 MANY_POINTS = (16, 1000)  # issue 22's second row: points saving one event at a time
 MANY_POINTS_GOALS = {16: 6.0}  # the row's goal is for 16 points; 1,000 have no row (null)
-CONNECT_AT_ONCE = 64  # Seguro handshakes in flight while the many points connect
 START_TIMEOUT_S = 60.0
 SETTLE_S = 0.5  # a pause before each measurement, after os.sync()
 
@@ -366,59 +364,15 @@ async def fsync_latency(parent: str, samples: int) -> Latency:
 # --------------------------------------------------------------------------- many points
 
 
-def point_names(count: int) -> list[str]:
-    """``count`` distinct Seguro points, stars (``~marzod``, ``~marnec``, ...): one prefix
-    syllable (never ``doz``, which Urbit renders shorter) and one suffix syllable each."""
-    if count > (len(PREFIXES) - 1) * len(SUFFIXES):
-        raise ValueError(f"{count} points: more than there are stars")
-    return [
-        validate_patp(f"~{PREFIXES[1 + i // len(SUFFIXES)]}{SUFFIXES[i % len(SUFFIXES)]}")
-        for i in range(count)
-    ]
-
-
 async def tidewire_many_points(
     procs: Processes, parent: str, points: int, budget: float
 ) -> float:
-    """``points`` Seguro sessions (one connection per point) on one fresh hub, each saving one
-    1 KiB event at a time (``await ship.save``, one in flight per point, returning on
-    ``COMMITTED``) for ``budget`` seconds; the hub's total durable commits/s. Connections are
-    opened ``CONNECT_AT_ONCE`` at a time and every point saves one event (creating its stream)
-    before the clock starts."""
+    """``points`` Seguro points on one fresh hub, each saving one 1 KiB event at a time; the
+    hub's total durable commits/s (:func:`_seguro_points.save_one_at_a_time`)."""
     value = make_values(1)[0]
-    names = point_names(points)
-    max_per_point = max(1, MAX_BYTES_PER_MEASUREMENT // (points * VALUE_BYTES))
-    counts = [0] * points
     peers = f"limits.max_connections_per_peer={max(256, 2 * points)}"
     with tidewire_server(procs, parent, "--set", peers) as url:
-        async with contextlib.AsyncExitStack() as stack:
-            ships: list[SeguroClient] = []
-            for lo in range(0, points, CONNECT_AT_ONCE):
-                batch = names[lo : lo + CONNECT_AT_ONCE]
-                ships.extend(
-                    await asyncio.gather(
-                        *(stack.enter_async_context(connect(url, name)) for name in batch)
-                    )
-                )
-            await asyncio.gather(*(ship.save(1, value) for ship in ships))  # warm-up
-            start = time.perf_counter()
-            deadline = start + budget
-
-            async def saver(i: int) -> None:
-                ship, n = ships[i], 0
-                while n < max_per_point:
-                    await ship.save(n + 2, value)
-                    n += 1
-                    if time.perf_counter() >= deadline:
-                        break
-                counts[i] = n
-
-            await asyncio.gather(*(saver(i) for i in range(points)))
-            elapsed = time.perf_counter() - start
-            for name, ship, n in zip(names, ships, counts, strict=True):
-                if ship.latest != n + 1:
-                    raise RuntimeError(f"{name}: committed up to {ship.latest}, not {n + 1}")
-    return sum(counts) / elapsed
+        return await save_one_at_a_time(url, points, value, budget, MAX_BYTES_PER_MEASUREMENT)
 
 
 async def raw_fdatasync(parent: str, budget: float) -> float:
