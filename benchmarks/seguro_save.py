@@ -1,6 +1,6 @@
 """Benchmark: durable saves over Seguro against Redis streams (``appendfsync always``) and fsync.
 
-Run ``.venv/bin/python benchmarks/seguro_save.py`` (about 1.5 minutes) or add ``--quick`` (well
+Run ``.venv/bin/python benchmarks/seguro_save.py`` (about 3 minutes) or add ``--quick`` (well
 under a minute: fewer, shorter rounds). ``--dir`` picks where the temporary directories go
 (default: ``/tmp`` unless it is a RAM file system, then the working directory: a ``fsync`` on
 tmpfs is free, which would make every figure here meaningless). First it runs
