@@ -630,7 +630,7 @@ def test_onnext_for_an_id_never_made_is_refused_at_its_header(tmp_path: Path) ->
     up to 15 MiB of it: each is told goodbye at the header (or reset while still writing);
     the hub buffers none of it (before: +123-131 MiB)."""
     with real_hub(tmp_path, settings=BUDGET, tokens=["good"]) as hub:
-        solo = alone(hub, token=hub.tokens["good"])
+        solo = alone(hub, 3, token=hub.tokens["good"])  # (as long as under attack)
         before = hub.rss()
 
         async def main() -> tuple[list[Answer], BystanderReport]:
@@ -657,7 +657,7 @@ def test_refused_subscribes_end_the_connection_and_their_log_lines_are_aggregate
     gets 100 onErrors, then goodbye (``limits.max_refusals``); the log has a handful of lines,
     not one per refusal (before: 1.2 M lines)."""
     with real_hub(tmp_path, settings=BUDGET, acl=ATTACK_ACL, tokens=["good"]) as hub:
-        solo = alone(hub, token=hub.tokens["good"])
+        solo = alone(hub, 3, token=hub.tokens["good"])  # (as long as under attack)
 
         async def main() -> tuple[list[Answer], BystanderReport]:
             async with asyncio.timeout(60):
@@ -682,7 +682,7 @@ def test_a_flood_of_refusals_never_holds_the_hub(tmp_path: Path) -> None:
     are all answered, a slice at a time: the bystander sees no stall (before: 9-22 s)."""
     settings = {**BUDGET, "limits.max_refusals": 10**9}
     with real_hub(tmp_path, settings=settings, acl=ATTACK_ACL, tokens=["good"]) as hub:
-        solo = alone(hub, token=hub.tokens["good"])
+        solo = alone(hub, 4, token=hub.tokens["good"])  # (as long as under attack)
 
         async def main() -> tuple[list[Answer], BystanderReport]:
             async with asyncio.timeout(90):
@@ -712,7 +712,7 @@ def test_a_subscriber_that_never_reads_costs_the_mark_and_one_delivery(tmp_path:
                     await client.publish("big", [b"v" * 65536] * 16)  # 32 MiB in all
 
         helpers_run(fill())
-        solo = alone(hub, token=hub.tokens["good"])
+        solo = alone(hub, 3, token=hub.tokens["good"])  # (as long as under attack)
         before = hub.rss()
 
         async def main() -> BystanderReport:
