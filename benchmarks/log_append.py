@@ -200,29 +200,35 @@ def sqlite_batched(parent: str, value_size: int, budget: float) -> float:
 # --------------------------------------------------------------------------- figure 3
 
 
+async def timed_appenders(log: Log, batches: list[Batch], max_per_writer: int,
+                          budget: float) -> tuple[list[int], float]:  # fmt: skip
+    """One asyncio task per batch, each appending its batch (``assign_ids``) one append in
+    flight, until ``budget`` seconds or ``max_per_writer`` appends: appends per task, seconds."""
+    counts = [0] * len(batches)
+    start = time.perf_counter()
+    deadline = start + budget
+
+    async def writer(i: int) -> None:
+        n = 0
+        while n < max_per_writer:
+            await log.append(batches[i], assign_ids=True)
+            n += 1
+            if time.perf_counter() >= deadline:
+                break
+        counts[i] = n
+
+    await asyncio.gather(*(writer(i) for i in range(len(batches))))
+    return counts, time.perf_counter() - start
+
+
 async def tidewire_concurrent(parent: str, budget: float) -> float:
     batches = [make_batch(make_values(SMALL, 1)) for _ in range(WRITERS)]
     max_per_writer = MAX_BYTES_PER_MEASUREMENT // (WRITERS * SMALL)
-    counts = [0] * WRITERS
     with fresh_dir(parent, "tw-concurrent-") as directory:
         log = Log.open(directory, LogConfig())
         try:
             await log.append(batches[0], assign_ids=True)  # creates the stream (warm-up)
-            start = time.perf_counter()
-            deadline = start + budget
-
-            async def writer(i: int) -> None:
-                batch = batches[i]
-                n = 0
-                while n < max_per_writer:
-                    await log.append(batch, assign_ids=True)
-                    n += 1
-                    if time.perf_counter() >= deadline:
-                        break
-                counts[i] = n
-
-            await asyncio.gather(*(writer(i) for i in range(WRITERS)))
-            elapsed = time.perf_counter() - start
+            counts, elapsed = await timed_appenders(log, batches, max_per_writer, budget)
             check_log_count(log, sum(counts) + 1)
         finally:
             await log.close()
@@ -271,26 +277,11 @@ async def tidewire_many_streams(parent: str, writers: int, budget: float) -> flo
         for name in names
     ]
     max_per_writer = max(1, MAX_BYTES_PER_MEASUREMENT // (writers * SMALL))
-    counts = [0] * writers
     with fresh_dir(parent, f"tw-many-{writers}-") as directory:
         log = Log.open(directory, LogConfig())
         try:
             await asyncio.gather(*(log.append(b, assign_ids=True) for b in batches))  # warm-up
-            start = time.perf_counter()
-            deadline = start + budget
-
-            async def writer(i: int) -> None:
-                batch = batches[i]
-                n = 0
-                while n < max_per_writer:
-                    await log.append(batch, assign_ids=True)
-                    n += 1
-                    if time.perf_counter() >= deadline:
-                        break
-                counts[i] = n
-
-            await asyncio.gather(*(writer(i) for i in range(writers)))
-            elapsed = time.perf_counter() - start
+            counts, elapsed = await timed_appenders(log, batches, max_per_writer, budget)
             for name, n in zip(names, counts, strict=True):
                 if log.latest(name) != n + 1:
                     raise RuntimeError(f"{name}: latest id {log.latest(name)}, expected {n + 1}")
