@@ -85,6 +85,9 @@ def _by_remote(pairs: Iterable[tuple[int, uuid.UUID]]) -> dict[bytes, str]:
     ids: dict[uuid.UUID, list[int]] = {}
     for message_id, remote in pairs:
         ids.setdefault(remote, []).append(message_id)
+    for these in ids.values():  # (as binding them one by one would: the transaction fails)
+        if max(these) >= 2**63 or min(these) < -(2**63):
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
     return {remote.bytes: json.dumps(these) for remote, these in ids.items()}
 
 
