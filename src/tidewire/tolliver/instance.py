@@ -346,6 +346,13 @@ class Instance:
         self._acking.add((message_id, peer))
         self._schedule()
 
+    def acked_many(self, message_ids: list[int], peer: uuid.UUID) -> None:
+        """:meth:`acked` of each of ``message_ids`` (a run of acks from one read)."""
+        pairs = [(message_id, peer) for message_id in message_ids]
+        self._acks += pairs
+        self._acking.update(pairs)
+        self._schedule()
+
     def handle_timer(self, now: float | None = None) -> None:
         """Resend, on every connection, what is unacked since ``resend_interval`` at ``now``
         (default: the instance's clock). The connections' timers call this on their own; a
