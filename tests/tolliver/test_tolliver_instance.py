@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from helpers import run, until
 from tidewire.tolliver import Delivery, Instance
 
@@ -160,6 +162,48 @@ def test_an_instance_may_back_off_its_resends(tmp_path: Path) -> None:
             assert resent == [1, 3, 7, 11]  # waits of 1, 2, 4, then 4 (the most)
         finally:
             await a.close()
+            await b.close()
+
+    run(main())
+
+
+def test_a_sender_waits_for_room_in_its_window_without_polling(tmp_path: Path) -> None:
+    """``unacked_at_most(n)`` returns once acks are committed down to ``n`` (woken by the
+    commit, no timer), at once if they already are, and raises if the instance closes."""
+
+    async def main() -> None:
+        a = Instance(str(tmp_path / "a.db"), resend_interval=60.0)
+        b = Instance(str(tmp_path / "b.db"), resend_interval=60.0)
+        b.subscribe("orders")
+        a_open = True
+        try:
+            await a.connect("127.0.0.1", await b.listen())
+            await a.unacked_at_most(0)  # nothing sent: at once
+            await a.send_many("orders", "", [b"%d" % i for i in range(5)])
+            assert a.store.unacked() == 5
+            room = asyncio.create_task(a.unacked_at_most(2))
+            never = asyncio.create_task(a.unacked_at_most(-1))
+            reader = b.batches()
+            got: list[Delivery] = []
+            while len(got) < 5:
+                got += await anext(reader)  # (b acks none of them before it asks again)
+            await asyncio.sleep(0)
+            assert not room.done()
+            assert a.store.unacked() == 5
+            acking = asyncio.create_task(anext(reader))  # asks for more: acks the five
+            await asyncio.wait_for(room, 10)
+            assert a.store.unacked() <= 2
+            await until(lambda: a.store.unacked() == 0)
+            assert not never.done()
+            acking.cancel()
+            closing = asyncio.create_task(a.close())
+            with pytest.raises(RuntimeError, match="closed"):
+                await never
+            await closing
+            a_open = False
+        finally:
+            if a_open:  # (an assert failed before it was closed)
+                await a.close()
             await b.close()
 
     run(main())
