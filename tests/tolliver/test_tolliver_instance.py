@@ -4,12 +4,14 @@ resends until acked, a sender restarted with unacked messages, reconnects, de-du
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
 
 from helpers import run, until
 from tidewire.tolliver import Delivery, Instance
+from tidewire.tolliver.inbox import Inbox
 
 
 async def take(instance: Instance, n: int) -> list[Delivery]:
@@ -205,5 +207,26 @@ def test_a_sender_waits_for_room_in_its_window_without_polling(tmp_path: Path) -
             if a_open:  # (an assert failed before it was closed)
                 await a.close()
             await b.close()
+
+    run(main())
+
+
+def test_an_inbox_takes_a_run_at_once_only_when_all_of_it_fits() -> None:
+    """``fits`` says yes exactly when ``put_nowait`` of each, in turn, would take them all."""
+
+    async def main() -> None:
+        sender = uuid.UUID(int=1)
+        inbox = Inbox(limit=4, limit_bytes=10)
+        one = [Delivery(sender, "c", "", b"abc", i) for i in range(3)]
+        assert inbox.fits(one)  # 3 items, 9 bytes
+        inbox.put_many([(d, None) for d in one])  # type: ignore[misc]
+        assert (len(inbox), inbox.nbytes) == (3, 9)
+        assert inbox.fits([Delivery(sender, "c", "", b"x", 3)])  # 4 items, 10 bytes
+        assert not inbox.fits([Delivery(sender, "c", "", b"xy", 3)])  # 11 bytes
+        assert not inbox.fits([Delivery(sender, "c", "", b"", i) for i in range(2)])  # 5 items
+        taken = await inbox.take(10)
+        assert [d for d, _ in taken] == one
+        assert (len(inbox), inbox.nbytes) == (0, 0)
+        assert not inbox.fits([Delivery(sender, "c", "", b"y" * 11, 0)])  # (put_nowait's way)
 
     run(main())

@@ -389,6 +389,17 @@ class Instance:
         for link in list(self.links.values()):
             link.handle_timer(now)
 
+    def _deliver_many(self, link: InstanceLink, messages: list[Message]) -> None:
+        """:meth:`_deliver` of each of ``messages`` (a run from one read): without ``dedupe``,
+        into the inbox in one go when they all fit (the common case)."""
+        sender = link.conn.peer
+        if self.dedupe or sender is None or not self._inbox.fits(messages):
+            for message in messages:
+                self._deliver(link, message)
+            return
+        self._inbox.put_many([(Delivery(sender, m.channel, m.key, m.body, m.id), link)
+                              for m in messages])  # fmt: skip
+
     def _deliver(self, link: InstanceLink, message: Message) -> None:
         sender = link.conn.peer
         assert sender is not None

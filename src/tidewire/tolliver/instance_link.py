@@ -90,8 +90,8 @@ class InstanceLink(Link):
         acked: list[int] = []
         while True:
             if conn.receive_run(received, acked):  # (the hot paths first, in runs)
-                for message in received:
-                    instance._deliver(self, message)
+                if received:
+                    instance._deliver_many(self, received)
                 if acked and conn.peer is not None:
                     instance.acked_many(acked, conn.peer)
                 received.clear()
