@@ -661,7 +661,8 @@ def figures_for(size: int, nats_label: str, rsocket_label: str) -> list[Figure]:
     if size == 16:
         return [
             Figure("16B_packed_vs_nats", 16, "tidewire-packed", "nats-py", nats_label, 5.0),
-            Figure("16B_envelope_vs_nats", 16, "tidewire-envelope", "nats-py", nats_label, 5.0),
+            # issue 22, row 3: 16 B envelopes >= 10x nats-py (was 5)
+            Figure("16B_envelope_vs_nats", 16, "tidewire-envelope", "nats-py", nats_label, 10.0),
             Figure(
                 "16B_packed_vs_rsocket", 16, "tidewire-packed", "rsocket-py", rsocket_label, 20.0
             ),
@@ -688,7 +689,7 @@ def figures_for(size: int, nats_label: str, rsocket_label: str) -> list[Figure]:
                 "tidewire-envelope",
                 "socket",
                 f"plain TCP socket, sendall/recv_into {SOCKET_CHUNK // MiB} MiB",
-                0.4,
+                0.7,  # issue 22, row 4 (was 0.4)
                 unit="MB/s",
             ),
         )

@@ -18,12 +18,12 @@ Events are 1 KiB values (random bytes, built before the clock starts). What is m
    1000 are on disk). Redis: ``redis-server`` with ``appendonly yes``, ``appendfsync always``
    (no RDB snapshots, no AOF rewrite), redis-py's asyncio client, ``XADD key * v <value>``
    pipelined 1000 at a time (``pipeline(transaction=False)`` + ``execute``), one pipeline at a
-   time. Goal: tidewire >= 2x Redis.
+   time. Goal (issue 22, row 5): tidewire >= 5x Redis.
 2. ``save_latency_p50_1KiB`` / ``save_latency_p99_1KiB``: latency of one durable save at a
    time, in microseconds. tidewire: ``await ship.save(id, value)`` (returns on ``COMMITTED``).
    Baseline: the disk itself, ``os.write`` of 1 KiB + ``os.fsync`` on a file (appended to, so
-   it grows as a log does) in a fresh directory beside the servers'. Goal: tidewire's p50 <=
-   2x the raw fsync's p50 (the p99 figure has no goal).
+   it grows as a log does) in a fresh directory beside the servers'. Goal (issue 22, row 6):
+   tidewire's p50 <= 1.5x the raw fsync's p50 (the p99 figure has no goal).
 3. ``save_latency_p50_vs_redis_xadd`` / ``save_latency_p99_vs_redis_xadd``: the same tidewire
    rounds against one ``await redis.xadd(key, {"v": value})`` at a time (``appendfsync always``:
    Redis answers after the AOF is fsynced). Information only.
@@ -478,7 +478,7 @@ async def run(settings: Settings, parent: str, procs: Processes) -> list[dict[st
             tw_many.rounds,
             f"{redis_label}, XADD pipelined {BATCH_EVENTS} per execute",
             redis_many.rounds,
-            2.0,
+            5.0,  # issue 22, row 5 (was 2)
             lower_is_better=False,
         )
     )
@@ -504,7 +504,7 @@ async def run(settings: Settings, parent: str, procs: Processes) -> list[dict[st
                 of(tw_one),
                 fsync_label,
                 of(raw),
-                2.0 if pct == "p50" else None,
+                1.5 if pct == "p50" else None,  # issue 22, row 6 (was 2)
                 lower_is_better=True,
                 extra=extra,
             )

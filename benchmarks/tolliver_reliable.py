@@ -17,12 +17,13 @@ acked to the broker by the receiver. Sender and receiver run in this process, on
   every channel a remote wants, tells it so in the handshake). The sender sends ``SEND_CHUNK``
   messages with one ``inst.send_many(channel, "", bodies)`` (it returns once they are committed
   to the sender's SQLite store and written to the socket), then the next chunk, keeping at most
-  ``WINDOW`` messages unacked by the hub (``inst.store.unacked()``). The hub appends the
-  messages to the stream named after the channel and acks each once durable; it delivers the
-  stream's events to the receiver as reliable messages; the receiver reads them with
-  ``inst.batches()``, which acks a list once the next is asked for. The clock stops when the
-  receiver has all N distinct messages (a sequence number
-  in the body; repeats are counted apart) AND the sender's store holds 0 unacked messages.
+  ``WINDOW`` messages unacked by the hub (``inst.store.unacked()``; it waits for room with
+  ``inst.unacked_at_most(WINDOW - SEND_CHUNK)``, woken by the commit of the acks). The hub
+  appends the messages to the stream named after the channel and acks each once durable; it
+  delivers the stream's events to the receiver as reliable messages; the receiver reads them
+  with ``inst.batches()``, which acks a list once the next is asked for. The clock stops when
+  the receiver has all N distinct messages (a sequence number in the body; repeats are counted
+  apart) AND the sender's store holds 0 unacked messages.
 - JetStream: Debian's ``nats-server -js`` (config file: ``jetstream { store_dir }`` in a fresh
   directory on the same disk) per round; a file-storage stream with one subject. nats-py, two
   connections: the sender publishes with ``js.publish_async`` (at most ``WINDOW`` PubAcks
@@ -88,7 +89,7 @@ WINDOW = 1000  # messages unacked by the broker, at most (both sides)
 SEND_CHUNK = 250  # tidewire: messages per send_many (one store commit, one write)
 PUSH_PENDING = 65_536  # JetStream: messages the push subscription may buffer
 WARMUP = 200
-POLL_S = 0.002  # tidewire: how often the sender looks at its store's unacked count when waiting
+POLL_S = 0.002  # tidewire: how often the round looks whether the hub subscribed (setup)
 GOAL_RATIO = 3.0
 ROUND_TIMEOUT_S = 300.0
 
@@ -232,26 +233,19 @@ async def tidewire_round(host: str, port: int, directory: str, n: int) -> Measur
         reader = asyncio.create_task(read())
 
         async def send_all(messages: list[bytes]) -> None:
-            store = sender.store
-
-            def room_for(n: int) -> Callable[[], bool]:
-                return lambda: store.unacked() + n <= WINDOW  # a COUNT(*): not too often
-
             for i in range(0, len(messages), SEND_CHUNK):
                 chunk = messages[i : i + SEND_CHUNK]
-                await poll_until(room_for(len(chunk)))
+                # the window: woken by the store's commit of the acks that make room
+                await sender.unacked_at_most(WINDOW - len(chunk))
                 # one store commit and one write for the chunk
                 await sender.send_many(CHANNEL, "", chunk)
-
-        def all_acked() -> bool:
-            return sender.store.unacked() == 0
 
         async def exchange(messages: list[bytes]) -> None:
             tally.expect(len(messages))
             await send_all(messages)
             async with asyncio.timeout(ROUND_TIMEOUT_S):
                 await tally.done.wait()
-                await poll_until(all_acked)
+                await sender.unacked_at_most(0)
 
         await exchange(bodies(WARMUP))
         messages = bodies(n)

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidewire.model import MAX_ID, Batch, Event, InvalidBatch, InvalidStreamName, now_ms
-from tidewire.spark.arrow import SCHEMA, from_arrow, to_arrow
+from tidewire.spark.arrow import SCHEMA, from_arrow, stream_column, to_arrow
 from tidewire.spark.planning import (
     DataLossSparkError,
     OptionError,
@@ -642,6 +642,24 @@ def test_to_arrow_of_fixed_size_values() -> None:
     assert _columns(to_arrow(batch))["key"] == [b""] * 4
     keyed = Batch.fixed("s", b"abcdefgh", 2, key=b"kk", timestamp=7).slice(1, 3)
     assert _columns(to_arrow(keyed)) == _expected(keyed)
+
+
+def test_stream_columns_come_from_a_bounded_cache_and_are_right() -> None:
+    """Issue 22: the ``stream`` column is a slice of a cached column, grown when a batch is
+    bigger, per name; a column bigger than the cache's 16 MiB is built and not kept."""
+    assert stream_column("a", 3).to_pylist() == ["a"] * 3
+    assert stream_column("bb", 5).to_pylist() == ["bb"] * 5
+    assert stream_column("a", 2).to_pylist() == ["a"] * 2  # a slice of the first
+    assert stream_column("a", 7).to_pylist() == ["a"] * 7  # grown
+    assert stream_column("bb", 0).to_pylist() == []
+    name = "n" * 255
+    huge = stream_column(name, 70_000)  # 17.9 MB of names: not cached
+    assert len(huge) == 70_000
+    assert huge[69_999].as_py() == name
+    assert stream_column("a", 4).to_pylist() == ["a"] * 4
+    rb = to_arrow(Batch.build("two", [b"x", b"y"], timestamps=1))
+    assert rb.column("stream").to_pylist() == ["two", "two"]
+    assert to_arrow(KEYED.slice(2, 4)).column("stream").to_pylist() == ["orders", "orders"]
 
 
 def test_to_arrow_refuses_a_timestamp_out_of_range() -> None:

@@ -4,10 +4,14 @@ resends until acked, a sender restarted with unacked messages, reconnects, de-du
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
+
+import pytest
 
 from helpers import run, until
 from tidewire.tolliver import Delivery, Instance
+from tidewire.tolliver.inbox import Inbox
 
 
 async def take(instance: Instance, n: int) -> list[Delivery]:
@@ -161,5 +165,68 @@ def test_an_instance_may_back_off_its_resends(tmp_path: Path) -> None:
         finally:
             await a.close()
             await b.close()
+
+    run(main())
+
+
+def test_a_sender_waits_for_room_in_its_window_without_polling(tmp_path: Path) -> None:
+    """``unacked_at_most(n)`` returns once acks are committed down to ``n`` (woken by the
+    commit, no timer), at once if they already are, and raises if the instance closes."""
+
+    async def main() -> None:
+        a = Instance(str(tmp_path / "a.db"), resend_interval=60.0)
+        b = Instance(str(tmp_path / "b.db"), resend_interval=60.0)
+        b.subscribe("orders")
+        a_open = True
+        try:
+            await a.connect("127.0.0.1", await b.listen())
+            await a.unacked_at_most(0)  # nothing sent: at once
+            await a.send_many("orders", "", [b"%d" % i for i in range(5)])
+            assert a.store.unacked() == 5
+            room = asyncio.create_task(a.unacked_at_most(2))
+            never = asyncio.create_task(a.unacked_at_most(-1))
+            reader = b.batches()
+            got: list[Delivery] = []
+            while len(got) < 5:
+                got += await anext(reader)  # (b acks none of them before it asks again)
+            await asyncio.sleep(0)
+            assert not room.done()
+            assert a.store.unacked() == 5
+            acking = asyncio.create_task(anext(reader))  # asks for more: acks the five
+            await asyncio.wait_for(room, 10)
+            assert a.store.unacked() <= 2
+            await until(lambda: a.store.unacked() == 0)
+            assert not never.done()
+            acking.cancel()
+            closing = asyncio.create_task(a.close())
+            with pytest.raises(RuntimeError, match="closed"):
+                await never
+            await closing
+            a_open = False
+        finally:
+            if a_open:  # (an assert failed before it was closed)
+                await a.close()
+            await b.close()
+
+    run(main())
+
+
+def test_an_inbox_takes_a_run_at_once_only_when_all_of_it_fits() -> None:
+    """``fits`` says yes exactly when ``put_nowait`` of each, in turn, would take them all."""
+
+    async def main() -> None:
+        sender = uuid.UUID(int=1)
+        inbox = Inbox(limit=4, limit_bytes=10)
+        one = [Delivery(sender, "c", "", b"abc", i) for i in range(3)]
+        assert inbox.fits(one)  # 3 items, 9 bytes
+        inbox.put_many([(d, None) for d in one])  # type: ignore[misc]
+        assert (len(inbox), inbox.nbytes) == (3, 9)
+        assert inbox.fits([Delivery(sender, "c", "", b"x", 3)])  # 4 items, 10 bytes
+        assert not inbox.fits([Delivery(sender, "c", "", b"xy", 3)])  # 11 bytes
+        assert not inbox.fits([Delivery(sender, "c", "", b"", i) for i in range(2)])  # 5 items
+        taken = await inbox.take(10)
+        assert [d for d, _ in taken] == one
+        assert (len(inbox), inbox.nbytes) == (0, 0)
+        assert not inbox.fits([Delivery(sender, "c", "", b"y" * 11, 0)])  # (put_nowait's way)
 
     run(main())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tidewire.protocols.tolliver import UNRELIABLE
 from tidewire.tolliver import Store, uuid7
+from tidewire.tolliver.store import ROWS_PER_STATEMENT
 
 
 def test_uuid7_layout() -> None:
@@ -141,3 +142,29 @@ def test_a_new_file_has_the_new_schema(tmp_path: Path) -> None:
     db.close()
     assert "AUTOINCREMENT" not in tables["outbox"]
     assert "WITHOUT ROWID" in tables["pending"]
+
+
+def test_a_transaction_runs_a_few_statements_whatever_its_rows(tmp_path: Path) -> None:
+    """Issue 22: no statement per row (``executemany`` releases and takes back the GIL at every
+    row, which the committer thread pays for beside a busy event loop); the rows and their order
+    are those of one statement per row."""
+    store = Store.open(str(tmp_path / "t.db"))
+    a, b = uuid7(), uuid7()
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    n = 2 * ROWS_PER_STATEMENT + 3  # (three multi-row INSERTs, the last one shorter)
+    adds = [("c", f"k{i % 3}", b"body %d" % i, [a, b] if i % 2 else [a]) for i in range(n)]
+    ids = store.apply(adds, [])
+    assert len(statements) <= 10
+    statements.clear()
+    store.apply([], [(i, a) for i in ids] + [(ids[1], b), (12345, b)])
+    assert len(statements) <= 6
+    store.db.set_trace_callback(None)
+    odd = [(i, "c", f"k{j % 3}", b"body %d" % j) for j, i in enumerate(ids) if j % 2]
+    assert store.pending_for(b) == odd[1:]  # in the order sent; ids[1] acked by b
+    assert store.pending_for(a) == []
+    assert store.unacked() == len(odd) - 1
+    assert store.unacked_bytes() == sum(len(body) for *_, body in odd[1:])
+    assert store.ack(ids[3], b)
+    assert not store.ack(ids[3], b)  # (already acked)
+    store.close()

@@ -205,9 +205,7 @@ class _Link(HubLink):
                              len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
         if self.conn.established and not self.conn.closed and not self.refused:
-            for message in messages:
-                if message.reliable:
-                    self.conn.ack(message.id)
+            self.conn.ack_many([m.id for m in messages if m.reliable])  # (one write)
             self.flush()
 
 

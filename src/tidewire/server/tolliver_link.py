@@ -27,10 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from ..hub import Share, Subscription
+from ..hub import Share
 from ..hub.access import (
     ANONYMOUS,
     Action,
@@ -54,6 +53,7 @@ from ..protocols.tolliver import (
 )
 from ..tolliver.link import HandshakeFailed, Link
 from .guard import established, peer_certificate
+from .tolliver_delivery import DELIVERY_BYTES, MAX_UNACKED, ChannelDelivery
 from .tolliver_origins import within
 
 if TYPE_CHECKING:
@@ -73,72 +73,10 @@ __all__ = [
 log = logging.getLogger("tidewire.tolliver")
 
 VERSION = 1
-DELIVERY_BYTES = 256 * 1024
-MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
 RESEND_BACKOFF = 2.0  # each resend of one delivery waits twice as long as the last ...
 RESEND_MAX_INTERVAL = 60.0  # ... at most this long (seconds)
+ID_SPACE = 2**32  # Tolliver message ids are u32
 FOLLOW_SLICE = 16  # channel deliveries made per turn of the event loop
-
-
-class ChannelDelivery:
-    """One remote's delivery of one stream: a hub subscription and what awaits acks."""
-
-    def __init__(self, link: HubLink, channel: str, start: int,
-                 kept: asyncio.Future[None] | None = None) -> None:  # fmt: skip
-        """``kept``: delivery waits for it (the remote's first offset on its way to disk)."""
-        self.link = link
-        self.kept = kept
-        self.channel = channel
-        self.sub: Subscription = link.server.hub.subscribe(
-            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
-            connection=link.log.context.conn, counted=False,  # (deliver() counts what it sends)
-        )
-        self.sub.request(MAX_UNACKED)
-        self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
-        self.acked_to = start - 1
-        self.task = asyncio.create_task(self._pump())
-
-    async def _pump(self) -> None:
-        link = self.link
-        try:
-            if self.kept is not None:
-                await self.kept
-            while True:
-                await link.writable.wait()  # a remote that does not read gets nothing more
-                await link.room.wait()  # nor one whose unacked deliveries fill its share
-                await link.server.ids_ready.wait()  # (ids for one delivery: <= MAX_UNACKED)
-                if (batches := await self.sub.next()) is None:
-                    break
-                await link.settled(self.channel)  # (so that its own messages are known)
-                # (read while another channel filled the room: it waits, one delivery per
-                # channel at most, until acks free room)
-                await link.room.wait()
-                link.deliver(self, batches)
-                link.flush()  # once per delivery, not per message
-        except asyncio.CancelledError:
-            raise
-        except TidewireError as exc:
-            link.log.warning("delivering %r stopped: %s", self.channel, exc)
-
-    def acked(self, message_ids: list[int]) -> int | None:
-        """Record acks (of this channel's deliveries); the new offset (next event id to
-        deliver) if it moved."""
-        inflight = self.inflight
-        last = None
-        for message_id in message_ids:
-            last = inflight.pop(message_id)
-        if last is None:
-            return None
-        self.sub.request(len(message_ids))
-        low = next(iter(inflight.values()), last + 1)  # (in event order)
-        if low - 1 > self.acked_to:
-            self.acked_to = low - 1
-            return low
-        return None
-
-    def stop(self) -> None:
-        self.sub.cancel()
-        self.task.cancel()
 
 
 class HubLink(Link):
@@ -317,8 +255,19 @@ class HubLink(Link):
         arrived: dict[str, list[Message]] = {}  # stored as one batch per channel
         acks: list[int] = []  # handled together
         everyone_writes = self.server.access.open or self.dialed
-        while (event := self.conn.next_event()) is not None:
-            if isinstance(event, Acked):  # (the hot path first)
+        conn, run = self.conn, list[Message]()
+        while True:
+            if conn.receive_run(run, acks):  # (the hot paths first, in runs)
+                for message in run:
+                    if not everyone_writes and not self._may_write(message.channel):
+                        self._refuse(self._forbidden("write", message.channel, "a message"))
+                        return  # what arrived with it is neither stored nor acked
+                    arrived.setdefault(message.channel, []).append(message)
+                run.clear()
+            event = conn.next_event()
+            if event is None:
+                break
+            if isinstance(event, Acked):
                 acks.append(event.id)
                 continue
             match event:
@@ -442,7 +391,20 @@ class HubLink(Link):
         own = self.server.origins.of(self.conn.peer, name) if self.conn.peer else None
         for batch in batches:
             ids = batch.ids
-            for i in range(len(ids)):
+            n = len(ids)
+            last = next_id + n  # (one past the run's last id: no 2**31-1 in it, no wrap)
+            one_run = last <= UNRELIABLE or (next_id > UNRELIABLE and last <= ID_SPACE)
+            if every and not own and not batch.has_keys and one_run:
+                # (the common case, without a test per event: ids in one run, no key)
+                message_ids = range(next_id, last)
+                inflight.update(zip(message_ids, ids, strict=True))
+                offsets, values = batch.value_offsets, batch.values
+                base = offsets[0]
+                items += [(b"", bytes(values[offsets[i] - base : offsets[i + 1] - base]), m)
+                          for i, m in enumerate(message_ids)]  # fmt: skip
+                next_id = last & 0xFFFFFFFF
+                continue
+            for i in range(n):
                 if own and within(own, ids[i]):  # its own message: not echoed (no_echo)
                     skipped += 1
                     continue

@@ -6,13 +6,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .instance_link import InstanceLink
 
 __all__ = ["Delivery", "Inbox"]
+
+
+class HasBody(Protocol):
+    @property
+    def body(self) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,19 @@ class Inbox:
             raise asyncio.QueueFull
         self._items.append(item)
         self.nbytes += size
+        self._ready.set()
+
+    def fits(self, messages: Sequence[HasBody]) -> bool:
+        """Whether every one of ``messages`` fits now (then :meth:`put_many` takes them all,
+        as :meth:`put_nowait` of each would)."""
+        return len(self._items) + len(messages) <= self.limit and (
+            self.nbytes + sum(len(m.body) for m in messages) <= self.limit_bytes
+        )
+
+    def put_many(self, items: list[tuple[Delivery, InstanceLink]]) -> None:
+        """Add all of ``items``, which :meth:`fits` said fit (not checked again)."""
+        self._items += items
+        self.nbytes += sum(len(delivery.body) for delivery, _ in items)
         self._ready.set()
 
     async def take(self, most: int) -> list[tuple[Delivery, InstanceLink]]:

@@ -111,6 +111,8 @@ class Instance:
         self._commit: asyncio.Future[list[int]] | None = None  # the one running, in a thread
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="tolliver-store")
         self._closed = False
+        # unacked_at_most(n) callers: (n, their future), woken after each commit; one per caller
+        self._room_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def instance_id(self) -> uuid.UUID:
@@ -337,13 +339,46 @@ class Instance:
                 if not future.done():
                     future.set_result(ids[at : at + len(rows)])
                 at += len(rows)
+        if self._room_waiters:
+            self._wake_room()
         if self._queued():
             self._schedule()
+
+    async def unacked_at_most(self, n: int) -> None:
+        """Wait until the store keeps at most ``n`` reliable messages unacked (an ack counts
+        once it is committed, as in ``store.unacked()``): a sender's window, without polling.
+        ``RuntimeError`` if the instance closes meanwhile."""
+        while self.store.unacked() > n:
+            if self._closed:
+                raise RuntimeError("the instance is closed")
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._room_waiters.append((n, waiter))
+            await waiter
+
+    def _wake_room(self, closing: bool = False) -> None:
+        unacked, waiting = self.store.unacked(), []
+        for n, waiter in self._room_waiters:
+            if waiter.done():
+                continue  # (cancelled)
+            if closing:
+                waiter.set_exception(RuntimeError("the instance is closed"))
+            elif unacked <= n:
+                waiter.set_result(None)
+            else:
+                waiting.append((n, waiter))
+        self._room_waiters = waiting
 
     def acked(self, message_id: int, peer: uuid.UUID) -> None:
         """Record an ack (with the next group commit: losing one only means a resend)."""
         self._acks.append((message_id, peer))
         self._acking.add((message_id, peer))
+        self._schedule()
+
+    def acked_many(self, message_ids: list[int], peer: uuid.UUID) -> None:
+        """:meth:`acked` of each of ``message_ids`` (a run of acks from one read)."""
+        pairs = [(message_id, peer) for message_id in message_ids]
+        self._acks += pairs
+        self._acking.update(pairs)
         self._schedule()
 
     def handle_timer(self, now: float | None = None) -> None:
@@ -353,6 +388,17 @@ class Instance:
         now = self.clock() if now is None else now
         for link in list(self.links.values()):
             link.handle_timer(now)
+
+    def _deliver_many(self, link: InstanceLink, messages: list[Message]) -> None:
+        """:meth:`_deliver` of each of ``messages`` (a run from one read): without ``dedupe``,
+        into the inbox in one go when they all fit (the common case)."""
+        sender = link.conn.peer
+        if self.dedupe or sender is None or not self._inbox.fits(messages):
+            for message in messages:
+                self._deliver(link, message)
+            return
+        self._inbox.put_many([(Delivery(sender, m.channel, m.key, m.body, m.id), link)
+                              for m in messages])  # fmt: skip
 
     def _deliver(self, link: InstanceLink, message: Message) -> None:
         sender = link.conn.peer
@@ -432,6 +478,7 @@ class Instance:
         """Stop every supervisor (no more reconnects), keep what is queued for the store (and
         send the acks waiting for it), close every connection and listener, then the store."""
         self._closed = True
+        self._wake_room(closing=True)
         await asyncio.gather(*(s.stop() for s in self.supervisors))
         while self._commit is not None or self._queued():  # what is queued is kept
             if self._commit is None:

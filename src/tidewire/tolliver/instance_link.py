@@ -18,6 +18,7 @@ from ..protocols.tolliver import (
     Closed,
     Connection,
     Established,
+    Message,
     PeerSubscriptions,
     Received,
     Role,
@@ -84,9 +85,21 @@ class InstanceLink(Link):
         self.instance._handshake_done()
 
     def handle_events(self) -> None:
-        instance = self.instance
-        while (event := self.conn.next_event()) is not None:
-            if isinstance(event, Received):  # (the hot paths first)
+        instance, conn = self.instance, self.conn
+        received: list[Message] = []
+        acked: list[int] = []
+        while True:
+            if conn.receive_run(received, acked):  # (the hot paths first, in runs)
+                if received:
+                    instance._deliver_many(self, received)
+                if acked and conn.peer is not None:
+                    instance.acked_many(acked, conn.peer)
+                received.clear()
+                acked.clear()
+            event = conn.next_event()
+            if event is None:
+                break
+            if isinstance(event, Received):
                 instance._deliver(self, event.message)
                 continue
             if isinstance(event, Acked):

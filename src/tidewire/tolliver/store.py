@@ -15,6 +15,14 @@ told is stored survives a crash of the process. :meth:`Store.apply` commits many
 and acks in one transaction: the instance runs it in a thread of its own (the event loop goes on
 meanwhile) and groups what arrives while the previous commit runs. A lock serialises the
 store's methods, so they may be called from any thread.
+
+A transaction runs a few statements whatever the number of rows (**decision**, issue 22): rows
+go in as multi-row ``INSERT ... VALUES`` of up to :data:`ROWS_PER_STATEMENT` rows and ids as one
+JSON array per remote (``json_each``), not ``executemany``. ``sqlite3`` releases the GIL around
+every statement step, and ``executemany`` steps once per row: in the committer thread, beside a
+busy event loop, each of those releases hands the GIL over and waits to get it back, which made
+a commit of about 220 new messages and 220 acks take 4.4 ms (median, ``tolliver_reliable.py``)
+against about 2 ms alone. The rows, their order and the transaction are those of before.
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ from collections.abc import Iterable, Sequence
 
 from ..protocols.tolliver import UNRELIABLE
 
-__all__ = ["Store", "uuid7"]
+__all__ = ["ROWS_PER_STATEMENT", "Store", "uuid7"]
+
+ROWS_PER_STATEMENT = 128
+"""Rows per multi-row ``INSERT`` (4 parameters each: far below SQLite's 32,766)."""
 
 
 def uuid7(now_ms: int | None = None) -> uuid.UUID:
@@ -51,6 +62,33 @@ CREATE TABLE IF NOT EXISTS pending (
 CREATE TABLE IF NOT EXISTS seen (
     seq INTEGER PRIMARY KEY, remote BLOB NOT NULL, id INTEGER NOT NULL, UNIQUE (remote, id));
 """
+
+
+_OUTBOX_INSERTS: dict[int, str] = {}  # rows -> its statement (at most ROWS_PER_STATEMENT)
+
+
+def _insert_outbox(db: sqlite3.Connection, rows: list[tuple[int, str, str, bytes]]) -> None:
+    """``rows`` (id, channel, key, body) into the outbox, in order, a few statements in all."""
+    for at in range(0, len(rows), ROWS_PER_STATEMENT):
+        part = rows[at : at + ROWS_PER_STATEMENT]
+        sql = _OUTBOX_INSERTS.get(len(part))
+        if sql is None:
+            values = ", ".join(["(?, ?, ?, ?)"] * len(part))
+            sql = _OUTBOX_INSERTS[len(part)] = (
+                f"INSERT INTO outbox (id, channel, key, body) VALUES {values}"
+            )
+        db.execute(sql, [field for row in part for field in row])
+
+
+def _by_remote(pairs: Iterable[tuple[int, uuid.UUID]]) -> dict[bytes, str]:
+    """(id, remote) pairs as each remote's ids, a JSON array (for ``json_each``)."""
+    ids: dict[uuid.UUID, list[int]] = {}
+    for message_id, remote in pairs:
+        ids.setdefault(remote, []).append(message_id)
+    for these in ids.values():  # (as binding them one by one would: the transaction fails)
+        if max(these) >= 2**63 or min(these) < -(2**63):
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+    return {remote.bytes: json.dumps(these) for remote, these in ids.items()}
 
 
 class Store:
@@ -151,20 +189,22 @@ class Store:
             ids = self._take_ids(len(adds)) if adds else []
             kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
             if kept:  # (a message nobody subscribed to is not kept)
-                db.executemany("INSERT INTO outbox (id, channel, key, body) VALUES (?, ?, ?, ?)",
-                               [(i, c, k, b) for i, (c, k, b, _) in kept])  # fmt: skip
-                raw = {r: r.bytes for r in {r for add in adds for r in add[3]}}
-                db.executemany("INSERT INTO pending VALUES (?, ?)",
-                               [(i, raw[r]) for i, add in kept for r in add[3]])  # fmt: skip
+                _insert_outbox(db, [(i, c, k, b) for i, (c, k, b, _) in kept])
+                pairs = ((i, r) for i, add in kept for r in add[3])
+                for remote, ids_json in _by_remote(pairs).items():
+                    db.execute("INSERT INTO pending SELECT value, ?1 FROM json_each(?2)",
+                               (remote, ids_json))  # fmt: skip
                 unacked += len(kept)
                 unacked_bytes += sum(len(add[2]) for _, add in kept)
             if adds:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
             if acks:
-                raw = {r: r.bytes for r in {r for _, r in acks}}
-                cursor = db.executemany("DELETE FROM pending WHERE id = ? AND remote = ?",
-                                        [(i, raw[r]) for i, r in acks])  # fmt: skip
-                self._last_acked = max(0, cursor.rowcount)
+                for remote, ids_json in _by_remote(acks).items():
+                    cursor = db.execute(
+                        "DELETE FROM pending WHERE remote = ?1 AND id IN "
+                        "(SELECT value FROM json_each(?2))", (remote, ids_json),
+                    )  # fmt: skip
+                    self._last_acked += max(0, cursor.rowcount)
                 gone = db.execute(
                     "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?)) AND NOT "
                     "EXISTS (SELECT 1 FROM pending WHERE pending.id = outbox.id) "

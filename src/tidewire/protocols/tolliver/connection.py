@@ -364,6 +364,32 @@ class Connection:
         except RemoteProtocolError as exc:
             self._close(str(exc), error=True)
 
+    def receive_run(self, received: list[Message], acked: list[int]) -> int:
+        """The bulk way in (issue 22): parse the application messages and acks at the head of
+        the input in one pass, appending to ``received`` each message :meth:`next_event` would
+        give as :class:`Received` (a reliable one acked here too, with ``auto_ack``) and to
+        ``acked`` each id it would give as :class:`Acked`, in order; the frames parsed. No
+        object per frame but the :class:`Message`.
+
+        It stops at anything else (a handshake, a control message, a frame not whole yet, a
+        breach), and does nothing before the handshake completes or while events wait: call
+        :meth:`next_event` after it, until ``None``, and again this, so the events and the
+        runs come in the order of their frames."""
+        if self.state is not _State.OPEN or self._events:
+            return 0
+        start = len(received)
+        acks: list[int] = []
+        try:
+            count = self._decoder.take_run(received, acks, CONTROL_CHANNEL)
+        except RemoteProtocolError:
+            return 0  # (a dead decoder: next_event closes)
+        if self.auto_ack and len(received) > start:
+            self._out += b"".join([ACK.pack(4, message.id) for message in received[start:]
+                                   if message.id != UNRELIABLE])  # fmt: skip
+        forget = self._forget
+        acked += [message_id for message_id in acks if forget(message_id)]
+        return count
+
     def next_event(self) -> Event | None:
         """The next event, or ``None`` until more bytes come (or once closed)."""
         events, decoder = self._events, self._decoder
