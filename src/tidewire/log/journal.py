@@ -129,6 +129,7 @@ class Journal:
         self.fsyncs = 0  # journal fdatasyncs done (rounds), for tests and metrics
         self.checkpoints = 0
         self._seq = 0  # the last checkpoint's
+        self._kick_pending = False  # a _kick is scheduled on a loop
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -211,6 +212,10 @@ class Journal:
         ``synced``: the segment was fdatasynced already and the entry carries no payload.
         Raises :class:`LogClosedError` once the journal has failed."""
         raw = key.encode()
+        try:  # on an event loop's thread, the syncer is woken once per loop iteration
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
         with self._lock:
             s = self._s
             if s.failed is not None:
@@ -223,8 +228,20 @@ class Journal:
                               [head] if synced else [head, *payload]))  # fmt: skip
             s.ends[key] = (segment.base_id, position + extent)
             s.dirty[id(segment)] = segment
-            self._cond.notify_all()
+            if loop is None:
+                self._cond.notify_all()
+            elif not self._kick_pending:
+                self._kick_pending = True
+                loop.call_soon(self._kick)
         return lsn
+
+    def _kick(self) -> None:
+        """Wake the syncer for the entries submitted from the loop during its last iteration:
+        the committers of every stream woken by one round submit within one iteration, and
+        join one round, instead of the first of them starting a round of its own."""
+        with self._lock:
+            self._kick_pending = False
+            self._cond.notify_all()
 
     def durable(self, lsn: int) -> asyncio.Future[float]:
         """A future (of the running loop) done once entry ``lsn`` is durable, with the seconds

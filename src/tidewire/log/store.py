@@ -2,11 +2,13 @@
 
 Group commit: :meth:`Log.append` checks a batch in full and makes sure it owns its buffers, on
 the event loop, then queues it on its stream and waits. One committer task per stream takes
-*everything* queued and, in a worker thread, encodes it (runs of small batches share a record),
-writes it with one ``pwritev`` and makes it durable with one ``fdatasync``; then it wakes every
-appender of that group at once. Appenders that arrive while the disk is busy form the next
-group, so N concurrent writers cost one flush per round, not N. ``append`` returns only once the
-data is durable.
+*everything* queued, encodes it (runs of small batches share a record) and writes it with one
+``pwritev`` (small groups on the loop's thread, others in a worker thread). With the write-ahead
+journal (the default, :mod:`.journal`) it then waits for the journal, whose one ``fdatasync``
+serves every stream that committed meanwhile; without it, the write ends with an
+``fdatasync`` of the segment. Then it publishes the group and wakes every appender of it at
+once. Appenders that arrive while the disk is busy form the next group, so N concurrent writers
+cost one flush per round, not N. ``append`` returns only once the data is durable.
 
 Ids are either the caller's (they must exceed the stream's latest id, counting batches still
 queued: Seguro's rule) or assigned by the log as latest + 1, latest + 2, ...
@@ -49,14 +51,13 @@ from ..model import (
 )
 from ..record import HEADER_SIZE
 from .config import LogConfig
-from .grouping import MERGE_MAX_BYTES, MERGE_MAX_EVENTS, encode_group
+from .grouping import encode_group
 from .journal import Journal, JournalState
 from .journal_replay import recover, remove_journal
 from .segment import ReadBudget
 from .stream import NAME_FILE, STAGING_PREFIX, StreamLog, StreamStats, read_name
 
-__all__ = ["MERGE_MAX_BYTES", "MERGE_MAX_EVENTS", "GroupItems", "GroupWriter", "GroupWritten",
-           "Log"]  # fmt: skip
+__all__ = ["GroupItems", "GroupWriter", "GroupWritten", "Log"]
 
 log = logging.getLogger("tidewire.log")
 
@@ -160,8 +161,7 @@ class Log:
         elif not os.path.isdir(self.directory):
             raise FileNotFoundError(f"no data directory at {self.directory}")
         try:
-            # Before the streams' own scans: the journal holds acknowledged bytes that the
-            # segments may lack (a power loss), and knows which bytes were never acknowledged.
+            # First the journal: it has acknowledged bytes a power loss took from the segments.
             state = None if read_only else recover(self.directory)
             for entry in sorted(os.listdir(self.directory)):
                 path = os.path.join(self.directory, entry)
@@ -488,8 +488,7 @@ class Log:
     async def _settle(self, stream: StreamLog, write: asyncio.Future[GroupWritten]) -> GroupWritten:
         """Wait for a group's write and, if it went through the journal, for its entry to be
         durable; then publish it (readers never see an event before it is durable)."""
-        # Shielded: the thread writes on whatever happens to this task, so this task must
-        # never act as if the write had not happened.
+        # Shielded: the thread writes whatever happens to this task, which must know it.
         written = await asyncio.shield(write)
         pending, stream.unpublished = stream.unpublished, None
         if pending is None or self._journal is None:
