@@ -130,6 +130,7 @@ class Journal:
         self.checkpoints = 0
         self._seq = 0  # the last checkpoint's
         self._kick_pending = False  # a _kick is scheduled on a loop
+        self._round_lock = threading.Lock()  # one round at a time (syncer or a leader)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -228,20 +229,52 @@ class Journal:
                               [head] if synced else [head, *payload]))  # fmt: skip
             s.ends[key] = (segment.base_id, position + extent)
             s.dirty[id(segment)] = segment
-            if loop is None:
-                self._cond.notify_all()
-            elif not self._kick_pending:
+            if loop is not None and not self._kick_pending:
                 self._kick_pending = True
                 loop.call_soon(self._kick)
+        if loop is None and not self._lead():
+            with self._lock:
+                self._cond.notify_all()  # a round is in progress: the syncer takes the rest
         return lsn
 
     def _kick(self) -> None:
-        """Wake the syncer for the entries submitted from the loop during its last iteration:
-        the committers of every stream woken by one round submit within one iteration, and
-        join one round, instead of the first of them starting a round of its own."""
+        """Run a round for the entries submitted from the loop during its last iteration: the
+        committers of every stream woken by one round submit within one iteration, and join
+        one round, instead of the first of them starting a round of its own. The round runs
+        here, on the loop's thread (these are groups of at most ``inline_commit_bytes``, which
+        the loop has always fsynced itself), unless one is in progress: then the syncer takes
+        them after it."""
         with self._lock:
             self._kick_pending = False
-            self._cond.notify_all()
+        if not self._lead():
+            with self._lock:
+                self._cond.notify_all()
+
+    def _lead(self) -> bool:
+        """Leader-follower group commit: if no round is in progress, write everything pending
+        in one round on this thread (no hand-off to the syncer: a single stream's commit costs
+        what it did without the journal) and return True; else False. Errors fail the journal
+        (the waiters learn it); they do not propagate."""
+        if not self._round_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._lock:
+                s = self._s
+                batch, s.pending = s.pending, []
+                first = s.next_lsn - len(batch)
+                if s.failed is not None:
+                    return True
+            if batch:
+                try:
+                    self._write_batch(batch, first)
+                except BaseException as exc:
+                    self._fail(exc, "write")
+        finally:
+            self._round_lock.release()
+        with self._lock:
+            if self._s.pending:  # (submitted during the round: the syncer takes them)
+                self._cond.notify_all()
+        return True
 
     def durable(self, lsn: int) -> asyncio.Future[float]:
         """A future (of the running loop) done once entry ``lsn`` is durable, with the seconds
@@ -267,15 +300,23 @@ class Journal:
                 s = self._s
                 while not s.pending and not s.closing:
                     self._cond.wait()
-                if not s.pending:
+                if not s.pending or s.failed is not None:
+                    if s.closing or s.failed is not None:
+                        return
+                    continue
+            with self._round_lock:  # (after a leader's round, if one is in progress)
+                with self._lock:
+                    batch, s.pending = s.pending, []
+                    first = s.next_lsn - len(batch)
+                    if s.failed is not None:
+                        return
+                if not batch:
+                    continue
+                try:
+                    self._write_batch(batch, first)
+                except BaseException as exc:  # whatever it is, the journal cannot go on
+                    self._fail(exc, "write")
                     return
-                batch, s.pending = s.pending, []
-                first = s.next_lsn - len(batch)
-            try:
-                self._write_batch(batch, first)
-            except BaseException as exc:  # whatever it is, the journal cannot go on
-                self._fail(exc, "write")
-                return
 
     def _write_batch(self, batch: list[tuple[int, list[bytes | bytearray | memoryview]]],
                      first: int) -> None:  # fmt: skip
