@@ -141,29 +141,29 @@ class Journal:
         that covers ``state.lsn`` and says each stream's active segment (``ends``), and start
         the threads. Entries of earlier epochs are never replayed again."""
         directory = os.path.join(data_dir, JOURNAL_DIR)
-        created = not os.path.isdir(directory)
+        fresh = state.seq == 0  # no checkpoint in force: a new journal, or one never started
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, RING_FILE)
         ring_bytes = max(MIN_RING, ring_bytes)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if os.fstat(fd).st_size > ring_bytes:  # journal_bytes was lowered
+            if fresh:  # (no entry of an unknown past may ever pass for one of epoch 1)
+                os.ftruncate(fd, 0)
+            elif os.fstat(fd).st_size > ring_bytes:  # journal_bytes was lowered
                 os.ftruncate(fd, ring_bytes)
             self = cls(directory, ring_bytes, interval_s, state.epoch + 1, state.lsn, fd)
             self._grow(min(ring_bytes, GROW_CHUNK))
             with self._lock:
                 self._s.ends = dict(ends)
             os.fsync(fd)
-            if created:
-                sync_dir(data_dir)
-            if created:  # both files exist, a block each, from the start (see _write_checkpoint)
-                for seq in (state.seq + 1, state.seq + 2):
+            if fresh:  # both files exist, a block each, from the start (see _write_checkpoint)
+                for seq in (1, 2):
                     with open(os.path.join(directory, checkpoint_file(seq)), "wb") as f:
                         f.write(bytes(CHECKPOINT_BLOCK))
                         os.fsync(f.fileno())
-            self._write_checkpoint(Checkpoint(state.seq + 1, self.epoch, state.lsn, 0, ends))
-            if created:
                 sync_dir(directory)
+                sync_dir(data_dir)
+            self._write_checkpoint(Checkpoint(state.seq + 1, self.epoch, state.lsn, 0, ends))
         except BaseException:
             os.close(fd)
             raise
