@@ -1,7 +1,11 @@
 """The child process of tests/log/test_journal_sigkill.py: one appender per stream, on many
 streams, through the write-ahead journal, until it is killed.
 
-Usage: ``python journal_crash_child.py DIRECTORY STREAMS``
+Usage: ``python journal_crash_child.py DIRECTORY STREAMS INLINE``
+
+``INLINE`` is ``inline_commit_bytes``: 0 writes every group in a worker thread (whose submit
+may run a journal round itself), 65536 on the loop (a round run on the loop once per iteration,
+or by the syncer thread when one is in progress): both paths of docs/log.md, "The commit path".
 
 Prints ``READY`` once the log is open (recovery done), then ``ACK <stream index> <id>`` once each
 append has returned (the event is durable). Each appender gives its events their own ids,
@@ -15,6 +19,7 @@ checkpoints and the ring's reuse all happen within a second.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -53,8 +58,8 @@ async def appender(log: Log, i: int) -> None:
         next_id += 1
 
 
-async def main(directory: str, streams: int) -> None:
-    log = Log.open(directory, CONFIG)
+async def main(directory: str, streams: int, inline: int) -> None:
+    log = Log.open(directory, dataclasses.replace(CONFIG, inline_commit_bytes=inline))
     emit("READY")
     try:
         await asyncio.gather(*(appender(log, i) for i in range(streams)))
@@ -89,4 +94,4 @@ def power_loss(directory: Path) -> int:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

@@ -30,13 +30,18 @@ LINE_TIMEOUT = 60.0
 
 
 def run_child(
-    directory: Path, streams: int, kill_after: int, err: Path, kill_at: float = LINE_TIMEOUT
+    directory: Path,
+    streams: int,
+    inline: int,
+    kill_after: int,
+    err: Path,
+    kill_at: float = LINE_TIMEOUT,
 ) -> list[str]:
     """Start the child, SIGKILL it after ``kill_after`` lines (READY included), or ``kill_at``
     seconds after its start if that comes first; its lines."""
     with open(err, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(directory), str(streams)],
+            [sys.executable, str(CHILD), str(directory), str(streams), str(inline)],
             stdout=subprocess.PIPE, stderr=stderr, env=child_env(),
         )  # fmt: skip
     assert proc.stdout is not None
@@ -86,20 +91,24 @@ def verify(directory: Path, streams: int, acked: dict[int, int]) -> dict[int, in
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("streams", "rounds", "max_lines"), [(16, 8, 3000), (1000, 3, 24000)])
+@pytest.mark.parametrize(
+    ("streams", "rounds", "max_lines", "inline"),
+    [(16, 8, 3000, 0), (16, 6, 3000, 65536), (1000, 3, 24000, 0), (1000, 3, 24000, 65536)],
+)
 def test_acknowledged_appends_on_many_streams_survive_sigkill_and_power_loss(
-    tmp_path: Path, streams: int, rounds: int, max_lines: int
+    tmp_path: Path, streams: int, rounds: int, max_lines: int, inline: int
 ) -> None:
-    rng = random.Random(SEED + streams)
+    rng = random.Random(SEED + streams + inline)
     directory = tmp_path / "data"
     acked: dict[int, int] = {}  # stream index -> highest id acknowledged
     cut_total = 0
     for round_no in range(rounds):
         err = tmp_path / f"child-{round_no}.err"
         if round_no == 1:  # killed at a random moment of its start: during recovery, mostly
-            lines = run_child(directory, streams, 2**62, err, kill_at=rng.uniform(0.2, 1.0))
+            lines = run_child(directory, streams, inline, 2**62, err, rng.uniform(0.2, 1.0))
         else:
-            lines = run_child(directory, streams, rng.randint(max_lines // 3, max_lines), err)
+            kill_after = rng.randint(max_lines // 3, max_lines)
+            lines = run_child(directory, streams, inline, kill_after, err)
         for line in lines:
             kind, *fields = line.split()
             if kind == "ACK":
