@@ -10,6 +10,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -284,5 +285,48 @@ def test_journal_off_and_read_only_opens(tmp_path: Path) -> None:
         assert values(log, "a") == acked["a"]
         assert log.journal is None
         assert not (copy / JOURNAL_DIR).exists()
+    finally:
+        log.close_sync()
+
+
+def test_a_full_disk_stops_the_ring_growing_and_commits_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ring grows on its first lap; out of space there, it keeps the size it has and
+    recycles it through checkpoints: appends go on, and nothing is lost."""
+    real = os.pwrite
+    ring_path = str(tmp_path / JOURNAL_DIR / "journal.wal")
+
+    def full_past_1mib(fd: int, data: Any, offset: int) -> int:
+        if offset >= 1 << 20 and os.readlink(f"/proc/self/fd/{fd}") == ring_path:
+            raise OSError(errno.ENOSPC, "injected: no space")
+        return real(fd, data, offset)
+
+    config = LogConfig(journal_bytes=8 << 20, checkpoint_interval_s=NO_CHECKPOINT)
+
+    async def main() -> dict[str, list[tuple[int, bytes]]]:
+        log = Log.open(str(tmp_path), config)
+        try:
+            monkeypatch.setattr("tidewire.log.journal.os.pwrite", full_past_1mib)
+            acked: dict[str, list[tuple[int, bytes]]] = {f"s{i}": [] for i in range(4)}
+            for n in range(100):  # ~3 MiB of entries
+                for stream, events in acked.items():
+                    value = bytes([n]) * 8000
+                    stored = await log.append(Batch.build(stream, [value]), assign_ids=True)
+                    events.append((stored.first_id, value))
+            assert log.journal is not None
+            assert log.journal.ring_bytes == 1 << 20
+            assert log.journal.checkpoints >= 2
+            return acked
+        finally:
+            await log.close()
+            monkeypatch.setattr("tidewire.log.journal.os.pwrite", real)
+
+    acked = run(main())
+    assert os.path.getsize(ring_path) == 1 << 20
+    log = Log.open(str(tmp_path), config)
+    try:
+        for stream, events in acked.items():
+            assert values(log, stream) == events
     finally:
         log.close_sync()

@@ -346,9 +346,6 @@ class Journal:
         """Write ``runs``, fdatasync, and wake the waiters of entries up to ``last``."""
         for at, parts in runs:
             data = b"".join(parts)
-            end = at + len(data)
-            if end > self._file_size:
-                self._grow(end)
             view = memoryview(data)
             while view:
                 n = os.pwrite(self._fd, view, at)
@@ -372,7 +369,12 @@ class Journal:
         overwrite an entry the last checkpoint does not cover): ``None`` unless ``wait``, else
         wait for checkpoints until there is (every entry reserved before is durable then)."""
         at = place(self._offset, size, self.ring_bytes)
+        if at + size > self._file_size:  # (the first lap: may stop the ring growing)
+            self._grow(at + size)
+            at = place(self._offset, size, self.ring_bytes)
         need = size + (self.ring_bytes - self._offset if at == 0 and self._offset else 0)
+        if need > self.ring_bytes:  # (only a ring that a full disk kept tiny)
+            raise OSError(errno.ENOSPC, f"a {size}-byte journal entry does not fit the ring")
         while True:
             with self._lock:
                 s = self._s
@@ -395,12 +397,22 @@ class Journal:
         return at
 
     def _grow(self, end: int) -> None:
-        """Zero-fill the ring file up to ``end`` (rounded up to a chunk, at most the ring)."""
+        """Zero-fill the ring file up to ``end`` (rounded up to a chunk, at most the ring). Out
+        of space, the ring stops growing: its size is what the file has (at least
+        :data:`MIN_RING`, else the error propagates)."""
         target = min(self.ring_bytes, -(-end // GROW_CHUNK) * GROW_CHUNK)
         zeros = bytes(max(0, min(GROW_CHUNK, target - self._file_size)))
-        while self._file_size < target:
-            n = os.pwrite(self._fd, zeros[: target - self._file_size], self._file_size)
-            self._file_size += n
+        try:
+            while self._file_size < target:
+                n = os.pwrite(self._fd, zeros[: target - self._file_size], self._file_size)
+                self._file_size += n
+        except OSError as exc:
+            if exc.errno not in NO_SPACE or self._file_size < MIN_RING:
+                raise
+            log.warning("journal: disk full, the ring stays at %d bytes (journal_bytes %d): %s",
+                        self._file_size, self.ring_bytes, exc)  # fmt: skip
+            self.ring_bytes = self._file_size
+            self.max_payload = min(MAX_ENTRY_PAYLOAD, self.ring_bytes // 4)
 
     # ------------------------------------------------------------------ checkpoints
 
