@@ -100,6 +100,7 @@ VALID_TEXT = {"tls.client_auth": ("none", "none"), "tls.min_version": ("1.3", "1
 VALID_TEXT.update({"limits.peer_prefix_v4": ("24", 24), "limits.peer_prefix_v6": ("48", 48)})
 VALID_TEXT.update({"storage.url": ("nats://h1:4222", "nats://h1:4222"),  # (issue 21)
                    "cluster.shards": ("64", 64), "cluster.replicas": ("5", 5)})  # fmt: skip
+VALID_TEXT["log.journal_bytes"] = ("1048576", 2**20)  # (issue 22: at least 64 KiB)
 COMPANIONS = {  # settings that are only valid together
     "tls.cert_file": ("tls.key_file", "tls.ca_file"),
     "tls.key_file": ("tls.cert_file", "tls.ca_file"),

@@ -142,6 +142,9 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "log.fsync": (bool, True, "fsync every commit (false only for throw-away data)"),
     "log.inline_commit_bytes": (int, 64 * 1024,
                                 "commit groups this small are fsynced on the event loop's thread"),
+    "log.journal": (bool, True, "one write-ahead journal fsync serves every stream's commits"),
+    "log.journal_bytes": (int, 64 * 1024 * 1024, "size of the journal ring (bytes in flight)"),
+    "log.checkpoint_interval_s": (float, 5.0, "how often segments are fsynced, journal freed"),
     # cluster (issue 21): the streams in a NATS JetStream cluster instead (docs/cluster.md)
     "storage.url": (str, "",
                     "NATS JetStream cluster to store streams in: nats:// or tls:// URLs, comma-"
@@ -329,6 +332,8 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "log.max_pending_bytes": (1, 2**62),
     "log.recent_bytes": (0, 2**62),
     "log.inline_commit_bytes": (0, 2**30),
+    "log.journal_bytes": (64 * 1024, 2**40),
+    "log.checkpoint_interval_s": (0.001, 10**6),
     "log.retention_check_interval_s": (0.001, 10**9),
     "shutdown_seconds": (0, 3600),
     # cluster (issue 21); JetStream allows at most 5 replicas of a stream
@@ -466,4 +471,7 @@ def _log_config(values: Mapping[str, Any], streams: Mapping[str, Mapping[str, in
         recent_bytes=values["log.recent_bytes"],
         fsync=values["log.fsync"],
         inline_commit_bytes=values["log.inline_commit_bytes"],
+        journal=values["log.journal"],
+        journal_bytes=values["log.journal_bytes"],
+        checkpoint_interval_s=values["log.checkpoint_interval_s"],
     )

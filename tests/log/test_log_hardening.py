@@ -497,10 +497,14 @@ def test_cancelled_committer_fails_the_stream(
         assert written[0] == (1, b"first")
         # The held write either never happened (the stream failed first) or landed whole.
         assert written in ([(1, b"first")], [(1, b"first"), (2, b"A-payload")])
-        if where == "inside pwritev":
-            assert written == [(1, b"first"), (2, b"A-payload")]
         on_disk = reopened(tmp_path)
-        assert on_disk == written
+        if where == "inside pwritev":
+            # Issue 22: the write landed and went to the journal, but its committer, which
+            # publishes after the journal's fsync, was gone: nobody published it in this
+            # process; the restart's replay finds it whole.
+            assert on_disk == [(1, b"first"), (2, b"A-payload")]
+        else:
+            assert on_disk == written
         assert all(value != b"B-payload" for _, value in on_disk)
 
     run(scenario())

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 from tidewire.log import Log, LogConfig, StreamSettings
-from tidewire.log.store import MERGE_MAX_BYTES, MERGE_MAX_EVENTS
+from tidewire.log.grouping import MERGE_MAX_BYTES, MERGE_MAX_EVENTS
 from tidewire.log.stream import directory_name
 from tidewire.model import (
     MAX_ID,

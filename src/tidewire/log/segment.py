@@ -292,7 +292,9 @@ class Segment:
         self.size = pos
 
     def seal(self) -> None:
-        """Write and fsync the index file of a segment that will not grow any more."""
+        """fdatasync a segment that will not grow any more (its last groups may be durable
+        only in the journal so far), then write and fsync its index file."""
+        os.fdatasync(self.fd)
         entries = array("Q")
         for i, p in zip(self.index_ids, self.index_pos, strict=True):
             entries.append(i)

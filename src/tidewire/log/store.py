@@ -2,11 +2,13 @@
 
 Group commit: :meth:`Log.append` checks a batch in full and makes sure it owns its buffers, on
 the event loop, then queues it on its stream and waits. One committer task per stream takes
-*everything* queued and, in a worker thread, encodes it (runs of small batches share a record),
-writes it with one ``pwritev`` and makes it durable with one ``fdatasync``; then it wakes every
-appender of that group at once. Appenders that arrive while the disk is busy form the next
-group, so N concurrent writers cost one flush per round, not N. ``append`` returns only once the
-data is durable.
+*everything* queued, encodes it (runs of small batches share a record) and writes it with one
+``pwritev`` (small groups on the loop's thread, others in a worker thread). With the write-ahead
+journal (the default, :mod:`.journal`) it then waits for the journal, whose one ``fdatasync``
+serves every stream that committed meanwhile; without it, the write ends with an
+``fdatasync`` of the segment. Then it publishes the group and wakes every appender of it at
+once. Appenders that arrive while the disk is busy form the next group, so N concurrent writers
+cost one flush per round, not N. ``append`` returns only once the data is durable.
 
 Ids are either the caller's (they must exceed the stream's latest id, counting batches still
 queued: Seguro's rule) or assigned by the log as latest + 1, latest + 2, ...
@@ -47,8 +49,11 @@ from ..model import (
     UnknownStream,
     validate_stream_name,
 )
-from ..record import HEADER_SIZE, EncodedRecord, encode, merge
+from ..record import HEADER_SIZE
 from .config import LogConfig
+from .grouping import encode_group
+from .journal import Journal, JournalState
+from .journal_replay import recover, remove_journal
 from .segment import ReadBudget
 from .stream import NAME_FILE, STAGING_PREFIX, StreamLog, StreamStats, read_name
 
@@ -57,9 +62,6 @@ __all__ = ["GroupItems", "GroupWriter", "GroupWritten", "Log"]
 log = logging.getLogger("tidewire.log")
 
 LOCK_FILE = ".lock"
-MERGE_MAX_EVENTS = 64
-"""Batches of at most this many events that are committed together share one record."""
-MERGE_MAX_BYTES = 256 * 1024
 
 RECENT_BATCH_OVERHEAD = 1024
 """Bytes one batch of the in-memory tail costs beyond its ``nbytes``: the batch object and its
@@ -122,6 +124,7 @@ class Log:
         self._tails: dict[str, _Tail] = {}
         self._lock_fd = -1
         self._closed = False
+        self._journal: Journal | None = None  # the write-ahead journal (docs/log.md)
         self._refusals = 0  # appends refused for want of space, ever (what a fence compares)
         self._refusal: StorageFullError | None = None  # the last of them
         # Latency observers (the hub's histograms), seconds: each append call, to its commit;
@@ -158,6 +161,8 @@ class Log:
         elif not os.path.isdir(self.directory):
             raise FileNotFoundError(f"no data directory at {self.directory}")
         try:
+            # First the journal: it has acknowledged bytes a power loss took from the segments.
+            state = None if read_only else recover(self.directory)
             for entry in sorted(os.listdir(self.directory)):
                 path = os.path.join(self.directory, entry)
                 if entry.startswith(STAGING_PREFIX):
@@ -175,10 +180,28 @@ class Log:
                 name = read_name(path)
                 stream = StreamLog.open(path, self.config.for_stream(name), read_only=read_only)
                 self._streams[stream.name] = stream
+            if not read_only:
+                self._start_journal(state)
         except BaseException:
             self._close_files()
             raise
         return self
+
+    def _start_journal(self, state: JournalState | None) -> None:
+        config = self.config
+        if not (config.fsync and config.journal):
+            remove_journal(self.directory)  # (replayed above: nothing in it is needed now)
+            return
+        ends = {s.key: (s.segments[-1].base_id, s.segments[-1].size)
+                for s in self._streams.values()}  # fmt: skip
+        self._journal = Journal.start(self.directory, config.journal_bytes,
+                                      config.checkpoint_interval_s, state or JournalState(),
+                                      ends)  # fmt: skip
+
+    @property
+    def journal(self) -> Journal | None:
+        """The write-ahead journal (``None``: off, ``fsync=False``, or a read-only log)."""
+        return self._journal
 
     async def close(self) -> None:
         """Finish every queued append (flush + fsync), then close all files."""
@@ -196,6 +219,9 @@ class Log:
         for tail in self._tails.values():
             if not tail.future.done():
                 tail.future.set_result(None)
+        journal, self._journal = self._journal, None
+        if journal is not None:  # (a final checkpoint: fsyncs, off the loop)
+            await asyncio.get_running_loop().run_in_executor(None, journal.close)
         self._close_files()
 
     def close_sync(self) -> None:
@@ -204,6 +230,9 @@ class Log:
         self._close_files()
 
     def _close_files(self) -> None:
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.close()
         for stream in self._streams.values():
             stream.close()
         if self._lock_fd >= 0:
@@ -418,9 +447,7 @@ class Log:
                         None, self.write_group, stream, items
                     )
                 try:
-                    # Shielded: the thread writes on whatever happens to this task, so this
-                    # task must never act as if the write had not happened.
-                    stored, kept, fsync_seconds = await asyncio.shield(write)
+                    stored, kept, fsync_seconds = await self._settle(stream, write)
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError) and stream.failed is None:
                         stream.failed = RuntimeError("the committer was cancelled mid-write")
@@ -458,6 +485,23 @@ class Log:
             writer.task = None
             writer.room.set()
 
+    async def _settle(self, stream: StreamLog, write: asyncio.Future[GroupWritten]) -> GroupWritten:
+        """Wait for a group's write and, if it went through the journal, for its entry to be
+        durable; then publish it (readers never see an event before it is durable)."""
+        # Shielded: the thread writes whatever happens to this task, which must know it.
+        written = await asyncio.shield(write)
+        pending, stream.unpublished = stream.unpublished, None
+        if pending is None or self._journal is None:
+            return written
+        try:
+            seconds = await asyncio.shield(self._journal.durable(pending.lsn))
+        except Exception as exc:  # the journal failed: so does the stream (ids not free)
+            if stream.failed is None:
+                stream.failed = exc
+            raise
+        stream.publish_written(pending)
+        return written[0], written[1], seconds
+
     def _remember(self, writer: _Writer, batches: list[Batch]) -> None:
         """Keep the newest committed batches in memory so live tails read without disk I/O."""
         limit = self.config.recent_bytes
@@ -489,49 +533,12 @@ class Log:
     def _write(self, stream: StreamLog, items: GroupItems) -> GroupWritten:
         """Encode a group (in a worker thread) and write it durably. Returns the batch stored for
         each item, the batches of the records written, and how long the fsync took."""
-        records, stored = self._encode_group(items)
+        records, stored = encode_group(items, self.config.max_record_bytes)
+        if self._journal is not None:  # durable once the journal says so (see _settle)
+            stream.write_ahead(records, self._journal)
+            return stored, [r.batch for r in records], None
         fsync_seconds = stream.write(records, fsync=self.config.fsync)
         return stored, [r.batch for r in records], fsync_seconds
-
-    def _encode_group(self, items: GroupItems) -> tuple[list[EncodedRecord], list[Batch]]:
-        """Records for a group: runs of small batches merge into one record each (so many small
-        appends cost one record, not one each); a larger batch is a record of its own."""
-        limit = min(MERGE_MAX_BYTES, self.config.max_record_bytes - HEADER_SIZE - 64)
-        records: list[EncodedRecord] = []
-        stored: list[Batch] = []
-        run: list[tuple[Batch, int | None]] = []
-        run_bytes = 0
-
-        def close_run() -> None:
-            if len(run) == 1:
-                record = encode(*run[0])
-                records.append(record)
-                stored.append(record.batch)
-            elif run:
-                record = encode(merge(run))
-                records.append(record)
-                start = 0
-                for batch, _ in run:
-                    stored.append(record.batch.slice(start, start + len(batch)))
-                    start += len(batch)
-            run.clear()
-
-        for batch, first_id in items:
-            size = batch.nbytes
-            if len(batch) <= MERGE_MAX_EVENTS and size <= limit:
-                if run_bytes + size > limit:
-                    close_run()
-                    run_bytes = 0
-                run.append((batch, first_id))
-                run_bytes += size
-            else:
-                close_run()
-                run_bytes = 0
-                record = encode(batch, first_id)
-                records.append(record)
-                stored.append(record.batch)
-        close_run()
-        return records, stored
 
     # ------------------------------------------------------------------ reading and tailing
 

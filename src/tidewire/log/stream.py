@@ -32,9 +32,10 @@ from ..model import (
 )
 from ..record import EncodedRecord
 from .config import StreamSettings
+from .journal import Journal
 from .segment import ReadBudget, RollbackError, Segment, segment_name
 
-__all__ = ["StreamLog", "StreamStats", "directory_name", "fsync_dir"]
+__all__ = ["StreamLog", "StreamStats", "Unpublished", "directory_name", "fsync_dir"]
 
 log = logging.getLogger("tidewire.log")
 
@@ -91,6 +92,16 @@ class StreamStats:
     segments: int
 
 
+@dataclass(slots=True)
+class Unpublished:
+    """A group written to its segment and submitted to the journal (entry ``lsn``), to be
+    published (:meth:`StreamLog.publish_written`) once the journal says it is durable."""
+
+    segment: Segment
+    records: Sequence[EncodedRecord]
+    lsn: int
+
+
 class StreamLog:
     """The segments of one stream. Create with :meth:`create` or :meth:`open`."""
 
@@ -100,6 +111,9 @@ class StreamLog:
         self.settings = settings
         self.segments: list[Segment] = []
         self.failed: BaseException | None = None
+        self.key = os.path.basename(directory)  # the directory's name: the journal's key
+        # The last group written ahead (:meth:`write_ahead`), until its committer takes it.
+        self.unpublished: Unpublished | None = None
         self._refusals = 0  # writes refused for want of space since the last one that succeeded
         self._warned_at = -FULL_WARNING_SECONDS  # (time.monotonic()) the last refusal warned of
         self._warned = False  # the current run of refusals was warned of
@@ -285,6 +299,58 @@ class StreamLog:
                     self.name, self._refusals)  # fmt: skip
             self._refusals, self._warned = 0, False
         return fsync_seconds
+
+    def write_ahead(self, records: Sequence[EncodedRecord], journal: Journal) -> Unpublished:
+        """:meth:`write`'s journal path: write ``records`` to the segment (no fsync) and submit
+        the same bytes to ``journal``; the caller waits for the entry to be durable, then
+        publishes (:meth:`publish_written`). A group bigger than the journal takes
+        (``journal.max_payload``) is fdatasynced in its segment here and journaled without its
+        bytes. Errors as :meth:`write` (out of space: refused, the stream stays open). Also
+        sets :attr:`unpublished`."""
+        if self.failed is not None:
+            raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
+        active = self.segments[-1]
+        try:
+            incoming = sum(r.length for r in records)
+            if active.size and active.size + incoming > self.settings.segment_bytes:
+                active = self._roll(active)
+            try:
+                active.write(records)
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                raise StorageFullError(self.name, exc.errno, f"writing {active.path}") from exc
+            synced = incoming > journal.max_payload
+            if synced:
+                try:
+                    active.sync()
+                except BaseException:
+                    with contextlib.suppress(RollbackError):
+                        active.rollback()
+                    raise
+            lsn = journal.submit(self.key, active, active.size, [r.data for r in records],
+                                 incoming, synced=synced)  # fmt: skip
+        except StorageFullError as exc:
+            self._refused(exc, records)
+            raise
+        except BaseException as exc:
+            self.failed = exc
+            log.error("stream %r: write failed, the stream is closed until restart: %s",
+                      self.name, exc)  # fmt: skip
+            raise
+        self.unpublished = Unpublished(active, records, lsn)
+        return self.unpublished
+
+    def publish_written(self, written: Unpublished) -> None:
+        """Publish a group written ahead, once its journal entry is durable."""
+        with self._lock:
+            written.segment.commit(written.records, self.settings.index_interval_bytes)
+            self._publish()
+        if self._refusals:
+            log.log(logging.WARNING if self._warned else logging.DEBUG,
+                    "stream %r: writes succeed again (%d refused for want of space before)",
+                    self.name, self._refusals)  # fmt: skip
+            self._refusals, self._warned = 0, False
 
     def _refused(self, exc: StorageFullError, records: Sequence[EncodedRecord]) -> None:
         """Log a refusal: the first of a run as a warning (at most one per
