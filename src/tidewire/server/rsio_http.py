@@ -440,11 +440,12 @@ class RsioHttp:
     @staticmethod
     def _encode(state: ServerSubscription, name: PublisherName, batches: list[Batch],
                 count: int) -> Delivery:  # fmt: skip
-        if name.size:
-            values = b"".join([bytes(fixed_size_values(b, name.size)) for b in batches])
+        if name.size:  # (one join of the columns' views, the size first: one copy)
+            columns = [fixed_size_values(b, name.size) for b in batches]
             if count == 1:
-                return state.prepared(values, 1, None)
-            return state.prepared(name.size.to_bytes(4, "big") + values, count, FIXED_SIZE)
+                return state.prepared(bytes(columns[0]), 1, None)
+            body = b"".join([name.size.to_bytes(4, "big"), *columns])
+            return state.prepared(body, count, FIXED_SIZE)
         if name.format == "records":
             return state.prepare([encode_record(b).data for b in batches])
         if name.format == "value":
