@@ -394,13 +394,15 @@ class Connection:
     def _send_fragments(self, code: int, payload: bytes, now: float) -> None:
         size = self.peer_fragment_size or 0
         if not size or len(payload) + 1 <= size:  # (an empty message: the header alone, 01)
-            self._queue(encode_header(code, 1) + payload, now)
+            self._queue((encode_header(code, 1), payload), now)
             return
-        # The first fragment shares its WebSocket message with the header.
+        # The first fragment shares its WebSocket message with the header. Fragments are views
+        # of the payload (data_to_send copies each once, as slicing did; the others do not).
         count, first = self._layout(code, len(payload), size)
-        self._queue(encode_header(code, count) + payload[:first], now)
+        view = memoryview(payload)
+        self._queue((encode_header(code, count), view[:first]), now)
         for start in range(first, len(payload), size):
-            self._queue(payload[start : start + size], now)
+            self._queue(view[start : start + size], now)
 
     def ping(self, now: float) -> None:
         if self.state is not _State.OPEN:
