@@ -120,9 +120,17 @@ class RsioClient:
         self._flush()
 
     def _flush(self) -> None:
+        writer = self.writer
+        if isinstance(writer, WireProtocol):  # big elements stay apart: one writev, no join
+            chunks = self.conn.chunks_to_send()
+            if len(chunks) == 1:
+                writer.write(chunks[0])
+            elif chunks:
+                writer.writelines(chunks)
+            return
         data = self.conn.data_to_send()
         if data:
-            self.writer.write(data)
+            writer.write(data)
 
     async def _read_loop(self) -> None:
         reader = self.reader

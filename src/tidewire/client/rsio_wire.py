@@ -22,7 +22,7 @@ is over its high-water mark), ``close``, ``wait_closed``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 __all__ = ["READ_BYTES", "Sink", "WireProtocol"]
@@ -73,7 +73,7 @@ class WireProtocol(asyncio.BufferedProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def writelines(self, chunks: list[bytes | bytearray | memoryview]) -> None:
+    def writelines(self, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
         """All of ``chunks`` in one ``writev`` (uvloop), none of them joined first."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(chunks)
