@@ -201,6 +201,26 @@ def test_values_bigger_than_the_fragment_size(tmp_path: Path, run: Runner) -> No
     run(main())
 
 
+def test_values_across_every_websocket_length_encoding(tmp_path: Path, run: Runner) -> None:
+    """The hub frames its WebSocket messages itself (head, Tube header and payload in one
+    writelines): payload lengths at each boundary of RFC 6455's three length encodings (125 /
+    126, 65,535 / 65,536) arrive byte for byte, one value per message (demand 1)."""
+
+    async def main() -> None:
+        rng = random.Random(7)
+        # (each value travels in an envelope: a few bytes of id and timestamp before it)
+        values = [rng.randbytes(n) for n in (0, 100, 118, 119, 120, 65_520, 65_530, 65_540,
+                                             200_000)]  # fmt: skip
+        async with tube_hub(tmp_path) as served:
+            await served.hub.append(Batch.build("edges", values), assign_ids=True)
+            async with connect(served.url, compression="never") as client:
+                got = [e.value async for b in client.subscribe("edges", until_id=len(values),
+                                                              prefetch=1) for e in b]  # fmt: skip
+            assert got == values
+
+    run(main())
+
+
 def test_fixed_size_values(tmp_path: Path, run: Runner) -> None:
     async def main() -> None:
         values = [i.to_bytes(16, "big") for i in range(5000)]

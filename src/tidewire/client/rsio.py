@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 from .opening import Opening
 from .rsio_common import ByteReader, ByteWriter, ConnectionLost, Receipt, RsioError, Values
 from .rsio_publisher import Publisher
+from .rsio_wire import WireProtocol
 
 __all__ = [
     "ByteReader",
@@ -86,8 +87,14 @@ class _Inbox:
 
 
 class RsioClient:
-    def __init__(self, reader: ByteReader, writer: ByteWriter, token: str | None = None) -> None:
-        """``token``: authenticate with it (extension 2) as soon as the hub's hello arrives;
+    def __init__(
+        self, reader: ByteReader | WireProtocol, writer: ByteWriter, token: str | None = None
+    ) -> None:
+        """``reader`` a :class:`~.rsio_wire.WireProtocol` (what :func:`connect` opens): reads
+        are pushed and decoded in the loop's callback; any other ``ByteReader`` (a Tube
+        connection, a test's stream) is read by a task.
+
+        ``token``: authenticate with it (extension 2) as soon as the hub's hello arrives;
         until the hub answers, subscribing and publishing wait (they would otherwise run as
         the anonymous principal), and a refused token closes the client."""
         self.reader = reader
@@ -102,18 +109,35 @@ class RsioClient:
         self._outlets: dict[int, Publisher] = {}
         self._closed: str | None = None
         self._handshake = asyncio.Event()
-        self._task = asyncio.create_task(self._read_loop())
+        self._task: asyncio.Future[None]
+        if isinstance(reader, WireProtocol):
+            # Reads are pushed (decoded in the loop's read callback, no reader task); the
+            # "task" close() waits for is the end of the connection.
+            self._task = asyncio.get_running_loop().create_future()
+            reader.attach(self._received, self._lost)
+        else:
+            self._task = asyncio.create_task(self._read_loop())
         self._flush()
 
     def _flush(self) -> None:
+        writer = self.writer
+        if isinstance(writer, WireProtocol):  # big elements stay apart: one writev, no join
+            chunks = self.conn.chunks_to_send()
+            if len(chunks) == 1:
+                writer.write(chunks[0])
+            elif chunks:
+                writer.writelines(chunks)
+            return
         data = self.conn.data_to_send()
         if data:
-            self.writer.write(data)
+            writer.write(data)
 
     async def _read_loop(self) -> None:
+        reader = self.reader
+        assert not isinstance(reader, WireProtocol)  # (pushed: see _received)
         try:
             while not self.conn.closed:
-                data = await self.reader.read(256 * 1024)
+                data = await reader.read(256 * 1024)
                 self.conn.receive_data(data)
                 self._dispatch()
                 self._flush()
@@ -122,14 +146,43 @@ class RsioClient:
         except (ConnectionError, OSError) as exc:
             self._closed = f"connection lost: {exc}"
         finally:
-            self._closed = self._closed or "connection closed"
-            self._handshake.set()
-            for inbox in self._inboxes.values():
-                if inbox.done is None:
-                    inbox.done, inbox.lost = self._closed, True
-                inbox.wake.set()
-            for outlet in list(self._outlets.values()):
-                outlet._end(self._closed, lost=True)
+            self._end()
+
+    def _received(self, data: memoryview | bytes) -> None:
+        """A read pushed by the :class:`~.rsio_wire.WireProtocol` (a view valid only during
+        this call: the connection's receive buffer copies what it keeps); ``b""``: EOF."""
+        if self._task.done():
+            return
+        try:
+            self.conn.receive_data(data)
+            self._dispatch()
+            self._flush()
+        except BaseException:
+            self._end()
+            raise
+        if not data or self.conn.closed:
+            self._end()
+
+    def _lost(self, exc: Exception | None) -> None:
+        if exc is not None and self._closed is None:
+            self._closed = f"connection lost: {exc}"
+        self._end()
+
+    def _end(self) -> None:
+        """The connection is over: every open subscription and offer fails (once)."""
+        pushed = not isinstance(self._task, asyncio.Task)
+        if pushed and self._task.done():
+            return
+        self._closed = self._closed or "connection closed"
+        self._handshake.set()
+        for inbox in self._inboxes.values():
+            if inbox.done is None:
+                inbox.done, inbox.lost = self._closed, True
+            inbox.wake.set()
+        for outlet in list(self._outlets.values()):
+            outlet._end(self._closed, lost=True)
+        if pushed:
+            self._task.set_result(None)
 
     @property
     def closed(self) -> str | None:
@@ -457,12 +510,12 @@ class _Connect(Opening[RsioClient]):
         self.keepalive = keepalive
 
     async def _open(self) -> RsioClient:
-        reader, writer = await asyncio.open_connection(
-            self.host, self.port, limit=1 << 20, ssl=self.ssl
+        _, wire = await asyncio.get_running_loop().create_connection(
+            WireProtocol, self.host, self.port, ssl=self.ssl
         )
         if self.keepalive:
-            _tcp_keepalive(writer)
-        client = RsioClient(reader, writer, self.token)
+            _tcp_keepalive(wire)
+        client = RsioClient(wire, wire, self.token)
         if self.token is not None:
             try:
                 await client.ready()  # a refused token fails here, not at the first subscribe
@@ -472,7 +525,7 @@ class _Connect(Opening[RsioClient]):
         return client
 
 
-def _tcp_keepalive(writer: asyncio.StreamWriter) -> None:
+def _tcp_keepalive(writer: WireProtocol) -> None:
     """TCP keepalive (Linux: probes after 15 s of silence, every 5 s, 3 of them), so that a
     subscriber waiting on a quiet stream notices a hub that vanished without a reset (its
     host died, a NAT forgot the flow) within about 30 s: RS.io has no ping of its own."""

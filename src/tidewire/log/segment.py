@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import struct
 import time
@@ -57,8 +58,6 @@ _INDEX_HEADER = struct.Struct("<4sIQQqQI4x")  # ... | crc u32 | 4 zero bytes
 _INDEX_VERSION = 2
 _INDEX_MAGIC = b"TWIX"
 _SCAN_CHUNK = 4 * 1024 * 1024
-_READ_CHUNK = 256 * 1024
-_SMALL_CHUNK = 16 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 
 
@@ -90,6 +89,10 @@ class Segment:
     index_pos: array[int] = field(default_factory=lambda: array("Q"))
     bytes_since_index: int = 0
     fsync_seconds: float = 0.0  # how long the last write's fdatasync took (the metrics)
+    # Reads: a read-only mapping of the file's first len(_map) bytes (all committed), made at
+    # the first read and again when a read needs more (the active segment grows). Batches read
+    # are views into it and keep it alive: close() only drops this reference.
+    _map: mmap.mmap | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ opening
 
@@ -338,6 +341,12 @@ class Segment:
             raise RollbackError(f"could not remove {self.path}: {exc}") from exc
 
     def close(self) -> None:
+        mapping, self._map = self._map, None
+        if mapping is not None:
+            # Unmapped now if no batch still views it, else when the last view goes (an
+            # unlinked file's pages stay readable through the mapping meanwhile).
+            with contextlib.suppress(BufferError):
+                mapping.close()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -368,29 +377,35 @@ class Segment:
             return
         slot = bisect_right(self.index_ids, from_id, 0, view.index_entries) - 1
         pos = int(self.index_pos[max(slot, 0)])
-        # Skip whole records that end before from_id, reading headers only.
-        while pos < end:
-            head = os.pread(self.fd, HEADER_SIZE, pos)
-            header = self._header(head, 0, pos)
+        self._read_mapped(stream, budget, self._mapping(end), pos, end)
+
+    def _mapping(self, end: int) -> memoryview:
+        """A view of the file's first ``end`` (committed) bytes or more, from the segment's
+        mapping (made, or made again larger, here: a read of the active segment may need
+        what was committed since the last). Any thread: a race maps twice, harmlessly."""
+        mapping = self._map
+        if mapping is None or len(mapping) < end:
+            mapping = mmap.mmap(self.fd, end, access=mmap.ACCESS_READ)
+            self._map = mapping
+        return memoryview(mapping)
+
+    def _read_mapped(
+        self, stream: str, budget: ReadBudget, buf: memoryview, pos: int, end: int
+    ) -> None:
+        """:meth:`read` from the mapping: no copy; each batch views the mapped pages (its
+        values are checked by the body CRC here, then only pass: to a socket, a decoder)."""
+        from_id = budget.next_id
+        while pos < end:  # skip whole records that end before from_id: headers only
+            header = self._header(buf[:end], pos, pos)
             if header.last_id >= from_id:
                 break
             pos += header.length
-        buf = memoryview(b"")
-        buf_start = pos
         while pos < end and budget.open:
-            if pos + HEADER_SIZE > buf_start + len(buf):
-                buf_start = pos
-                # Read what the budget may take, in chunks: a small demand reads (and its
-                # delivery keeps alive) a small buffer, not a megabyte.
-                chunk = _SMALL_CHUNK if budget.events_left < 64 else _READ_CHUNK
-                want = min(end - pos, max(min(budget.bytes_left, chunk), HEADER_SIZE))
-                buf = memoryview(os.pread(self.fd, want, pos))
-            header = self._header(buf, pos - buf_start, pos)
-            if pos + header.length > buf_start + len(buf):
-                buf_start = pos
-                buf = memoryview(os.pread(self.fd, header.length, pos))
+            header = self._header(buf[:end], pos, pos)
+            if pos + header.length > end:
+                raise CorruptLogError(self.path, pos, "record runs past the committed size")
             try:
-                batch = decode_body(stream, header, buf, pos - buf_start)
+                batch = decode_body(stream, header, buf, pos)
             except ValueError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
             if not budget.add(batch):

@@ -111,6 +111,14 @@ class ReceiveBuffer:
                 self._shift(mark)
             store += data
             return
+        if unparsed and not self._tail and not isinstance(data, bytes):
+            # A view into the caller's reused receive buffer (a BufferedProtocol's) behind a
+            # partial frame: copied once, straight into the store (not kept aside as a new
+            # ``bytes`` and then copied again by a join).
+            self._mark = self._pos
+            self._join()
+            self._data += data  # (_join made the store a bytearray)
+            return
         if not unparsed:  # nothing pending: keep the chunk as it came (zero-copy)
             self._data = data if isinstance(data, bytes) else bytes(data)  # (may be reused)
             self._pos = self._mark = self._scan_from = self._scanned = 0

@@ -53,7 +53,9 @@ from .admission import Admission, ConnectionLimits
 from .tls import TlsSettings, client_context, server_context
 
 __all__ = [
+    "READ_BYTES",
     "Admission",
+    "BufferedGuardedConnection",
     "ConnectionLimits",
     "Expirable",
     "GuardedConnection",
@@ -96,6 +98,9 @@ class _State(enum.Enum):
 
 _serials = itertools.count(1)
 
+READ_BYTES = 256 * 1024
+"""A buffered listener's receive buffer (the most one read hands over; uvloop's own size)."""
+
 MAX_TLS_REFUSALS = 64
 """Refused connections a TLS listener handshakes with at once to tell them why; beyond it they
 are closed without a word."""
@@ -113,7 +118,11 @@ class Listener:
         tls: ssl.SSLContext | None = None,
         refuse: Callable[[str], bytes] | None = None,
         expire: Callable[[GuardedConnection, str], None] | None = None,
+        buffered: bool = False,
     ) -> None:
+        """``buffered``: the loop reads into one buffer of the listener's, reused (no ``bytes``
+        allocated per read), and the wrapped protocol's ``data_received`` gets a view of it,
+        valid for the call only: only for protocols that copy what they keep (RS.io's)."""
         self.name = name
         self.factory = factory
         self.admission = admission
@@ -126,8 +135,13 @@ class Listener:
         self._sweeper: asyncio.Task[None] | None = None
         self.refused = 0  # connections refused at admission (for tests and metrics)
         self.refusing = 0  # refused connections in their TLS handshake (to be told why)
+        # One receive buffer for all the listener's connections: a read is handled in full
+        # (copied where it is kept) before the loop asks for the buffer again.
+        self.read_buffer = memoryview(bytearray(READ_BYTES)) if buffered else None
 
     def protocol(self) -> GuardedConnection:
+        if self.read_buffer is not None:
+            return BufferedGuardedConnection(self)
         return GuardedConnection(self)
 
     def open_connections(self) -> Iterator[GuardedConnection]:
@@ -176,8 +190,12 @@ class Listener:
             await self.server.wait_closed()
 
 
-class GuardedConnection(asyncio.Protocol, asyncio.Transport):
+class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
     """The loop's protocol for one socket, and the wrapped protocol's transport.
+
+    (An ``asyncio.Protocol`` by its methods, not by its class: uvloop reads into a protocol's
+    buffer only if it is not an ``asyncio.Protocol`` instance, see
+    :class:`BufferedGuardedConnection`.)
 
     TLS runs here on :class:`ssl.SSLObject` over memory BIOs (sans-IO TLS): ciphertext from
     the socket goes in, plaintext goes to the wrapped protocol, and what it writes is encrypted
@@ -274,11 +292,15 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
         return self.tls is not None
 
     def data_received(self, data: bytes) -> None:
+        self._received(data)
+
+    def _received(self, data: bytes | memoryview) -> None:
         self.active = True
         self.bytes_in += len(data)
         if self.tls is None:
             if self.inner is not None:
-                cast(asyncio.Protocol, self.inner).data_received(data)
+                # (a view only on a buffered listener, whose protocols take bytes-likes)
+                cast(asyncio.Protocol, self.inner).data_received(cast(bytes, data))
             return
         self._incoming.write(data)
         if self.state is _State.TLS and not self._handshake():
@@ -526,6 +548,19 @@ class GuardedConnection(asyncio.Protocol, asyncio.Transport):
     def get_protocol(self) -> asyncio.BaseProtocol:
         assert self.inner is not None
         return self.inner
+
+
+class BufferedGuardedConnection(GuardedConnection, asyncio.BufferedProtocol):
+    """A :class:`GuardedConnection` the loop reads into (``recv_into`` the listener's buffer):
+    see ``Listener(buffered=True)``. TLS copies the ciphertext into its BIO, as before."""
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        assert self.listener.read_buffer is not None
+        return self.listener.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.listener.read_buffer is not None
+        self._received(self.listener.read_buffer[:nbytes])
 
 
 def established(transport: object) -> None:

@@ -2,7 +2,8 @@
 :class:`~tidewire.server.rsio_session.RsioSession` (which drives the sans-IO
 :class:`~tidewire.protocols.rsio.Connection` and the :class:`~tidewire.hub.Hub`).
 
-:class:`RsioServerProtocol` is the ``asyncio.Protocol`` behind the guard: bytes read go to the
+:class:`RsioServerProtocol` is the ``asyncio.Protocol`` behind the guard: bytes read (a view
+into the listener's reused receive buffer: the guard is a ``BufferedProtocol``) go to the
 session; the session's chunks go out with one ``writelines`` (uvloop: one ``writev``, no copy);
 the transport's write-buffer water marks (high: ``WRITE_HIGH_WATER``) pause and resume the
 session's pumps, so a slow reader holds a bounded buffer and a position in the log, never a
@@ -64,6 +65,7 @@ class RsioServerProtocol(asyncio.Protocol):
         self.session.start(self)
 
     def data_received(self, data: bytes) -> None:
+        # (a view into the listener's reused buffer: Listener(buffered=True))
         self.session.receive_data(data)
 
     def eof_received(self) -> bool | None:
@@ -149,7 +151,7 @@ class RsioServer:
         self.connections: set[RsioSession] = set()
         self.listener = Listener(
             "rsio", self._protocol, admission or Admission(ConnectionLimits()), tls=tls,
-            refuse=_refusal,
+            refuse=_refusal, buffered=True,  # (the session's decoder copies what it keeps)
         )  # fmt: skip
         hub.metrics.listeners.append(self.listener)
 

@@ -62,11 +62,11 @@ from ..protocols.rsio_http import (
     Delivery,
     ServerSubscription,
     State,
-    encode_length_prefixed,
     length_prefixed_values,
     parse_count,
     split_query,
 )
+from ..protocols.rsio_http.bodies import length_prefixed_envelopes
 from ..record import encode as encode_record
 
 __all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal", "publisher_name"]
@@ -440,11 +440,12 @@ class RsioHttp:
     @staticmethod
     def _encode(state: ServerSubscription, name: PublisherName, batches: list[Batch],
                 count: int) -> Delivery:  # fmt: skip
-        if name.size:
-            values = b"".join([bytes(fixed_size_values(b, name.size)) for b in batches])
+        if name.size:  # (one join of the columns' views, the size first: one copy)
+            columns = [fixed_size_values(b, name.size) for b in batches]
             if count == 1:
-                return state.prepared(values, 1, None)
-            return state.prepared(name.size.to_bytes(4, "big") + values, count, FIXED_SIZE)
+                return state.prepared(bytes(columns[0]), 1, None)
+            body = b"".join([name.size.to_bytes(4, "big"), *columns])
+            return state.prepared(body, count, FIXED_SIZE)
         if name.format == "records":
             return state.prepare([encode_record(b).data for b in batches])
         if name.format == "value":
@@ -452,10 +453,10 @@ class RsioHttp:
                 return state.prepared(batches[0].value(0), 1, None)
             body = b"".join([length_prefixed_values(b.values, b.value_offsets) for b in batches])
             return state.prepared(body, count, LENGTH_PREFIXED)
-        envelopes: list[bytes] = [e for b in batches for e in encode_envelopes(b)]
         if count == 1:
-            return state.prepared(envelopes[0], 1, None)
-        return state.prepared(encode_length_prefixed(envelopes), count, LENGTH_PREFIXED)
+            return state.prepared(encode_envelopes(batches[0])[0], 1, None)
+        # (one pass over the columns, one join: no bytes per envelope, see .bodies)
+        return state.prepared(length_prefixed_envelopes(batches), count, LENGTH_PREFIXED)
 
     async def _deliver(self, request: web.Request, sub: _Sub,
                        delivery: Delivery) -> web.StreamResponse:  # fmt: skip

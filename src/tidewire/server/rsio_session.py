@@ -203,8 +203,9 @@ class RsioSession:
         self.conn.initiate()
         self._flush()
 
-    def receive_data(self, data: bytes) -> None:
-        """Bytes from the peer; ``b""``: the end of its stream. What they decode to is
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes from the peer (a view is not kept past the call); ``b""``: the end of its
+        stream. What they decode to is
         handled a slice at a time (:mod:`.rsio_flow`): the rest from the event loop, with
         reading paused meanwhile."""
         self.conn.receive_data(data)

@@ -127,7 +127,7 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         session = self.session
-        session.receive_data(data)
+        session.receive_data(data)  # (a view for the call only: Listener(buffered=True))
         self._wake.set()
         if self._since is None and session.receiving:
             self._since = asyncio.get_running_loop().time()
@@ -471,6 +471,9 @@ class SeguroServer:
             lambda: _Protocol(self),
             admission if admission is not None else Admission(ConnectionLimits()),
             tls=tls,
+            # Reads land in the listener's reused buffer: the session's streaming receive
+            # buffer copies each into its store (as it copied each new bytes before).
+            buffered=True,
         )
         hub.metrics.listeners.append(self.listener)
 

@@ -7,9 +7,11 @@ carrier this is). WebSocket messages in -> ``tube.receive_data(message, now)`` -
 :class:`~tidewire.protocols.tube.MessageReceived` payload -> ``session.receive_data``; each
 write of the session (a list of chunks, the log's zero-copy views among them) -> one Tube
 message (``tube.send_chunks``: uncompressed, a WebSocket message within one chunk stays a view
-of it; deflated, compressing makes one new buffer) -> ``tube.chunks_to_send()`` -> one
-``ws.send_bytes`` each. So subscribing with demand, publishing (extension 1) and every limit of
-RS.io over TCP work over Tube unchanged. One timer is armed from ``tube.next_deadline()``.
+of it; deflated, compressing makes one new buffer) -> ``tube.messages_to_send()`` -> each
+WebSocket message framed here, its frame head, Tube header and payload views in one
+``writelines`` (one ``writev``, no join). So subscribing with demand, publishing (extension 1)
+and every limit of RS.io over TCP work over Tube unchanged. One timer is armed from
+``tube.next_deadline()``.
 
 Who the peer is: the upgrade request's principal (``Authorization: Bearer``, else the client
 certificate, else anonymous), settled by the app's middleware, which answers a bad token with
@@ -43,11 +45,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import WSMsgType, hdrs, web
+from aiohttp.abc import AbstractStreamWriter
 
 from ..hub import Hub, Share
 from ..hub.access import Access
@@ -69,6 +73,9 @@ from .rsio_session import RsioSession, RsioSettings
 __all__ = ["TubeCarrier", "TubeSettings", "add_tube_route", "origin_allowed"]
 
 log = logging.getLogger("tidewire.tube")
+
+_HEAD16 = struct.Struct("!BBH")  # a WebSocket frame head with a 16-bit length
+_HEAD64 = struct.Struct("!BBQ")  # ... with a 64-bit length
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
@@ -135,11 +142,15 @@ class TubeCarrier:
 
     def __init__(self, ws: web.WebSocketResponse, tube: Connection, session: RsioSession,
                  peer: str, http: asyncio.BaseTransport | None = None,
-                 share: Share | None = None) -> None:  # fmt: skip
+                 share: Share | None = None,
+                 frames: AbstractStreamWriter | None = None) -> None:  # fmt: skip
         """``share``: the connection's share of the hub's memory budget (default: the
         session's own, when it has one, else a new one of ``session.hub.budget``, closed
-        when :meth:`run` ends)."""
+        when :meth:`run` ends). ``frames``: what ``ws.prepare`` returned; with it (and
+        ``http``) each WebSocket message is framed here and written with one ``writelines``
+        (:meth:`_send`), else handed to ``ws.send_bytes``."""
         self.ws = ws
+        self.frames = frames
         self.tube = tube
         self.session = session
         self.peer = peer
@@ -412,18 +423,35 @@ class TubeCarrier:
             self._paused = True
             self.session.pause_writing()
 
+    async def _send(self, parts: tuple[bytes | memoryview, ...], size: int) -> None:
+        """One WebSocket binary message of ``parts`` (a Tube message: its header, then views
+        of the session's chunks). Framed here: the frame head and the parts go in one
+        ``writelines`` (one ``writev``), with no join of the payload (aiohttp's ``send_bytes``
+        takes one buffer and writes a big one as two writes, head then payload); then the
+        response's ``drain`` waits while the transport is over its high-water mark."""
+        http, frames = self.http, self.frames
+        if frames is None or not isinstance(http, asyncio.WriteTransport):
+            # (aiohttp takes any bytes-like object, a view too, though typed bytes)
+            await self.ws.send_bytes(cast(bytes, parts[0] if len(parts) == 1
+                                          else b"".join(parts)))  # fmt: skip
+            return
+        if self.ws.closed or http.is_closing():  # (never a data frame after the close frame)
+            raise ConnectionResetError("the WebSocket is closing")
+        http.writelines([_binary_frame_head(size), *parts])
+        await frames.drain()
+
     async def _write(self) -> None:
         """Send the queued Tube messages, in order; close the WebSocket once closing."""
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                messages = self.tube.chunks_to_send()
-                self._in_writer = sum(len(m) for m in messages)
-                for message in messages:
-                    # (aiohttp takes any bytes-like object, a view too, though typed bytes)
-                    await self.ws.send_bytes(cast(bytes, message))
-                    self._in_writer -= len(message)
+                messages = self.tube.messages_to_send()
+                sizes = [sum(len(part) for part in parts) for parts in messages]
+                self._in_writer = sum(sizes)
+                for parts, size in zip(messages, sizes, strict=True):
+                    await self._send(parts, size)
+                    self._in_writer -= size
                 self.queued = self.tube.pending + self._in_writer
                 self.share.hold("outbound", self.queued + self._transport_buffered())
                 if self._paused and self.queued < WRITE_LOW_WATER:
@@ -439,6 +467,15 @@ class TubeCarrier:
             if not self.ws.closed:
                 await self.ws.close(code=self.close_code,
                                     message=self.close_reason[:120].encode())  # fmt: skip
+
+
+def _binary_frame_head(size: int) -> bytes:
+    """RFC 6455 5.2: the head of an unmasked (server to client), final, binary frame."""
+    if size < 126:
+        return bytes((0x82, size))
+    if size < 65536:
+        return _HEAD16.pack(0x82, 126, size)
+    return _HEAD64.pack(0x82, 127, size)
 
 
 def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioSession],
@@ -464,8 +501,9 @@ def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioSession],
             if settings.fragment_size
             else (settings.max_message_bytes + 16)
         )  # (aiohttp refuses a message of exactly its limit)
+        # (compress=False: Tube deflates on its own, and this carrier frames its messages)
         ws = web.WebSocketResponse(max_msg_size=limit, compress=False, autoping=True)
-        await ws.prepare(request)
+        frames = await ws.prepare(request)
         machine = Connection(
             Role.SERVER, fragment_size=settings.fragment_size, limits=settings.limits(),
             compression=settings.compression,  # type: ignore[arg-type]
@@ -473,7 +511,8 @@ def add_tube_route(app: web.Application, hub: Hub, registry: set[RsioSession],
         )  # fmt: skip
         session = RsioSession(hub, registry, rsio, access=access, principal=principal(request),
                               via="tube")  # fmt: skip
-        await TubeCarrier(ws, machine, session, f"{request.remote}", request.transport).run()
+        await TubeCarrier(ws, machine, session, f"{request.remote}", request.transport,
+                          frames=frames).run()  # fmt: skip
         return ws
 
     app.router.add_get("/tube", tube)

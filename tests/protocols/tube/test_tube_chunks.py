@@ -89,3 +89,36 @@ def test_an_empty_message_is_the_header_byte_alone() -> None:
 def test_nothing_before_the_exchange() -> None:
     with pytest.raises(LocalProtocolError):
         Connection(Role.SERVER).send_chunks([b"x"], 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(st.binary(max_size=300), max_size=6),
+    size=st.sampled_from(SIZES),
+    mode=st.sampled_from(("never", "always", "smart")),
+)
+def test_messages_as_parts_join_to_the_same_wire(chunks: list[bytes], size: int,
+                                                 mode: str) -> None:  # fmt: skip
+    by_parts, by_join = server(size, mode), server(size, mode)
+    by_parts.send_chunks(chunks, 0.0)
+    by_join.send_chunks(chunks, 0.0)
+    pending = by_parts.pending
+    messages = by_parts.messages_to_send()
+    assert [b"".join(parts) for parts in messages] == by_join.data_to_send()
+    assert sum(len(p) for parts in messages for p in parts) == pending
+    assert by_parts.pending == 0
+
+
+def test_a_one_message_payload_is_never_joined() -> None:
+    """Unfragmented, the parts of the message are the Tube header and the chunks themselves
+    (views of the same memory): the adapter writes them with one writelines."""
+    big = bytes(range(256)) * 400  # 102,400 bytes
+    small = b"frame header"
+    conn = server(0)  # no splitting
+    conn.send_chunks([small, memoryview(big)], 0.0)
+    (parts,) = conn.messages_to_send()
+    assert parts[0] == b"\x01"  # CODE_PLAIN, one fragment
+    assert [bytes(p) for p in parts[1:]] == [small, big]
+    assert all(isinstance(p, memoryview) for p in parts[1:])
+    assert isinstance(parts[2], memoryview)
+    assert parts[2].obj is big

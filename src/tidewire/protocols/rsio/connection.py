@@ -379,11 +379,11 @@ class Connection:
 
     # ------------------------------------------------------------------ input
 
-    def receive_data(self, data: bytes) -> None:
-        """Feed bytes from the peer; ``b""`` means the transport closed. Nothing is decoded
-        until :meth:`next_event` asks: each message is applied only after the application has
-        handled the events before it (so a ``request(0)`` right behind its ``subscribe`` meets
-        the subscription the application has just answered)."""
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes (a view may be reused after the call); ``b""``: the transport closed.
+        Nothing is decoded until :meth:`next_event` asks: each message is applied only after
+        the application has handled the events before it (so a ``request(0)`` right behind
+        its ``subscribe`` meets the subscription the application has just answered)."""
         if self.state is State.CLOSED:
             return
         if not data:

@@ -202,6 +202,12 @@ class _Inflation:
         return part, False
 
 
+def _size(message: bytes | memoryview | tuple[bytes | memoryview, ...]) -> int:
+    if isinstance(message, tuple):
+        return sum(part.nbytes if isinstance(part, memoryview) else len(part) for part in message)
+    return message.nbytes if isinstance(message, memoryview) else len(message)
+
+
 class _Cursor:
     """Reads a sequence of byte views front to back in pieces: a piece within one view is a
     view of it; a piece across views is joined (bytes)."""
@@ -241,7 +247,8 @@ class Connection:
     now: float = 0.0  # when the connection started
     state: _State = _State.AWAIT_SIZE
     peer_fragment_size: int | None = None
-    _out: list[bytes | memoryview] = field(default_factory=list)
+    # a WebSocket message: one buffer, or its parts (the Tube header, then views of the chunks)
+    _out: list[bytes | memoryview | tuple[bytes | memoryview, ...]] = field(default_factory=list)
     _events: deque[Event | _Inflation] = field(default_factory=deque)
     _incoming: _Incoming | None = None  # the message being reassembled (its fragments: _rx)
     _rx: ReceiveBuffer = field(init=False)
@@ -265,7 +272,7 @@ class Connection:
     @property
     def pending(self) -> int:
         """Bytes waiting in :meth:`data_to_send`."""
-        return sum(len(m) for m in self._out)
+        return sum(_size(m) for m in self._out)
 
     @property
     def buffered(self) -> int:
@@ -295,16 +302,26 @@ class Connection:
     def data_to_send(self) -> list[bytes]:
         """Every WebSocket message queued for the peer, in order (``[]``: none)."""
         out, self._out = self._out, []
-        return [m if isinstance(m, bytes) else bytes(m) for m in out]
+        return [m if isinstance(m, bytes) else bytes(m) if isinstance(m, memoryview)
+                else b"".join(m) for m in out]  # fmt: skip
 
     def chunks_to_send(self) -> list[bytes | memoryview]:
         """The same as :meth:`data_to_send`, but a message that lies within one chunk given
         to :meth:`send_chunks` comes as a view of it, uncopied (what RS.io's
         ``chunks_to_send`` is to its ``data_to_send``)."""
         out, self._out = self._out, []
-        return out
+        return [b"".join(m) if isinstance(m, tuple) else m for m in out]
 
-    def _queue(self, payload: bytes | memoryview, now: float) -> None:
+    def messages_to_send(self) -> list[tuple[bytes | memoryview, ...]]:
+        """The same messages, each as its parts, never joined: a message of
+        :meth:`send_chunks` is its Tube header then views of the chunks (a fragment across
+        chunks joined), for an adapter that frames each with one ``writelines`` (one
+        ``writev``): no copy of the payload before the kernel's."""
+        out, self._out = self._out, []
+        return [m if isinstance(m, tuple) else (m,) for m in out]
+
+    def _queue(self, payload: bytes | memoryview | tuple[bytes | memoryview, ...],
+               now: float) -> None:  # fmt: skip
         self._out.append(payload)
         self._last_sent = now
 
@@ -351,11 +368,11 @@ class Connection:
                 return
         size = self.peer_fragment_size or 0
         if not size or total + 1 <= size:  # one WebSocket message: header and payload
-            self._queue(b"".join([encode_header(CODE_PLAIN, 1), *views]), now)
+            self._queue((encode_header(CODE_PLAIN, 1), *views), now)
             return
         count, first = self._layout(CODE_PLAIN, total, size)
         cursor = _Cursor(views)
-        self._queue(encode_header(CODE_PLAIN, count) + cursor.take(first), now)
+        self._queue((encode_header(CODE_PLAIN, count), cursor.take(first)), now)
         while cursor.left:
             self._queue(cursor.take(size), now)
 
@@ -377,13 +394,15 @@ class Connection:
     def _send_fragments(self, code: int, payload: bytes, now: float) -> None:
         size = self.peer_fragment_size or 0
         if not size or len(payload) + 1 <= size:  # (an empty message: the header alone, 01)
-            self._queue(encode_header(code, 1) + payload, now)
+            self._queue((encode_header(code, 1), payload), now)
             return
-        # The first fragment shares its WebSocket message with the header.
+        # The first fragment shares its WebSocket message with the header. Fragments are views
+        # of the payload (data_to_send copies each once, as slicing did; the others do not).
         count, first = self._layout(code, len(payload), size)
-        self._queue(encode_header(code, count) + payload[:first], now)
+        view = memoryview(payload)
+        self._queue((encode_header(code, count), view[:first]), now)
         for start in range(first, len(payload), size):
-            self._queue(payload[start : start + size], now)
+            self._queue(view[start : start + size], now)
 
     def ping(self, now: float) -> None:
         if self.state is not _State.OPEN:
