@@ -1,0 +1,318 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""tidewire's compiled kernels: C loops over a batch's buffers (see docs/native.md).
+
+Each function here has a pure-Python twin that is its specification (named in its docstring);
+``tidewire.native`` decides at import which of the two the package uses, and
+tests/native/test_native_equal.py feeds both the same inputs and compares the results byte for
+byte. A kernel must never accept what its twin refuses, nor the other way round.
+
+Conventions: ``Batch`` buffers arrive as the model's memoryviews (ids ``Q``, timestamps ``q``,
+offsets ``I``, bytes ``B``, C-contiguous, checked by ``Batch``); outputs are new ``bytes``
+sized exactly in a first pass, so no buffer grows and none outlives the call but the result.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memcmp
+
+from tidewire.model import Batch, TidewireError, check_ids, validate_stream_name
+
+# ---------------------------------------------------------------------------------- varints
+
+cdef inline int vsize(uint64_t v) noexcept nogil:
+    cdef int n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline char* vput(char* p, uint64_t v) noexcept nogil:
+    while v >= 0x80:
+        p[0] = <char>((v & 0x7F) | 0x80)
+        p += 1
+        v >>= 7
+    p[0] = <char>v
+    return p + 1
+
+
+cdef inline Py_ssize_t vget(const uint8_t* b, Py_ssize_t p, Py_ssize_t end,
+                            uint64_t* out) noexcept nogil:
+    """RS.io's varint at ``b[p:end]`` (``varint.pull_varint``): where it ends, or -1 when it is
+    cut short by ``end``, longer than 10 bytes or exceeds 64 bits (the pure code's NeedData,
+    RemoteProtocolError and ValueError, which every caller here treats alike)."""
+    cdef uint64_t result = 0
+    cdef uint8_t byte
+    cdef int i
+    for i in range(10):
+        if p + i >= end:
+            return -1
+        byte = b[p + i]
+        result |= (<uint64_t>(byte & 0x7F)) << (7 * i)
+        if not byte & 0x80:
+            if i == 9 and byte > 1:
+                return -1
+            out[0] = result
+            return p + i + 1
+    return -1
+
+
+cdef inline uint64_t zigzag(int64_t ts) noexcept nogil:
+    # (the arithmetic shift of a negative int64 is what gcc and clang do; see docs/native.md)
+    return (<uint64_t>ts << 1) ^ <uint64_t>(ts >> 63)
+
+
+# -------------------------------------------------------------------- RS.io: envelope frames
+
+def envelope_frames(subscriber, batch):
+    """``protocols.rsio.runs.envelope_frames_py``: the ``onNext`` frames carrying ``batch``'s
+    envelopes to ``subscriber``. Two C passes: sizes, then varints and memcpy into one
+    ``bytes`` (the second without the GIL: the batch's buffers are held by the views)."""
+    cdef uint64_t sub = subscriber
+    cdef const uint64_t[::1] ids = batch.ids
+    cdef const int64_t[::1] stamps = batch.timestamps
+    cdef const uint32_t[::1] offs = batch.value_offsets
+    cdef const uint8_t[::1] vals = batch.values
+    cdef const uint8_t[::1] kflags
+    cdef const uint32_t[::1] koffs
+    cdef const uint8_t[::1] kbytes
+    cdef bint has_keys = batch.key_flags is not None
+    cdef const uint8_t* vp = NULL
+    cdef const uint8_t* kp = NULL
+    cdef uint32_t base = offs[0], kbase = 0
+    if vals.shape[0]:
+        vp = &vals[0]
+    if has_keys:
+        kflags = batch.key_flags
+        koffs = batch.key_offsets
+        kbytes = batch.keys
+        kbase = koffs[0]
+        if kbytes.shape[0]:
+            kp = &kbytes[0]
+    cdef Py_ssize_t n = ids.shape[0], i
+    cdef int psize = 1 + vsize(sub)
+    cdef Py_ssize_t total = 0, body, klen, vlen
+    cdef uint64_t zz
+    for i in range(n):  # pass 1: sizes
+        body = vsize(ids[i]) + vsize(zigzag(stamps[i])) + (offs[i + 1] - offs[i])
+        if has_keys and kflags[i]:
+            klen = koffs[i + 1] - koffs[i]
+            body += vsize(klen + 1) + klen
+        else:
+            body += 1
+        total += psize + vsize(body) + body
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef char* p = PyBytes_AS_STRING(out)
+    with nogil:
+        for i in range(n):  # pass 2: bytes
+            zz = zigzag(stamps[i])
+            vlen = offs[i + 1] - offs[i]
+            body = vsize(ids[i]) + vsize(zz) + vlen
+            if has_keys and kflags[i]:
+                klen = koffs[i + 1] - koffs[i]
+                body += vsize(klen + 1) + klen
+            else:
+                klen = -1
+                body += 1
+            p[0] = 7  # onNext
+            p = vput(vput(vput(vput(p + 1, sub), body), ids[i]), zz)
+            if klen >= 0:
+                p = vput(p, klen + 1)
+                if klen:
+                    memcpy(p, kp + (koffs[i] - kbase), klen)
+                p += klen
+            else:
+                p[0] = 0
+                p += 1
+            if vlen:
+                memcpy(p, vp + (offs[i] - base), vlen)
+            p += vlen
+    return out
+
+
+# ----------------------------------------------------------------- RS.io: frame runs decoded
+
+cdef struct Frame:
+    uint64_t event_id
+    int64_t ts
+    Py_ssize_t vstart
+    Py_ssize_t vlen
+    Py_ssize_t kstart
+    Py_ssize_t klen  # -1: no key
+
+
+cdef Py_ssize_t parse_frames(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end_buf,
+                             const uint8_t* prefix, Py_ssize_t plen, Py_ssize_t max_count,
+                             uint64_t limit, bint offer, Frame** frames_out,
+                             Py_ssize_t* end_out) except -1:
+    """The frames of ``runs._envelope_frames_to_batch`` (its loop, without its fast paths,
+    which give what the full parse gives): stored in ``frames_out[0]`` (PyMem, grown by
+    doubling; the caller frees it), their count returned and where they end in ``end_out``."""
+    cdef Frame* frames = NULL
+    cdef Frame* grown
+    cdef Py_ssize_t cap = 0, count = 0, p, q, end
+    cdef uint64_t size, event_id, raw, key_len
+    cdef bint ids_given = True
+    while count < max_count:
+        if plen > end_buf - pos or memcmp(b + pos, prefix, plen) != 0:
+            break
+        p = pos + plen
+        if p + 2 > end_buf:
+            break
+        p = vget(b, p, end_buf, &size)
+        if p < 0 or size > limit or size > <uint64_t>(end_buf - p):
+            break
+        end = p + <Py_ssize_t>size
+        q = vget(b, p, end, &event_id)  # (a varint running past the element breaks, as
+        if q < 0:                        # the pure code's "q >= end" check does)
+            break
+        q = vget(b, q, end, &raw)
+        if q < 0 or q >= end:
+            break
+        if event_id == 0 and not offer:
+            break
+        if count and (event_id == 0) != (not ids_given):  # ids given, then not, or back
+            break
+        if count == 0:
+            ids_given = event_id != 0
+        if count == cap:
+            cap = cap * 2 if cap else 64
+            grown = <Frame*>PyMem_Realloc(frames, cap * sizeof(Frame))
+            if grown == NULL:
+                PyMem_Free(frames)
+                raise MemoryError()
+            frames = grown
+        frames[count].klen = -1
+        if b[q] == 0:
+            q += 1
+        else:
+            q = vget(b, q, end, &key_len)
+            if q < 0:
+                break
+            if key_len:  # (a padded varint 0 is "no key" too)
+                if key_len - 1 > <uint64_t>(end - q):
+                    break
+                frames[count].kstart = q
+                frames[count].klen = <Py_ssize_t>(key_len - 1)
+                q += <Py_ssize_t>(key_len - 1)
+        frames[count].event_id = event_id
+        frames[count].ts = <int64_t>((raw >> 1) ^ (0 - (raw & 1)))
+        frames[count].vstart = q
+        frames[count].vlen = end - q
+        count += 1
+        pos = end
+    frames_out[0] = frames
+    end_out[0] = pos
+    return count
+
+
+def envelope_frames_batch(stream, const uint8_t[::1] buf, Py_ssize_t pos, bytes prefix,
+                          Py_ssize_t max_count, limit, bint offer):
+    """``protocols.rsio.runs.envelope_frames_batch_py``: up to ``max_count`` complete frames
+    ``prefix | length | envelope`` at ``buf[pos:]`` as ``(batch, end, count)``, or
+    ``(None, pos, 0)``. One C pass finds the frames (stopping where the pure loop stops), a
+    second copies their columns into the batch's buffers; the ids are checked and the batch
+    built as ``columns_to_batch`` does."""
+    cdef Py_ssize_t end_buf = buf.shape[0]
+    cdef Frame* frames = NULL
+    cdef Py_ssize_t count, end, i, vtotal = 0, ktotal = 0
+    cdef bint keyed = False
+    cdef const uint8_t* b = &buf[0] if end_buf else NULL
+    cdef uint64_t lim = limit if limit > 0 else 0
+    if pos < 0 or pos > end_buf:
+        raise ValueError("pos is outside the buffer")
+    count = parse_frames(b, pos, end_buf, <const uint8_t*>PyBytes_AS_STRING(prefix),
+                         len(prefix), max_count, lim, offer, &frames, &end)
+    try:
+        for i in range(count):
+            vtotal += frames[i].vlen
+            if frames[i].klen >= 0:
+                keyed = True
+                ktotal += frames[i].klen
+        if not count or vtotal >= 2**32 or ktotal >= 2**32:  # ("I" offsets would overflow)
+            return None, pos, 0
+        ids = PyBytes_FromStringAndSize(NULL, 8 * count)
+        stamps = PyBytes_FromStringAndSize(NULL, 8 * count)
+        voffs = PyBytes_FromStringAndSize(NULL, 4 * (count + 1))
+        values = PyBytes_FromStringAndSize(NULL, vtotal)
+        fill_columns(frames, count, b, <uint64_t*>PyBytes_AS_STRING(ids),
+                     <int64_t*>PyBytes_AS_STRING(stamps), <uint32_t*>PyBytes_AS_STRING(voffs),
+                     PyBytes_AS_STRING(values))
+        flags = koffs = keys = None
+        if keyed:
+            flags = PyBytes_FromStringAndSize(NULL, count)
+            koffs = PyBytes_FromStringAndSize(NULL, 4 * (count + 1))
+            keys = PyBytes_FromStringAndSize(NULL, ktotal)
+            fill_keys(frames, count, b, <uint8_t*>PyBytes_AS_STRING(flags),
+                      <uint32_t*>PyBytes_AS_STRING(koffs), PyBytes_AS_STRING(keys))
+    finally:
+        PyMem_Free(frames)
+    id_view = memoryview(ids).cast("Q")
+    try:
+        if id_view[0]:  # (ids 0: an offer's "the hub assigns them", all or none)
+            check_ids(id_view)
+        batch = Batch(
+            validate_stream_name(stream),
+            id_view,
+            memoryview(stamps).cast("q"),
+            memoryview(voffs).cast("I"),
+            memoryview(values),
+            memoryview(flags) if keyed else None,
+            memoryview(koffs).cast("I") if keyed else None,
+            memoryview(keys) if keyed else None,
+        )
+    except (ValueError, TidewireError):
+        return None, pos, 0  # decoded frame by frame instead, where it is reported
+    return batch, end, count
+
+
+cdef void fill_columns(const Frame* frames, Py_ssize_t count, const uint8_t* b, uint64_t* ids,
+                       int64_t* stamps, uint32_t* voffs, char* values) noexcept nogil:
+    cdef Py_ssize_t i, at = 0
+    voffs[0] = 0
+    for i in range(count):
+        ids[i] = frames[i].event_id
+        stamps[i] = frames[i].ts
+        if frames[i].vlen:
+            memcpy(values + at, b + frames[i].vstart, frames[i].vlen)
+        at += frames[i].vlen
+        voffs[i + 1] = <uint32_t>at
+
+
+cdef void fill_keys(const Frame* frames, Py_ssize_t count, const uint8_t* b, uint8_t* flags,
+                    uint32_t* koffs, char* keys) noexcept nogil:
+    cdef Py_ssize_t i, at = 0
+    koffs[0] = 0
+    for i in range(count):
+        flags[i] = frames[i].klen >= 0
+        if frames[i].klen > 0:
+            memcpy(keys + at, b + frames[i].kstart, frames[i].klen)
+            at += frames[i].klen
+        koffs[i + 1] = <uint32_t>at
+
+
+# ------------------------------------------------------------------------------- the record
+
+def max_timestamp(const int64_t[::1] stamps):
+    """``max(stamps)`` (``record.max_timestamp_py``); ``ValueError`` when empty."""
+    cdef Py_ssize_t i, n = stamps.shape[0]
+    if not n:
+        raise ValueError("max() of no timestamps")
+    cdef int64_t best = stamps[0]
+    for i in range(1, n):
+        if stamps[i] > best:
+            best = stamps[i]
+    return best
+
+
+def id_range(uint64_t first, Py_ssize_t n):
+    """The u64 ids ``first .. first + n - 1`` as ``bytes`` (``record.id_range_py``)."""
+    if n < 0:
+        raise ValueError("a negative count of ids")
+    out = PyBytes_FromStringAndSize(NULL, 8 * n)
+    cdef uint64_t* p = <uint64_t*>PyBytes_AS_STRING(out)
+    cdef Py_ssize_t i
+    for i in range(n):
+        p[i] = first + <uint64_t>i
+    return out
