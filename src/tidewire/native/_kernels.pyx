@@ -16,7 +16,9 @@ from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memcmp
 
-from tidewire.model import Batch, TidewireError, check_ids, validate_stream_name
+from tidewire.model import Batch, TidewireError, validate_stream_name
+
+cdef uint64_t MAX_ID = (<uint64_t>1 << 63) - 1  # (model.MAX_ID)
 
 # ---------------------------------------------------------------------------------- varints
 
@@ -248,13 +250,12 @@ def envelope_frames_batch(stream, const uint8_t[::1] buf, Py_ssize_t pos, bytes 
                       <uint32_t*>PyBytes_AS_STRING(koffs), PyBytes_AS_STRING(keys))
     finally:
         PyMem_Free(frames)
-    id_view = memoryview(ids).cast("Q")
+    if frames_ids_bad(<const uint64_t*>PyBytes_AS_STRING(ids), count):
+        return None, pos, 0  # (check_ids's InvalidBatch: decoded frame by frame instead)
     try:
-        if id_view[0]:  # (ids 0: an offer's "the hub assigns them", all or none)
-            check_ids(id_view)
         batch = Batch(
             validate_stream_name(stream),
-            id_view,
+            memoryview(ids).cast("Q"),
             memoryview(stamps).cast("q"),
             memoryview(voffs).cast("I"),
             memoryview(values),
@@ -265,6 +266,21 @@ def envelope_frames_batch(stream, const uint8_t[::1] buf, Py_ssize_t pos, bytes 
     except (ValueError, TidewireError):
         return None, pos, 0  # decoded frame by frame instead, where it is reported
     return batch, end, count
+
+
+cdef bint frames_ids_bad(const uint64_t* ids, Py_ssize_t count) noexcept nogil:
+    """What ``model.check_ids`` refuses (ids outside 1..2**63-1, or not strictly increasing),
+    for a run whose first id is not 0 (ids 0: an offer's "the hub assigns them", all or none,
+    which the parse already made sure of)."""
+    cdef Py_ssize_t i
+    if ids[0] == 0:
+        return False
+    if ids[count - 1] > MAX_ID:
+        return True
+    for i in range(1, count):
+        if ids[i] <= ids[i - 1]:
+            return True
+    return False
 
 
 cdef void fill_columns(const Frame* frames, Py_ssize_t count, const uint8_t* b, uint64_t* ids,
