@@ -117,7 +117,8 @@ def serve(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(config.log_level, str(config.values["log_format"]))
-    logging.getLogger("tidewire").info("%s", native.describe())
+    tuned = native.tune_allocator()  # (large transient buffers off mmap: docs/native.md)
+    logging.getLogger("tidewire").info("%s; malloc tuned: %s", native.describe(), tuned)
     try:
         run_server(config)
     except StorageUnavailable as exc:

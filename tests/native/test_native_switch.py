@@ -5,6 +5,7 @@ the normal test run must run the kernels (a build that silently fell back fails 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -60,3 +61,10 @@ def test_version_says_which_implementation_runs() -> None:
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0
     assert native.describe() in result.output
+
+
+def test_the_allocator_is_tuned_on_glibc() -> None:
+    """``tidewire serve`` raises glibc's mmap and trim thresholds (docs/native.md); elsewhere
+    nothing changes and it says so."""
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert native.tune_allocator() is glibc

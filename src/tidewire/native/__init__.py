@@ -14,13 +14,24 @@ Python). :data:`COMPILED` says which; ``tidewire --version`` and ``tidewire serv
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-__all__ = ["COMPILED", "PURE_ENV", "PURE_REQUESTED", "describe", "kernel"]
+__all__ = [
+    "COMPILED",
+    "MMAP_THRESHOLD",
+    "PURE_ENV",
+    "PURE_REQUESTED",
+    "TRIM_THRESHOLD",
+    "describe",
+    "kernel",
+    "tune_allocator",
+]
 
 PURE_ENV = "TIDEWIRE_PURE"
 """The environment variable that asks for pure Python (read once, at import)."""
@@ -69,3 +80,37 @@ def describe() -> str:
     if PURE_REQUESTED:
         return f"native kernels: pure Python ({PURE_ENV} is set)"
     return "native kernels: pure Python (the extension is not built)"
+
+
+MMAP_THRESHOLD = 32 << 20
+"""Blocks below this come from malloc's heap, not a fresh ``mmap`` each (see tune_allocator)."""
+
+TRIM_THRESHOLD = 64 << 20
+"""Free memory at the heap's top above this goes back to the kernel (see tune_allocator)."""
+
+_M_TRIM_THRESHOLD = -1  # (glibc's malloc.h)
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_allocator() -> bool:
+    """Keep glibc's malloc from mapping and unmapping every transient buffer of 128 KiB or more
+    (its default, adapted upwards only by frees): every such buffer (a 1 MiB record of 16 x 64
+    KiB values, the frames that carry it) then page-faults in again on every call, ~2 us a
+    page here, 5-22x the copy itself (docs/native.md). With ``mallopt`` the process serves
+    blocks below :data:`MMAP_THRESHOLD` from its heap and keeps at most
+    :data:`TRIM_THRESHOLD` of free heap top mapped, so RSS stays bounded by what is live plus
+    that. For the hub's process (``tidewire serve`` calls it first); a library should not
+    change its host's allocator, so the clients do not. Returns whether it applied (glibc
+    only: elsewhere, and on a failing ``mallopt``, nothing changes)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # (musl has no mallopt worth the name)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
