@@ -14,12 +14,14 @@ from click.testing import CliRunner
 from tidewire import native, record
 from tidewire.cli import main
 from tidewire.protocols.rsio import runs
+from tidewire.protocols.seguro import codec as seguro_codec
 
 CHOSEN = [
     (runs, "envelope_frames", runs.envelope_frames_py),
     (runs, "envelope_frames_batch", runs.envelope_frames_batch_py),
     (record, "max_timestamp", record.max_timestamp_py),
     (record, "id_range", record.id_range_py),
+    (seguro_codec, "many_run", seguro_codec.many_run_py),
 ]
 
 
