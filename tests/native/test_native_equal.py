@@ -174,6 +174,12 @@ def test_id_range_is_the_same(first: int, n: int) -> None:
 
 def test_refusals_are_the_same() -> None:
     """What the pure functions refuse, the kernels refuse."""
+    batch = Batch.build("s", [b"v"], ids=[1], timestamps=0)
+    for subscriber in (-1, 2**64):
+        with pytest.raises(ValueError, match="outside"):
+            envelope_frames_py(subscriber, batch)
+        with pytest.raises(ValueError, match="outside"):
+            K.envelope_frames(subscriber, batch)
     empty = memoryview(b"").cast("q")
     with pytest.raises(ValueError, match="empty"):
         max_timestamp_py(empty)

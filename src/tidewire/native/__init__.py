@@ -14,7 +14,6 @@ Python). :data:`COMPILED` says which; ``tidewire --version`` and ``tidewire serv
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import os
 import sys
@@ -104,6 +103,8 @@ def tune_allocator() -> bool:
     only: elsewhere, and on a failing ``mallopt``, nothing changes)."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # (here: only the hub's process pays for loading it)
+
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt

@@ -72,6 +72,8 @@ def envelope_frames(subscriber, batch):
     """``protocols.rsio.runs.envelope_frames_py``: the ``onNext`` frames carrying ``batch``'s
     envelopes to ``subscriber``. Two C passes: sizes, then varints and memcpy into one
     ``bytes`` (the second without the GIL: the batch's buffers are held by the views)."""
+    if not 0 <= subscriber <= U64_MAX:  # (push_varint's refusal, not an OverflowError)
+        raise ValueError(f"varint {subscriber} is outside 0..2**64-1")
     cdef uint64_t sub = subscriber
     cdef const uint64_t[::1] ids = batch.ids
     cdef const int64_t[::1] stamps = batch.timestamps
