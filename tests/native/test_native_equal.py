@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tidewire.model import MAX_ID, Batch
 from tidewire.protocols.rsio.runs import envelope_frames_batch_py, envelope_frames_py
 from tidewire.protocols.rsio.varint import varint_bytes
+from tidewire.protocols.rsio_http.codec import length_prefixed_envelopes_py
 from tidewire.record import id_range_py, max_timestamp_py
 
 try:
@@ -68,6 +69,14 @@ def test_envelope_frames_are_the_same_bytes(batch: Batch, subscriber: int, start
     """Encoding: whole batches and slices of them (offsets that do not start at 0)."""
     part = batch.slice(min(start, len(batch) - 1), len(batch))
     assert K.envelope_frames(subscriber, part) == envelope_frames_py(subscriber, part)
+
+
+@FUZZ
+@given(batches(), st.integers(0, 5))
+def test_length_prefixed_envelopes_are_the_same_bytes(batch: Batch, start: int) -> None:
+    """RS.io over HTTP's default body: whole batches and slices of them."""
+    part = batch.slice(min(start, len(batch) - 1), len(batch))
+    assert K.length_prefixed_envelopes(part) == length_prefixed_envelopes_py(part)
 
 
 def frame(prefix: bytes, event_id: int, ts: int, key: bytes | None, value: bytes) -> bytes:

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from tidewire import native, record
 from tidewire.cli import main
 from tidewire.protocols.rsio import runs
+from tidewire.protocols.rsio_http import codec as http_codec
 from tidewire.protocols.seguro import codec as seguro_codec
 
 CHOSEN = [
@@ -22,6 +23,7 @@ CHOSEN = [
     (record, "max_timestamp", record.max_timestamp_py),
     (record, "id_range", record.id_range_py),
     (seguro_codec, "many_run", seguro_codec.many_run_py),
+    (http_codec, "length_prefixed_envelopes", http_codec.length_prefixed_envelopes_py),
 ]
 
 

@@ -68,6 +68,80 @@ cdef inline uint64_t zigzag(int64_t ts) noexcept nogil:
 
 # -------------------------------------------------------------------- RS.io: envelope frames
 
+cdef struct Columns:
+    const uint64_t* ids
+    const int64_t* stamps
+    const uint32_t* offs
+    const uint8_t* vals
+    const uint8_t* kflags  # NULL: no keys
+    const uint32_t* koffs
+    const uint8_t* keys
+    Py_ssize_t n
+
+
+cdef class BatchView:
+    """The typed views of one batch's buffers, held while a kernel reads them (the buffers
+    stay alive and unmoved as long as this object does)."""
+    cdef const uint64_t[::1] ids
+    cdef const int64_t[::1] stamps
+    cdef const uint32_t[::1] offs
+    cdef const uint8_t[::1] vals
+    cdef const uint8_t[::1] kflags
+    cdef const uint32_t[::1] koffs
+    cdef const uint8_t[::1] keys
+    cdef Columns c
+
+    def __cinit__(self, batch):
+        self.ids = batch.ids
+        self.stamps = batch.timestamps
+        self.offs = batch.value_offsets
+        self.vals = batch.values
+        self.c.n = self.ids.shape[0]
+        self.c.ids = &self.ids[0]
+        self.c.stamps = &self.stamps[0]
+        self.c.offs = &self.offs[0]
+        self.c.vals = &self.vals[0] if self.vals.shape[0] else NULL
+        self.c.kflags = NULL
+        self.c.koffs = NULL
+        self.c.keys = NULL
+        if batch.key_flags is not None:
+            self.kflags = batch.key_flags
+            self.koffs = batch.key_offsets
+            self.keys = batch.keys
+            self.c.kflags = &self.kflags[0]
+            self.c.koffs = &self.koffs[0]
+            self.c.keys = &self.keys[0] if self.keys.shape[0] else NULL
+
+
+cdef inline Py_ssize_t envelope_size(const Columns* c, Py_ssize_t i) noexcept nogil:
+    """The bytes of event ``i``'s envelope: id, zig-zag timestamp, key (or 0), value."""
+    cdef Py_ssize_t body = (vsize(c.ids[i]) + vsize(zigzag(c.stamps[i]))
+                            + (c.offs[i + 1] - c.offs[i]))
+    cdef Py_ssize_t klen
+    if c.kflags != NULL and c.kflags[i]:
+        klen = c.koffs[i + 1] - c.koffs[i]
+        return body + vsize(klen + 1) + klen
+    return body + 1
+
+
+cdef inline char* put_envelope(const Columns* c, Py_ssize_t i, char* p) noexcept nogil:
+    """Write event ``i``'s envelope at ``p`` (``envelopes.encode_envelopes``'s bytes)."""
+    cdef Py_ssize_t klen, vlen = c.offs[i + 1] - c.offs[i]
+    p = vput(vput(p, c.ids[i]), zigzag(c.stamps[i]))
+    if c.kflags != NULL and c.kflags[i]:
+        klen = c.koffs[i + 1] - c.koffs[i]
+        p = vput(p, klen + 1)
+        if klen:
+            memcpy(p, c.keys + (c.koffs[i] - c.koffs[0]), klen)
+        p += klen
+    else:
+        p[0] = 0
+        p += 1
+    if vlen:
+        memcpy(p, c.vals + (c.offs[i] - c.offs[0]), vlen)
+    return p + vlen
+
+
 def envelope_frames(subscriber, batch):
     """``protocols.rsio.runs.envelope_frames_py``: the ``onNext`` frames carrying ``batch``'s
     envelopes to ``subscriber``. Two C passes: sizes, then varints and memcpy into one
@@ -75,64 +149,43 @@ def envelope_frames(subscriber, batch):
     if not 0 <= subscriber <= U64_MAX:  # (push_varint's refusal, not an OverflowError)
         raise ValueError(f"varint {subscriber} is outside 0..2**64-1")
     cdef uint64_t sub = subscriber
-    cdef const uint64_t[::1] ids = batch.ids
-    cdef const int64_t[::1] stamps = batch.timestamps
-    cdef const uint32_t[::1] offs = batch.value_offsets
-    cdef const uint8_t[::1] vals = batch.values
-    cdef const uint8_t[::1] kflags
-    cdef const uint32_t[::1] koffs
-    cdef const uint8_t[::1] kbytes
-    cdef bint has_keys = batch.key_flags is not None
-    cdef const uint8_t* vp = NULL
-    cdef const uint8_t* kp = NULL
-    cdef uint32_t base = offs[0], kbase = 0
-    if vals.shape[0]:
-        vp = &vals[0]
-    if has_keys:
-        kflags = batch.key_flags
-        koffs = batch.key_offsets
-        kbytes = batch.keys
-        kbase = koffs[0]
-        if kbytes.shape[0]:
-            kp = &kbytes[0]
-    cdef Py_ssize_t n = ids.shape[0], i
+    cdef BatchView view = BatchView(batch)
+    cdef const Columns* c = &view.c
+    cdef Py_ssize_t i, size, total = 0
     cdef int psize = 1 + vsize(sub)
-    cdef Py_ssize_t total = 0, body, klen, vlen
-    cdef uint64_t zz
-    for i in range(n):  # pass 1: sizes
-        body = vsize(ids[i]) + vsize(zigzag(stamps[i])) + (offs[i + 1] - offs[i])
-        if has_keys and kflags[i]:
-            klen = koffs[i + 1] - koffs[i]
-            body += vsize(klen + 1) + klen
-        else:
-            body += 1
-        total += psize + vsize(body) + body
+    for i in range(c.n):  # pass 1: sizes
+        size = envelope_size(c, i)
+        total += psize + vsize(size) + size
     out = PyBytes_FromStringAndSize(NULL, total)
     cdef char* p = PyBytes_AS_STRING(out)
     with nogil:
-        for i in range(n):  # pass 2: bytes
-            zz = zigzag(stamps[i])
-            vlen = offs[i + 1] - offs[i]
-            body = vsize(ids[i]) + vsize(zz) + vlen
-            if has_keys and kflags[i]:
-                klen = koffs[i + 1] - koffs[i]
-                body += vsize(klen + 1) + klen
-            else:
-                klen = -1
-                body += 1
+        for i in range(c.n):  # pass 2: bytes
             p[0] = 7  # onNext
-            p = vput(vput(vput(vput(p + 1, sub), body), ids[i]), zz)
-            if klen >= 0:
-                p = vput(p, klen + 1)
-                if klen:
-                    memcpy(p, kp + (koffs[i] - kbase), klen)
-                p += klen
-            else:
-                p[0] = 0
-                p += 1
-            if vlen:
-                memcpy(p, vp + (offs[i] - base), vlen)
-            p += vlen
+            p = put_envelope(c, i, vput(vput(p + 1, sub), envelope_size(c, i)))
+    return out
+
+
+def length_prefixed_envelopes(batch):
+    """``protocols.rsio_http.codec.length_prefixed_envelopes_py``: ``batch``'s envelopes,
+    each after its length as a big-endian u32 (RS.io over HTTP's length-prefixed body)."""
+    cdef BatchView view = BatchView(batch)
+    cdef const Columns* c = &view.c
+    cdef Py_ssize_t i, size, total = 0
+    for i in range(c.n):
+        size = envelope_size(c, i)
+        if size > 0xFFFFFFFF:
+            raise ValueError("an envelope over 4 GiB has no u32 length")
+        total += 4 + size
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef char* p = PyBytes_AS_STRING(out)
+    with nogil:
+        for i in range(c.n):
+            size = envelope_size(c, i)
+            p[0] = <char>(size >> 24)
+            p[1] = <char>(size >> 16)
+            p[2] = <char>(size >> 8)
+            p[3] = <char>size
+            p = put_envelope(c, i, p + 4)
     return out
 
 

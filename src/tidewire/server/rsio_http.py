@@ -62,7 +62,7 @@ from ..protocols.rsio_http import (
     Delivery,
     ServerSubscription,
     State,
-    encode_length_prefixed,
+    length_prefixed_envelopes,
     length_prefixed_values,
     parse_count,
     split_query,
@@ -452,10 +452,10 @@ class RsioHttp:
                 return state.prepared(batches[0].value(0), 1, None)
             body = b"".join([length_prefixed_values(b.values, b.value_offsets) for b in batches])
             return state.prepared(body, count, LENGTH_PREFIXED)
-        envelopes: list[bytes] = [e for b in batches for e in encode_envelopes(b)]
         if count == 1:
-            return state.prepared(envelopes[0], 1, None)
-        return state.prepared(encode_length_prefixed(envelopes), count, LENGTH_PREFIXED)
+            return state.prepared(encode_envelopes(batches[0])[0], 1, None)
+        body = b"".join([length_prefixed_envelopes(b) for b in batches])  # (compiled: native)
+        return state.prepared(body, count, LENGTH_PREFIXED)
 
     async def _deliver(self, request: web.Request, sub: _Sub,
                        delivery: Delivery) -> web.StreamResponse:  # fmt: skip
