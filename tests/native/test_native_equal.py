@@ -16,9 +16,14 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tidewire.model import MAX_ID, Batch
+from tidewire.protocols.rsio.envelopes import encode_envelopes, envelopes_to_batch_py
 from tidewire.protocols.rsio.runs import envelope_frames_batch_py, envelope_frames_py
 from tidewire.protocols.rsio.varint import varint_bytes
-from tidewire.protocols.rsio_http.codec import length_prefixed_envelopes_py
+from tidewire.protocols.rsio_http.codec import (
+    decode_length_prefixed_py,
+    encode_length_prefixed,
+    length_prefixed_envelopes_py,
+)
 from tidewire.record import id_range_py, max_timestamp_py
 
 try:
@@ -165,6 +170,66 @@ def test_framed_garbage_decodes_the_same(elements: list[bytes], offer: bool) -> 
 def test_edge_frames_decode_the_same(raw: bytes, offer: bool) -> None:
     both(raw, 0, PREFIX, 10, 1 << 20, offer)
     both(raw + raw, 0, PREFIX, 10, 1 << 20, offer)
+
+
+def outcome(decode: object, stream: str, elements: list[bytes]) -> object:
+    """What ``decode(stream, elements)`` gives: the batch's buffers, or its error's type and
+    message."""
+    try:
+        result = decode(stream, elements)  # type: ignore[operator]
+    except Exception as exc:
+        return type(exc), str(exc)
+    return buffers(result) if isinstance(result, Batch) else result
+
+
+@FUZZ
+@given(batches(), st.booleans(), st.lists(st.binary(max_size=12), max_size=3),
+       st.integers(0, 3), st.sampled_from(["s", "bad name\n"]))  # fmt: skip
+def test_envelope_elements_decode_the_same(batch: Batch, with_ids: bool, extra: list[bytes],
+                                           cut: int, stream: str) -> None:  # fmt: skip
+    """A subscriber's elements (RS.io over HTTP, or one at a time): what the encoder makes,
+    with ids 0, random elements added, the last cut short, or an invalid stream name: the same
+    batch or the same error."""
+    elements = encode_envelopes(batch, with_ids=with_ids) + extra
+    if cut and elements[-1]:
+        elements[-1] = elements[-1][: max(0, len(elements[-1]) - cut)]
+    want = outcome(envelopes_to_batch_py, stream, elements)
+    assert outcome(K.envelopes_to_batch, stream, elements) == want
+    views = [memoryview(e) for e in elements]  # (any buffer, not only bytes)
+    assert outcome(K.envelopes_to_batch, stream, views) == want  # type: ignore[arg-type]
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 5, 127, 128, 2**63, 2**64 - 1]),
+                          st.sampled_from(STAMPS), st.none() | st.binary(max_size=3),
+                          st.binary(max_size=6)),
+                max_size=6))  # fmt: skip
+def test_hand_made_elements_decode_the_same(items: list[tuple[int, int, bytes | None,
+                                                              bytes]]) -> None:  # fmt: skip
+    """Ids 0 mixed with ids, repeated, decreasing or past 2**63-1; no elements at all."""
+    elements = [encode_one(*item) for item in items]
+    want = outcome(envelopes_to_batch_py, "s", elements)
+    assert outcome(K.envelopes_to_batch, "s", elements) == want
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=20), max_size=6), st.binary(max_size=6), st.integers(0, 3),
+       st.sampled_from([0, 1, 3, 2**32]))  # fmt: skip
+def test_length_prefixed_bodies_decode_the_same(elements: list[bytes], junk: bytes, cut: int,
+                                                max_elements: int) -> None:  # fmt: skip
+    """Whole bodies, cut inside a length or an element, with junk after, over the limit."""
+    body = encode_length_prefixed(elements)
+    for data in (body, body[: max(0, len(body) - cut)], body + junk):
+        want = outcome(lambda _, d: decode_length_prefixed_py(d, max_elements), "", data)  # type: ignore[arg-type]
+        got = outcome(lambda _, d: K.decode_length_prefixed(d, max_elements), "", data)  # type: ignore[arg-type]
+        assert got == want
+
+
+def encode_one(event_id: int, ts: int, key: bytes | None, value: bytes) -> bytes:
+    """One envelope element written by hand."""
+    envelope = varint_bytes(event_id) + varint_bytes(((ts << 1) ^ (ts >> 63)) & (2**64 - 1))
+    envelope += b"\x00" if key is None else varint_bytes(len(key) + 1) + key
+    return envelope + value
 
 
 @FUZZ

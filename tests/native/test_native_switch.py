@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from tidewire import native, record
 from tidewire.cli import main
-from tidewire.protocols.rsio import runs
+from tidewire.protocols.rsio import envelopes, runs
 from tidewire.protocols.rsio_http import codec as http_codec
 from tidewire.protocols.seguro import codec as seguro_codec
 
@@ -24,6 +24,8 @@ CHOSEN = [
     (record, "id_range", record.id_range_py),
     (seguro_codec, "many_run", seguro_codec.many_run_py),
     (http_codec, "length_prefixed_envelopes", http_codec.length_prefixed_envelopes_py),
+    (http_codec, "decode_length_prefixed", http_codec.decode_length_prefixed_py),
+    (envelopes, "envelopes_to_batch", envelopes.envelopes_to_batch_py),
 ]
 
 

@@ -11,12 +11,19 @@ offsets ``I``, bytes ``B``, C-contiguous, checked by ``Batch``); outputs are new
 sized exactly in a first pass, so no buffer grows and none outlives the call but the result.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 
-from tidewire.model import Batch, TidewireError, validate_stream_name
+from tidewire.model import (
+    Batch,
+    InvalidBatch,
+    RemoteProtocolError,
+    TidewireError,
+    check_ids,
+    validate_stream_name,
+)
 
 cdef uint64_t MAX_ID = (<uint64_t>1 << 63) - 1  # (model.MAX_ID)
 cdef uint64_t U64_MAX = ~(<uint64_t>0)
@@ -462,3 +469,158 @@ def seguro_many_run(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t max_line,
         c_last = event_id
         pos = end + 2
     return ids, datas, pos, c_seen, c_last
+
+
+# ------------------------------------------------------- RS.io: envelope elements, decoded
+
+cdef int parse_envelope(const uint8_t* e, Py_ssize_t size, Frame* f) noexcept nogil:
+    """Envelope ``e[:size]`` into ``f`` (``envelopes.envelopes_to_batch``'s full parse, offsets
+    relative to ``e``): 0, or why not: 1 cut short, 2 a varint cut short or too long, 3 the
+    key runs past the element (the pure code's three messages)."""
+    cdef Py_ssize_t pos
+    cdef uint64_t raw, key_len
+    if size < 1:
+        return 1
+    pos = vget(e, 0, size, &f.event_id)
+    if pos < 0:
+        return 2
+    pos = vget(e, pos, size, &raw)
+    if pos < 0:
+        return 2
+    f.ts = <int64_t>((raw >> 1) ^ (0 - (raw & 1)))
+    if pos >= size:
+        return 1
+    f.klen = -1
+    if e[pos] == 0:
+        pos += 1
+    else:
+        pos = vget(e, pos, size, &key_len)
+        if pos < 0:
+            return 2
+        if key_len:  # (a padded varint 0 is "no key" too)
+            if key_len - 1 > <uint64_t>(size - pos):
+                return 3
+            f.kstart = pos
+            f.klen = <Py_ssize_t>(key_len - 1)
+            pos += f.klen
+    f.vstart = pos
+    f.vlen = size - pos
+    return 0
+
+
+_ENVELOPE_ERRORS = (None, "bad envelope: cut short",
+                    "bad envelope: a varint is cut short or too long",
+                    "bad envelope: the key runs past the element")
+
+
+def envelopes_to_batch(stream, list elements):
+    """``protocols.rsio.envelopes.envelopes_to_batch_py``: the batch of the envelope
+    ``elements`` (``bytes`` each, or any buffer), parsed in C into the batch's columns; the
+    same errors (``ValueError`` for a malformed envelope or none at all, ``InvalidBatch`` for
+    ids out of order or given by some and not others, ``InvalidStreamName``)."""
+    cdef Py_ssize_t n = len(elements), i, size, vtotal = 0, ktotal = 0, at = 0, kat = 0
+    cdef Frame* frames = NULL
+    cdef const uint8_t* e
+    cdef const uint8_t[::1] view
+    cdef int why
+    cdef bint keyed = False, mixed = False
+    if not n:
+        raise ValueError("no envelopes")
+    frames = <Frame*>PyMem_Malloc(n * sizeof(Frame))
+    if frames == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):  # pass 1: parse, sizes
+            element = elements[i]
+            if type(element) is bytes:
+                e = <const uint8_t*>PyBytes_AS_STRING(element)
+                size = PyBytes_GET_SIZE(element)
+            else:
+                view = element
+                e = &view[0] if view.shape[0] else NULL
+                size = view.shape[0]
+            why = parse_envelope(e, size, &frames[i])
+            if why:
+                raise ValueError(_ENVELOPE_ERRORS[why])
+            vtotal += frames[i].vlen
+            if frames[i].klen >= 0:
+                keyed = True
+                ktotal += frames[i].klen
+        ids = PyBytes_FromStringAndSize(NULL, 8 * n)
+        stamps = PyBytes_FromStringAndSize(NULL, 8 * n)
+        voffs = PyBytes_FromStringAndSize(NULL, 4 * (n + 1))
+        values = PyBytes_FromStringAndSize(NULL, vtotal)
+        flags = koffs = keys = None
+        if keyed:
+            flags = PyBytes_FromStringAndSize(NULL, n)
+            koffs = PyBytes_FromStringAndSize(NULL, 4 * (n + 1))
+            keys = PyBytes_FromStringAndSize(NULL, ktotal)
+        (<uint32_t*>PyBytes_AS_STRING(voffs))[0] = 0
+        if keyed:
+            (<uint32_t*>PyBytes_AS_STRING(koffs))[0] = 0
+        for i in range(n):  # pass 2: columns (the elements are still held by the list)
+            element = elements[i]
+            if type(element) is bytes:
+                e = <const uint8_t*>PyBytes_AS_STRING(element)
+            else:
+                view = element
+                e = &view[0] if view.shape[0] else NULL
+            (<uint64_t*>PyBytes_AS_STRING(ids))[i] = frames[i].event_id
+            (<int64_t*>PyBytes_AS_STRING(stamps))[i] = frames[i].ts
+            if frames[i].vlen:
+                memcpy(PyBytes_AS_STRING(values) + at, e + frames[i].vstart, frames[i].vlen)
+            at += frames[i].vlen
+            (<uint32_t*>PyBytes_AS_STRING(voffs))[i + 1] = <uint32_t>at
+            if keyed:
+                (<uint8_t*>PyBytes_AS_STRING(flags))[i] = frames[i].klen >= 0
+                if frames[i].klen > 0:
+                    memcpy(PyBytes_AS_STRING(keys) + kat, e + frames[i].kstart, frames[i].klen)
+                    kat += frames[i].klen
+                (<uint32_t*>PyBytes_AS_STRING(koffs))[i + 1] = <uint32_t>kat
+            if (frames[i].event_id == 0) != (frames[0].event_id == 0):
+                mixed = True
+    finally:
+        PyMem_Free(frames)
+    id_view = memoryview(ids).cast("Q")
+    if frames_ids_bad(<const uint64_t*>PyBytes_AS_STRING(ids), n):
+        check_ids(id_view)  # (raises the model's own InvalidBatch, with its message)
+    elif mixed:
+        raise InvalidBatch("envelopes either all carry ids or all leave them to the hub")
+    return Batch(
+        validate_stream_name(stream),
+        id_view,
+        memoryview(stamps).cast("q"),
+        memoryview(voffs).cast("I"),
+        memoryview(values),
+        memoryview(flags) if keyed else None,
+        memoryview(koffs).cast("I") if keyed else None,
+        memoryview(keys) if keyed else None,
+    )
+
+
+# ------------------------------------------------------- RS.io over HTTP: length-prefixed body
+
+def decode_length_prefixed(const uint8_t[::1] body, max_elements=2**32):
+    """``protocols.rsio_http.codec.decode_length_prefixed_py``: the elements of a
+    length-prefixed body (each after its big-endian u32 length), one ``bytes`` each; the same
+    ``RemoteProtocolError``s for a body cut inside a length or an element, or with more than
+    ``max_elements``."""
+    cdef Py_ssize_t pos = 0, end = body.shape[0], count = 0
+    cdef Py_ssize_t limit = max_elements if max_elements < 2**62 else 2**62
+    cdef const uint8_t* b = &body[0] if end else NULL
+    cdef uint64_t size
+    cdef list out = []
+    while pos < end:
+        if end - pos < 4:
+            raise RemoteProtocolError("a length-prefixed body cut inside a length")
+        size = ((<uint64_t>b[pos] << 24) | (<uint64_t>b[pos + 1] << 16)
+                | (<uint64_t>b[pos + 2] << 8) | b[pos + 3])
+        pos += 4
+        if <uint64_t>(end - pos) < size:
+            raise RemoteProtocolError(f"a length-prefixed element of {size} bytes cut short")
+        out.append(PyBytes_FromStringAndSize(<const char*>(b + pos), <Py_ssize_t>size))
+        pos += <Py_ssize_t>size
+        count += 1
+        if count > limit:
+            raise RemoteProtocolError(f"more than {max_elements} elements in one body")
+    return out

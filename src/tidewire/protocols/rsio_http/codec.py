@@ -27,6 +27,7 @@ __all__ = [
     "decode_body",
     "decode_fixed_size",
     "decode_length_prefixed",
+    "decode_length_prefixed_py",
     "encode_fixed_size",
     "encode_length_prefixed",
     "length_prefixed_envelopes",
@@ -119,7 +120,9 @@ def encode_fixed_size(size: int, packed: bytes | bytearray | memoryview) -> byte
     return _U32.pack(size) + bytes(packed)
 
 
-def decode_length_prefixed(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+def decode_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+    """The elements of a length-prefixed body, one ``bytes`` each; ``RemoteProtocolError``
+    for a body cut inside a length or an element, or with more than ``max_elements``."""
     view = memoryview(body)
     out: list[bytes] = []
     pos, end = 0, len(body)
@@ -163,3 +166,4 @@ def decode_body(content_encoding: str | None, body: bytes) -> list[bytes]:
 # The compiled kernel when it is built and not switched off (tidewire.native), else the pure
 # function above, its specification.
 length_prefixed_envelopes = kernel("length_prefixed_envelopes", length_prefixed_envelopes_py)
+decode_length_prefixed = kernel("decode_length_prefixed", decode_length_prefixed_py)
