@@ -13,6 +13,7 @@ from pathlib import Path
 
 FLOOR = (
     "tidewire.model",
+    "tidewire.native",
     "tidewire.record",
     "tidewire.registry",
     "tidewire.protocols.rsio",
@@ -131,14 +132,18 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-FLOOR_LAYERS = ("tidewire.errors", "tidewire.model", "tidewire", "tidewire.registry")
-"""The error tree, the model, the package itself (which loads only the model) and the protocol
-registry (plain data, importing nothing)."""
+FLOOR_LAYERS = (
+    "tidewire.errors", "tidewire.model", "tidewire", "tidewire.registry", "tidewire.native"
+)
+"""The error tree, the model, the package itself (which loads only the model), the protocol
+registry (plain data, importing nothing) and the switch to the compiled kernels (which load
+only the model: docs/native.md)."""
 
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "tidewire.errors": (),
     "tidewire.registry": (),
     "tidewire.model": ("tidewire.errors",),
+    "tidewire.native": ("tidewire.errors", "tidewire.model"),
     "tidewire": ("tidewire.errors", "tidewire.model"),
     "tidewire.record": FLOOR_LAYERS,
     "tidewire.protocols": (*FLOOR_LAYERS, "tidewire.record"),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from . import __version__
+from . import __version__, native
 from .cli_cluster import ClusterUnavailable, cluster, offline_data_dir
 from .cli_options import (
     DATA_DIR_HELP,
@@ -54,7 +54,8 @@ __all__ = ["main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="tidewire")
+@click.version_option(__version__, prog_name="tidewire",
+                      message=f"%(prog)s, version %(version)s ({native.describe()})")  # fmt: skip
 def main() -> None:
     """tidewire: a durable event-streaming hub."""
 
@@ -116,6 +117,8 @@ def serve(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(config.log_level, str(config.values["log_format"]))
+    tuned = native.tune_allocator()  # (large transient buffers off mmap: docs/native.md)
+    logging.getLogger("tidewire").info("%s; malloc tuned: %s", native.describe(), tuned)
     try:
         run_server(config)
     except StorageUnavailable as exc:

@@ -50,6 +50,7 @@ from itertools import accumulate
 from crc32c import crc32c
 
 from .model import MAX_ID, Batch, InvalidBatch, TidewireError
+from .native import kernel
 
 __all__ = [
     "HEADER",
@@ -58,6 +59,10 @@ __all__ = [
     "RecordHeader",
     "decode_body",
     "encode",
+    "id_range",
+    "id_range_py",
+    "max_timestamp",
+    "max_timestamp_py",
     "merge",
     "parse_header",
 ]
@@ -113,7 +118,7 @@ def encode(batch: Batch, first_id: int | None = None) -> EncodedRecord:
         first, last = first_id, first_id + n - 1
         if first < 1 or last > MAX_ID:
             raise InvalidBatch(f"ids {first}..{last} are outside 1..2**63-1")
-        ids = memoryview(array("Q", range(first, last + 1))).cast("B")
+        ids = memoryview(id_range(first, n))
     attributes = 0
     body: list[memoryview] = [
         ids,
@@ -140,7 +145,7 @@ def encode(batch: Batch, first_id: int | None = None) -> EncodedRecord:
         pos = end
     view = memoryview(data)
     crc = crc32c(view[HEADER_SIZE:pos])
-    max_ts = max(batch.timestamps)
+    max_ts = max_timestamp(batch.timestamps)
     HEADER.pack_into(data, 0, length, MAGIC, attributes, 0, n, body_size, first, last, max_ts,
                      crc, 0)  # fmt: skip
     struct.pack_into("<I", data, _CRC_SPAN, crc32c(view[:_CRC_SPAN]))
@@ -289,3 +294,20 @@ def decode_body(
     if p != header.body_size or ids[0] != header.base_id or ids[n - 1] != header.last_id:
         raise ValueError("body layout disagrees with the header")
     return Batch(stream, ids, timestamps, value_offsets, values, key_flags, key_offsets, keys)
+
+
+def max_timestamp_py(timestamps: memoryview) -> int:
+    """The largest of ``timestamps`` (format ``q``; ``ValueError`` when empty)."""
+    return max(timestamps)
+
+
+def id_range_py(first: int, n: int) -> bytes:
+    """The ids ``first .. first + n - 1`` as u64 bytes (a record's ids, as the log assigned
+    them)."""
+    return array("Q", range(first, first + n)).tobytes()
+
+
+# The compiled kernels when they are built and not switched off (tidewire.native), else the
+# pure functions above: ``encode`` spent 42 of its 54 us for 1000 events in these two loops.
+max_timestamp = kernel("max_timestamp", max_timestamp_py)
+id_range = kernel("id_range", id_range_py)

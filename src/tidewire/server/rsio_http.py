@@ -62,11 +62,11 @@ from ..protocols.rsio_http import (
     Delivery,
     ServerSubscription,
     State,
+    length_prefixed_envelopes,
     length_prefixed_values,
     parse_count,
     split_query,
 )
-from ..protocols.rsio_http.bodies import length_prefixed_envelopes
 from ..record import encode as encode_record
 
 __all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal", "publisher_name"]
@@ -455,8 +455,8 @@ class RsioHttp:
             return state.prepared(body, count, LENGTH_PREFIXED)
         if count == 1:
             return state.prepared(encode_envelopes(batches[0])[0], 1, None)
-        # (one pass over the columns, one join: no bytes per envelope, see .bodies)
-        return state.prepared(length_prefixed_envelopes(batches), count, LENGTH_PREFIXED)
+        body = b"".join([length_prefixed_envelopes(b) for b in batches])  # (compiled: native)
+        return state.prepared(body, count, LENGTH_PREFIXED)
 
     async def _deliver(self, request: web.Request, sub: _Sub,
                        delivery: Delivery) -> web.StreamResponse:  # fmt: skip

@@ -33,6 +33,7 @@ from ...model import (
     now_ms,
     validate_stream_name,
 )
+from ...native import kernel
 from .varint import NeedData, pull_varint, varint_bytes
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "encode_envelopes",
     "envelope_parts",
     "envelopes_to_batch",
+    "envelopes_to_batch_py",
     "fixed_size_values",
     "pull_envelope_varint",
     "stamp_zero_timestamps",
@@ -89,7 +91,7 @@ def pull_envelope_varint(element: bytes | bytearray, pos: int) -> tuple[int, int
         raise ValueError("bad envelope: a varint is cut short or too long") from None
 
 
-def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch:
+def envelopes_to_batch_py(stream: str, elements: list[bytes]) -> Batch:
     """The batch of the envelope ``elements`` (as a subscriber receives them), decoded in one
     tight loop into the batch's column buffers. ``ValueError`` if one is malformed; ids must
     increase (:class:`InvalidBatch`) unless every id is 0 (publishing: assign them).
@@ -271,3 +273,8 @@ def decode_envelope(element: bytes) -> tuple[int, int, bytes | None, bytes]:
             raise ValueError("envelope key runs past the element")
         key, pos = element[pos:end], end
     return event_id, _unzigzag(ts), key, element[pos:]
+
+
+# The compiled kernel when it is built and not switched off (tidewire.native), else the pure
+# function above, its specification.
+envelopes_to_batch = kernel("envelopes_to_batch", envelopes_to_batch_py)

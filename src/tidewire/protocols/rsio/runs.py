@@ -24,6 +24,7 @@ from itertools import accumulate, chain, repeat
 from operator import add
 
 from ...model import Batch, InvalidBatch, RemoteProtocolError, TidewireError, check_ids
+from ...native import kernel
 from ..buffer import ReceiveBuffer
 from .envelopes import (
     columns_to_batch,
@@ -37,6 +38,9 @@ __all__ = [
     "OfferRun",
     "RunDecoder",
     "envelope_frames",
+    "envelope_frames_batch",
+    "envelope_frames_batch_py",
+    "envelope_frames_py",
     "envelope_run_decoder",
     "join_offer_parts",
     "offer_run_decoder",
@@ -68,7 +72,7 @@ _SMALL = [bytes((i,)) for i in range(0x80)]
 _LOW = [bytes((i | 0x80,)) for i in range(0x80)]
 
 
-def envelope_frames(subscriber: int, batch: Batch) -> bytes:
+def envelope_frames_py(subscriber: int, batch: Batch) -> bytes:
     """The ``onNext`` frames (variable-size mode) carrying ``batch``'s envelopes to
     ``subscriber``, back to back: what encoding :func:`encode_envelopes` one ``OnNext`` at a
     time gives, built in one pass (the hub's hot path; see ``Connection.send_frames``).
@@ -121,7 +125,7 @@ def envelope_frames(subscriber: int, batch: Batch) -> bytes:
     return b"".join(parts)
 
 
-def _envelope_frames_to_batch(
+def _frames_to_batch(
     stream: str,
     buf: bytes | bytearray,
     pos: int,
@@ -131,7 +135,27 @@ def _envelope_frames_to_batch(
     *,
     offer: bool = False,
 ) -> tuple[Batch | OfferRun | None, int, int]:
-    """Up to ``max_count`` complete frames ``prefix | length | envelope`` at ``buf[pos:]``.
+    """Up to ``max_count`` complete frames ``prefix | length | envelope`` at ``buf[pos:]``, as
+    a batch (``offer``: an :class:`OfferRun`), where they end and how many (0: none)."""
+    batch, end, count = envelope_frames_batch(stream, buf, pos, prefix, max_count, limit, offer)
+    if batch is None or not offer:
+        return batch, end, count
+    explicit = batch.ids[0] != 0
+    batch = batch if explicit else placeholder_ids(batch)
+    return OfferRun(batch, explicit_ids=explicit, nbytes=end - pos), end, count
+
+
+def envelope_frames_batch_py(
+    stream: str,
+    buf: bytes | bytearray,
+    pos: int,
+    prefix: bytes,
+    max_count: int,
+    limit: int,
+    offer: bool,
+) -> tuple[Batch | None, int, int]:
+    """Up to ``max_count`` complete frames ``prefix | length | envelope`` at ``buf[pos:]``:
+    ``(batch, end, count)``, or ``(None, pos, 0)`` when not even the first one decodes.
 
     Fast path, per frame: the prefix, a one- or two-byte length, then the envelope's id and
     timestamp compared in one ``startswith`` with those expected after the previous frame
@@ -217,9 +241,6 @@ def _envelope_frames_to_batch(
         batch = columns_to_batch(stream, ids, stamps, values, keyed)
     except (ValueError, TidewireError):
         return None, start, 0  # decoded frame by frame instead, where it is reported
-    if offer:
-        batch = batch if ids[0] else placeholder_ids(batch)
-        return OfferRun(batch, explicit_ids=ids[0] != 0, nbytes=pos - start), pos, count
     return batch, pos, count
 
 
@@ -292,7 +313,7 @@ def envelope_run_decoder(stream: str) -> RunDecoder:
         buf: ReceiveBuffer, prefix: bytes, max_count: int, limit: int
     ) -> tuple[Batch | None, int]:
         data, pos = buf.view()
-        value, end, count = _envelope_frames_to_batch(stream, data, pos, prefix, max_count, limit)
+        value, end, count = _frames_to_batch(stream, data, pos, prefix, max_count, limit)
         if count:
             buf.advance_to(end)
         return value, count  # type: ignore[return-value]
@@ -309,7 +330,7 @@ def offer_run_decoder(stream: str) -> RunDecoder:
         buf: ReceiveBuffer, prefix: bytes, max_count: int, limit: int
     ) -> tuple[OfferRun | None, int]:
         data, pos = buf.view()
-        value, end, count = _envelope_frames_to_batch(
+        value, end, count = _frames_to_batch(
             stream, data, pos, prefix, max_count, limit, offer=True
         )
         if count:
@@ -398,3 +419,9 @@ def _concat(batches: list[Batch], explicit_ids: bool) -> Batch:
         keys,
     )
     return joined if explicit_ids else placeholder_ids(joined)
+
+
+# The compiled kernels when they are built and not switched off (tidewire.native), else the
+# pure functions above, which are their specification.
+envelope_frames = kernel("envelope_frames", envelope_frames_py)
+envelope_frames_batch = kernel("envelope_frames_batch", envelope_frames_batch_py)

@@ -13,7 +13,9 @@ import re
 import struct
 from collections.abc import Sequence
 
-from ...model import RemoteProtocolError, TidewireError
+from ...model import Batch, RemoteProtocolError, TidewireError
+from ...native import kernel
+from ..rsio.envelopes import encode_envelopes
 
 __all__ = [
     "ERROR_HEADER",
@@ -25,8 +27,11 @@ __all__ = [
     "decode_body",
     "decode_fixed_size",
     "decode_length_prefixed",
+    "decode_length_prefixed_py",
     "encode_fixed_size",
     "encode_length_prefixed",
+    "length_prefixed_envelopes",
+    "length_prefixed_envelopes_py",
     "length_prefixed_values",
     "parse_count",
     "split_query",
@@ -102,6 +107,12 @@ def length_prefixed_values(values: memoryview, offsets: memoryview) -> bytes:
     return b"".join(parts)
 
 
+def length_prefixed_envelopes_py(batch: Batch) -> bytes:
+    """The length-prefixed body of ``batch``'s envelopes (``encode_envelopes``' elements), the
+    default format's response body, in one call per batch."""
+    return encode_length_prefixed(encode_envelopes(batch))
+
+
 def encode_fixed_size(size: int, packed: bytes | bytearray | memoryview) -> bytes:
     """``packed``: whole elements of ``size`` bytes each, back to back."""
     if size < 1 or len(packed) % size:
@@ -109,7 +120,9 @@ def encode_fixed_size(size: int, packed: bytes | bytearray | memoryview) -> byte
     return _U32.pack(size) + bytes(packed)
 
 
-def decode_length_prefixed(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+def decode_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+    """The elements of a length-prefixed body, one ``bytes`` each; ``RemoteProtocolError``
+    for a body cut inside a length or an element, or with more than ``max_elements``."""
     view = memoryview(body)
     out: list[bytes] = []
     pos, end = 0, len(body)
@@ -148,3 +161,9 @@ def decode_body(content_encoding: str | None, body: bytes) -> list[bytes]:
         size, packed = decode_fixed_size(body)
         return [bytes(packed[i : i + size]) for i in range(0, len(packed), size)]
     raise RemoteProtocolError(f"unknown Content-Encoding {content_encoding!r}")
+
+
+# The compiled kernel when it is built and not switched off (tidewire.native), else the pure
+# function above, its specification.
+length_prefixed_envelopes = kernel("length_prefixed_envelopes", length_prefixed_envelopes_py)
+decode_length_prefixed = kernel("decode_length_prefixed", decode_length_prefixed_py)

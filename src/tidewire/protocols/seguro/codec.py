@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...model import RemoteProtocolError
+from ...native import kernel
 
 __all__ = [
     "MAX_U16",
@@ -57,6 +58,8 @@ __all__ = [
     "Sent",
     "StreamedMany",
     "Welcome",
+    "many_run",
+    "many_run_py",
     "parse_event_header",
     "parse_number",
     "split_fields",
@@ -238,3 +241,53 @@ def parse_event_header(line: bytes, limits: Limits) -> tuple[int, int]:
         raise RemoteProtocolError(f"an event of {size} bytes exceeds the limit of "
                                   f"{limits.max_event_bytes}")  # fmt: skip
     return event_id, size
+
+
+def many_run_py(
+    buf: bytes | bytearray, pos: int, max_line: int, max_event: int, seen: int, last: int,
+    many: SaveMany,
+) -> tuple[list[int], list[bytes], int, int, int]:
+    """The complete ``EVENT`` frames of a ``SAVE MANY`` at ``buf[pos:]`` that the frame by
+    frame parse would accept (``seen`` events of ``many`` so far, the last of id ``last``), up
+    to 65536 of them: ``(ids, datas, pos, seen, last)`` after them. It stops, without a word,
+    at the first frame that is incomplete or that the frame by frame parse should judge
+    (a breach, long leading zeros...), which then does."""
+    ids: list[int] = []
+    datas: list[bytes] = []
+    end_buf = len(buf)
+    view = memoryview(buf)
+    try:
+        while buf.startswith(b"EVENT ", pos) and len(ids) < 65536:
+            nl = buf.find(b"\n", pos, pos + max_line + 1)
+            if nl < 0:
+                break
+            fields = bytes(buf[pos + 6 : nl]).split(b" ")
+            if len(fields) != 2 or not all(f.isdigit() and f.isascii() and len(f) <= 20
+                                           for f in fields):  # fmt: skip
+                break  # the frame by frame path says why (or takes long leading zeros)
+            event_id, size = int(fields[0]), int(fields[1])
+            if event_id > MAX_U64 or size > max_event:
+                break
+            end = nl + 1 + size
+            if end + 2 > end_buf:
+                break
+            if (
+                (seen == 0 and event_id != many.start)
+                or (seen and event_id <= last)
+                or (event_id > many.end or seen + 1 > many.count)
+            ):
+                break
+            if buf[end : end + 2] != b"\n\n":
+                break
+            ids.append(event_id)
+            datas.append(bytes(view[nl + 1 : end]))  # (one copy: no slice first)
+            seen, last = seen + 1, event_id
+            pos = end + 2
+    finally:
+        view.release()  # (the store may grow again)
+    return ids, datas, pos, seen, last
+
+
+# The compiled kernel when it is built and not switched off (tidewire.native), else the pure
+# function above, its specification.
+many_run = kernel("seguro_many_run", many_run_py)

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from ...model import MAX_ID, LocalProtocolError, RemoteProtocolError
 from ..buffer import ReceiveBuffer
 from .codec import (
-    MAX_U64,
     Breach,
     Event,
     Hello,
@@ -40,6 +39,7 @@ from .codec import (
     Save,
     SaveMany,
     StreamedMany,
+    many_run,
     parse_event_header,
     parse_number,
     split_fields,
@@ -364,41 +364,10 @@ class ServerSession(Session):
         assert self._many is not None
         rx, many = self._rx, self._many
         buf, pos = rx.view()
-        end_buf = len(buf)
-        max_line, max_event = self.limits.max_line_bytes, self.limits.max_event_bytes
-        ids: list[int] = []
-        datas: list[bytes] = []
-        seen, last = self._many_seen, self._many_last
-        view = memoryview(buf)
-        try:
-            while buf.startswith(b"EVENT ", pos) and len(ids) < 65536:
-                nl = buf.find(b"\n", pos, pos + max_line + 1)
-                if nl < 0:
-                    break
-                fields = bytes(buf[pos + 6 : nl]).split(b" ")
-                if len(fields) != 2 or not all(f.isdigit() and f.isascii() and len(f) <= 20
-                                               for f in fields):  # fmt: skip
-                    break  # the frame by frame path says why (or takes long leading zeros)
-                event_id, size = int(fields[0]), int(fields[1])
-                if event_id > MAX_U64 or size > max_event:
-                    break
-                end = nl + 1 + size
-                if end + 2 > end_buf:
-                    break
-                if (
-                    (seen == 0 and event_id != many.start)
-                    or (seen and event_id <= last)
-                    or (event_id > many.end or seen + 1 > many.count)
-                ):
-                    break
-                if buf[end : end + 2] != b"\n\n":
-                    break
-                ids.append(event_id)
-                datas.append(bytes(view[nl + 1 : end]))  # (one copy: no slice first)
-                seen, last = seen + 1, event_id
-                pos = end + 2
-        finally:
-            view.release()  # (the store may grow again)
+        limits = self.limits
+        ids, datas, pos, seen, last = many_run(buf, pos, limits.max_line_bytes,
+                                               limits.max_event_bytes, self._many_seen,
+                                               self._many_last, many)  # fmt: skip
         if not ids:
             return None
         rx.advance_to(pos)
