@@ -7,8 +7,11 @@ uvloop, over 127.0.0.1):
 
 * ``tube_plain_1MiB``: Tube messages split into 64 KiB fragments (the receiver asked for 64 KiB),
   not compressed: the sender's :class:`tidewire.protocols.tube.Connection` splits each message
-  into 16 WebSocket messages, the receiver's reassembles them. Baseline: the same bytes as one
-  plain aiohttp WebSocket message each (``send_bytes`` / ``receive``). Goal: ratio >= 0.7.
+  into 16 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
+  does (``messages_to_send``: each message's head, Tube header and payload views in one
+  ``writelines``, no join; issue 22), and the receiver's reassembles them. Baseline: the same
+  bytes as one plain aiohttp WebSocket message each (``send_bytes`` / ``receive``). Goal:
+  ratio >= 0.7.
 * ``tube_deflate_json_1MiB``: the same with compressible JSON and ``compression="always"``
   (zlib level 1 on the sender, inflate on the receiver), against plain messages of the same
   JSON; MB/s counts the uncompressed bytes. No goal: it shows what deflate costs and saves.
@@ -28,13 +31,14 @@ import os
 import subprocess
 import sys
 import time
-from typing import Literal
+from typing import Literal, cast
 
 from aiohttp import WSMsgType, web
 from aiohttp.client import ClientSession
 
 from _common import LinePump, Processes, loop_factory, note
 from tidewire.protocols.tube import Connection, MessageReceived, Role
+from tidewire.server.tube import binary_frame_head, writes_lines
 
 MESSAGE_BYTES = 1024 * 1024
 FRAGMENT = 64 * 1024
@@ -64,7 +68,7 @@ def payload(kind: str) -> bytes:
 async def serve() -> None:
     async def handler(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=MAX_MSG, compress=False)
-        await ws.prepare(request)
+        frames = await ws.prepare(request)
         kind = request.query["kind"]
         n = int(request.query["n"])
         data = payload(kind)
@@ -80,10 +84,17 @@ async def serve() -> None:
             tube.receive_data(first.data, loop.time())
             for message in tube.data_to_send():  # the server's
                 await ws.send_bytes(message)
+            # As the hub's TubeCarrier sends: each WebSocket message framed here, its head and
+            # parts (the Tube header, views of the payload) in one writelines, then drain.
+            transport = cast(asyncio.WriteTransport, request.transport)
+            assert writes_lines(transport)
+            assert frames is not None
             for _ in range(n):
                 tube.send(data, loop.time())
-                for message in tube.data_to_send():
-                    await ws.send_bytes(message)
+                for parts in tube.messages_to_send():
+                    size = sum(len(part) for part in parts)
+                    transport.writelines([binary_frame_head(size), *parts])
+                    await frames.drain()
         await ws.receive()  # the receiver closes when it has everything
         return ws
 
@@ -123,7 +134,7 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
             while got < n:
                 message = await ws.receive()
                 if message.type != WSMsgType.BINARY:
-                    raise RuntimeError(f"unexpected {message.type}")
+                    raise RuntimeError(f"unexpected {message.type} {message.data!r}")
                 tube.receive_data(message.data, loop.time())
                 while (event := tube.next_event()) is not None:
                     if isinstance(event, MessageReceived):  # a deflated one comes in parts

@@ -70,7 +70,8 @@ from ..protocols.tube import (
 from .rsio_http import principal
 from .rsio_session import RsioSession, RsioSettings
 
-__all__ = ["TubeCarrier", "TubeSettings", "add_tube_route", "origin_allowed"]
+__all__ = ["TubeCarrier", "TubeSettings", "add_tube_route", "binary_frame_head", "origin_allowed",
+           "writes_lines"]
 
 log = logging.getLogger("tidewire.tube")
 
@@ -430,14 +431,14 @@ class TubeCarrier:
         takes one buffer and writes a big one as two writes, head then payload); then the
         response's ``drain`` waits while the transport is over its high-water mark."""
         http, frames = self.http, self.frames
-        if frames is None or not isinstance(http, asyncio.WriteTransport):
+        if frames is None or http is None or not writes_lines(http):
             # (aiohttp takes any bytes-like object, a view too, though typed bytes)
             await self.ws.send_bytes(cast(bytes, parts[0] if len(parts) == 1
                                           else b"".join(parts)))  # fmt: skip
             return
         if self.ws.closed or http.is_closing():  # (never a data frame after the close frame)
             raise ConnectionResetError("the WebSocket is closing")
-        http.writelines([_binary_frame_head(size), *parts])
+        cast(asyncio.WriteTransport, http).writelines([binary_frame_head(size), *parts])
         await frames.drain()
 
     async def _write(self) -> None:
@@ -469,7 +470,15 @@ class TubeCarrier:
                                     message=self.close_reason[:120].encode())  # fmt: skip
 
 
-def _binary_frame_head(size: int) -> bytes:
+def writes_lines(transport: asyncio.BaseTransport) -> bool:
+    """Whether ``transport`` takes a message's parts in one ``writelines``: asyncio's and
+    uvloop's TCP and TLS transports do. uvloop's are not subclasses of
+    ``asyncio.WriteTransport`` (an ``isinstance`` test sent every message of a hub on uvloop,
+    the way ``serve`` runs, down the joining fallback), so this looks for the method."""
+    return callable(getattr(transport, "writelines", None))
+
+
+def binary_frame_head(size: int) -> bytes:
     """RFC 6455 5.2: the head of an unmasked (server to client), final, binary frame."""
     if size < 126:
         return bytes((0x82, size))
