@@ -30,7 +30,7 @@ def test_both_ends_of_a_tcp_connection_take_writelines(run: Runner) -> None:
             assert writes_lines(writer.transport)
             assert writes_lines(served.transport)
             # and what the carrier writes that way arrives whole, in order
-            parts = [b"\x00tube", memoryview(b"x" * 70000)[5:], b"end"]
+            parts: list[bytes | memoryview] = [b"\x00tube", memoryview(b"x" * 70000)[5:], b"end"]
             size = sum(len(p) for p in parts)
             served.transport.writelines([binary_frame_head(size), *parts])
             head = await asyncio.wait_for(reader.readexactly(10), 10)
