@@ -493,8 +493,8 @@ class Log:
         pending, stream.unpublished = stream.unpublished, None
         if pending is None or self._journal is None:
             return written
-        try:
-            seconds = await asyncio.shield(self._journal.durable(pending.lsn))
+        try:  # (not shielded: the future is this committer's alone, and a shield costs a turn)
+            seconds = await self._journal.durable(pending.lsn)
         except Exception as exc:  # the journal failed: so does the stream (ids not free)
             if stream.failed is None:
                 stream.failed = exc
