@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..model import LogClosedError
@@ -92,6 +92,7 @@ class _Shared:
     next_lsn: int
     pending: list[tuple[int, list[bytes | bytearray | memoryview]]] = field(default_factory=list)
     durable_lsn: int = 0
+    durable_seconds: float = 0.0  # what the fdatasync of the round that made it durable took
     durable_total: int = 0  # ring bytes used (waste included) up to the durable entry
     durable_offset: int = 0  # where the entry after the durable one goes
     total: int = 0  # ring bytes used so far, ever (waste included)
@@ -131,6 +132,7 @@ class Journal:
         self._seq = 0  # the last checkpoint's
         self._kick_pending = False  # a _kick is scheduled on a loop
         self._round_lock = threading.Lock()  # one round at a time (syncer or a leader)
+        self._local = threading.local()  # .deferred: in a batch() on this thread
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -213,9 +215,12 @@ class Journal:
         ``synced``: the segment was fdatasynced already and the entry carries no payload.
         Raises :class:`LogClosedError` once the journal has failed."""
         raw = key.encode()
+        deferred = getattr(self._local, "deferred", False)  # (in a batch: it leads at its end)
         try:  # on an event loop's thread, the syncer is woken once per loop iteration
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
+            loop = None
+        if deferred:
             loop = None
         with self._lock:
             s = self._s
@@ -232,10 +237,25 @@ class Journal:
             if loop is not None and not self._kick_pending:
                 self._kick_pending = True
                 loop.call_soon(self._kick)
-        if loop is None and not self._lead():
+        if loop is None and not deferred and not self._lead():
             with self._lock:
                 self._cond.notify_all()  # a round is in progress: the syncer takes the rest
         return lsn
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Within the block, :meth:`submit` on this thread only queues; at its end one round
+        takes everything queued (on this thread, unless one is in progress: then the syncer
+        does, after it). The log's committer submits a whole round of streams this way, so
+        that they share one fdatasync instead of the first of them leading a round alone."""
+        self._local.deferred = True
+        try:
+            yield
+        finally:
+            self._local.deferred = False
+            if not self._lead():
+                with self._lock:
+                    self._cond.notify_all()
 
     def _kick(self) -> None:
         """Run a round for the entries submitted from the loop during its last iteration: the
@@ -284,8 +304,8 @@ class Journal:
         future: asyncio.Future[float] = loop.create_future()
         with self._lock:
             s = self._s
-            if s.durable_lsn >= lsn:
-                future.set_result(0.0)
+            if s.durable_lsn >= lsn:  # (a batch's round, say: led before its committer waits)
+                future.set_result(s.durable_seconds)
             elif s.failed is not None:
                 future.set_exception(LogClosedError(f"the journal failed: {s.failed}"))
             else:
@@ -356,7 +376,7 @@ class Journal:
         self.fsyncs += 1
         with self._lock:
             s = self._s
-            s.durable_lsn = last
+            s.durable_lsn, s.durable_seconds = last, seconds
             s.durable_total, s.durable_offset = s.total, self._offset
             ready = [w for w in s.waiters if w.lsn <= last]
             s.waiters = [w for w in s.waiters if w.lsn > last]
