@@ -247,13 +247,20 @@ class Journal:
         """Within the block, :meth:`submit` on this thread only queues; at its end one round
         takes everything queued (on this thread, unless one is in progress: then the syncer
         does, after it). The log's committer submits a whole round of streams this way, so
-        that they share one fdatasync instead of the first of them leading a round alone."""
+        that they share one fdatasync instead of the first of them leading a round alone.
+
+        On an event loop's thread, a round of several entries goes to the syncer thread: the
+        loop then reads, parses and writes the next commits while the disk flushes (measured
+        with 16 Seguro points: about +14%); one entry alone (one stream: a lone ``SAVE``)
+        is still flushed on the loop, which spares it the hand-off (docs/log.md)."""
         self._local.deferred = True
         try:
             yield
         finally:
             self._local.deferred = False
-            if not self._lead():
+            with self._lock:  # (see the docstring: several streams on a loop's thread)
+                handoff = len(self._s.pending) > 1 and _on_a_loop()
+            if handoff or not self._lead():
                 with self._lock:
                     self._cond.notify_all()
 
@@ -506,6 +513,14 @@ class Journal:
             waiters, self._s.waiters = self._s.waiters, []
             self._cond.notify_all()
         _wake(waiters, None, LogClosedError(f"the journal failed: {exc!r}"))
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def sync_dir(path: str) -> None:
