@@ -1,9 +1,9 @@
 """The write-ahead journal of a log directory: one fsync makes any number of streams' commits
 durable (docs/log.md, "Write-ahead journal").
 
-Each stream keeps its own group committer (ids, fences, refusals: :mod:`tidewire.log.store`),
-but a round no longer ends with an fdatasync of that stream's segment: the committer writes its
-group to the segment (page cache only), hands the same bytes to the journal (:meth:`submit`) and
+The log's committer (:mod:`tidewire.log.committer`) no longer ends a stream's group with an
+fdatasync of its segment: it writes each group of its round to its segment (page cache only),
+hands the same bytes to the journal (:meth:`submit`, the whole round in one :meth:`batch`) and
 waits (:meth:`durable`). The journal is itself a group-commit service: one syncer thread takes
 every entry submitted while it was busy, writes them with one ``pwrite`` per contiguous run of
 the ring and makes them durable with one ``fdatasync``, then wakes every waiter of the round.
