@@ -88,6 +88,10 @@ class Committer:
         self.task: asyncio.Task[None] | None = None  # the shared task, while it has work
         self.solo: set[asyncio.Task[None]] = set()  # groups on their own
 
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The tasks committing now (a round that ends may start another: wait in a loop)."""
+        return [*self.solo, *([self.task] if self.task is not None else [])]
+
     def ready(self, queue: StreamQueue) -> None:
         """``queue`` has appends waiting: commit them in the next round (or on their own)."""
         if queue.busy:
@@ -160,7 +164,10 @@ class Committer:
         loop = asyncio.get_running_loop()
         if total <= log.config.inline_commit_bytes:  # small: on this thread
             write: asyncio.Future[list[Outcome]] = loop.create_future()
-            write.set_result(self._write_all(jobs))
+            try:
+                write.set_result(self._write_all(jobs))
+            except BaseException as exc:  # (settled below, with the streams failed)
+                write.set_exception(exc)
         else:
             write = loop.run_in_executor(None, self._write_all, jobs)
         for queue in queues:

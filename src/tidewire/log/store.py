@@ -175,9 +175,7 @@ class Log:
         if self._closed:
             return
         self._closed = True
-        committer = self._committer
-        tasks = [*committer.solo, *([committer.task] if committer.task is not None else [])]
-        if tasks:
+        while tasks := self._committer.tasks():
             await asyncio.gather(*tasks, return_exceptions=True)
         # A committer cancelled mid-write left its write running in the worker thread: the
         # files stay open, and the directory locked, until it is done.
