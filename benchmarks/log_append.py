@@ -75,6 +75,7 @@ from _common import (
     note,
     raw_fdatasync_rate,
 )
+from tidewire.config import SETTINGS
 from tidewire.log import Log, LogConfig
 from tidewire.model import Batch
 
@@ -148,6 +149,11 @@ def check_log_count(log: Log, expected: int) -> None:
         raise RuntimeError(f"tidewire's latest id is {log.latest(STREAM)}, expected {expected}")
 
 
+SERVE_CONFIG = LogConfig(inline_commit_bytes=SETTINGS["log.inline_commit_bytes"][1])
+"""The log as ``tidewire serve`` opens it (its ``log.inline_commit_bytes``, 64 KiB: small commit
+rounds are written on the loop's thread), not the library's default (0: every round in a worker
+thread): these figures stand for the server's log (benchmarks/README.md says why)."""
+
 # --------------------------------------------------------------------------- figures 1 and 2
 
 
@@ -155,7 +161,7 @@ async def tidewire_batched(parent: str, value_size: int, budget: float) -> float
     batch = make_batch(make_values(value_size, BATCH_EVENTS))
     max_calls = max(1, MAX_BYTES_PER_MEASUREMENT // (BATCH_EVENTS * value_size))
     with fresh_dir(parent, "tw-batched-") as directory:
-        log = Log.open(directory, LogConfig())
+        log = Log.open(directory, SERVE_CONFIG)
         try:
             await log.append(batch, assign_ids=True)  # creates the stream (warm-up)
             calls = 0
@@ -225,7 +231,7 @@ async def tidewire_concurrent(parent: str, budget: float) -> float:
     batches = [make_batch(make_values(SMALL, 1)) for _ in range(WRITERS)]
     max_per_writer = MAX_BYTES_PER_MEASUREMENT // (WRITERS * SMALL)
     with fresh_dir(parent, "tw-concurrent-") as directory:
-        log = Log.open(directory, LogConfig())
+        log = Log.open(directory, SERVE_CONFIG)
         try:
             await log.append(batches[0], assign_ids=True)  # creates the stream (warm-up)
             counts, elapsed = await timed_appenders(log, batches, max_per_writer, budget)
@@ -278,7 +284,7 @@ async def tidewire_many_streams(parent: str, writers: int, budget: float) -> flo
     ]
     max_per_writer = max(1, MAX_BYTES_PER_MEASUREMENT // (writers * SMALL))
     with fresh_dir(parent, f"tw-many-{writers}-") as directory:
-        log = Log.open(directory, LogConfig())
+        log = Log.open(directory, SERVE_CONFIG)
         try:
             await asyncio.gather(*(log.append(b, assign_ids=True) for b in batches))  # warm-up
             counts, elapsed = await timed_appenders(log, batches, max_per_writer, budget)

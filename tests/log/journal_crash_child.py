@@ -3,9 +3,10 @@ streams, through the write-ahead journal, until it is killed.
 
 Usage: ``python journal_crash_child.py DIRECTORY STREAMS INLINE``
 
-``INLINE`` is ``inline_commit_bytes``: 0 writes every group in a worker thread (whose submit
-may run a journal round itself), 65536 on the loop (a round run on the loop once per iteration,
-or by the syncer thread when one is in progress): both paths of docs/log.md, "The commit path".
+``INLINE`` is ``inline_commit_bytes``: 0 writes every committer round in a worker thread (which
+then runs the journal round itself), 65536 on the loop (the journal round run by the syncer
+thread when it holds several streams' entries or one is in progress, else on the loop): both
+paths of docs/log.md, "The commit path".
 
 Prints ``READY`` once the log is open (recovery done), then ``ACK <stream index> <id>`` once each
 append has returned (the event is durable). Each appender gives its events their own ids,

@@ -1,14 +1,15 @@
 """The durable log of a data directory: every stream, group commit, and live-tail notification.
 
 Group commit: :meth:`Log.append` checks a batch in full and makes sure it owns its buffers, on
-the event loop, then queues it on its stream and waits. One committer task per stream takes
-*everything* queued, encodes it (runs of small batches share a record) and writes it with one
-``pwritev`` (small groups on the loop's thread, others in a worker thread). With the write-ahead
-journal (the default, :mod:`.journal`) it then waits for the journal, whose one ``fdatasync``
-serves every stream that committed meanwhile; without it, the write ends with an
-``fdatasync`` of the segment. Then it publishes the group and wakes every appender of it at
-once. Appenders that arrive while the disk is busy form the next group, so N concurrent writers
-cost one flush per round, not N. ``append`` returns only once the data is durable.
+the event loop, then queues it on its stream and waits. One committer per log
+(:mod:`.committer`) takes, each round, *everything* queued on every stream, encodes each
+stream's group (runs of small batches share a record) and writes it with one ``pwritev``
+(small rounds on the loop's thread, others in a worker thread). With the write-ahead journal
+(the default, :mod:`.journal`) it then waits once for the journal, whose one ``fdatasync``
+serves every stream of the round; without it, each group ends with an ``fdatasync`` of its
+segment. Then it publishes the groups and wakes their appenders. Appenders that arrive while
+the disk is busy form the next round, so N concurrent writers cost one flush per round, not N.
+``append`` returns only once the data is durable.
 
 Ids are either the caller's (they must exceed the stream's latest id, counting batches still
 queued: Seguro's rule) or assigned by the log as latest + 1, latest + 2, ...
@@ -32,9 +33,8 @@ import logging
 import os
 import shutil
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..model import (
     MAX_ID,
@@ -44,12 +44,12 @@ from ..model import (
     InvalidBatch,
     LimitExceeded,
     LogClosedError,
-    LogError,
     StorageFullError,
     UnknownStream,
     validate_stream_name,
 )
 from ..record import HEADER_SIZE
+from .committer import Committer, GroupItems, GroupWriter, GroupWritten, Pending, StreamQueue
 from .config import LogConfig
 from .grouping import encode_group
 from .journal import Journal, JournalState
@@ -70,40 +70,6 @@ that it bounds the memory held and not only the payload: without it, a stream of
 appends (the hub's own state records, ten a second) kept about ten times its bound."""
 
 
-GroupItems = list[tuple[Batch, int | None]]
-"""A group to commit: each batch with the first id the log assigns it (``None``: its own)."""
-GroupWritten = tuple[list[Batch], list[Batch], float | None]
-"""A group written: the batch stored per item, the records' batches, the fsync's seconds."""
-GroupWriter = Callable[[StreamLog, GroupItems], GroupWritten]
-"""What :attr:`Log.write_group` is: encode a group and write it durably, or raise."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    batch: Batch
-    first_id: int | None  # ids assigned by the log start here; None: the batch's own ids
-    size: int
-    future: asyncio.Future[Batch]
-
-
-@dataclass(slots=True)
-class _Writer:
-    """Per-stream group-commit state (event-loop side)."""
-
-    stream: StreamLog
-    latest: int  # the latest id accepted, queued ones included
-    recent: deque[Batch] = field(default_factory=deque)  # newest commits, bounded in bytes
-    recent_bytes: int = 0
-    queue: list[_Pending] = field(default_factory=list)
-    queued_bytes: int = 0
-    inflight_bytes: int = 0  # the group being written
-    task: asyncio.Task[None] | None = None
-    room: asyncio.Event = field(default_factory=asyncio.Event)
-    admission: asyncio.Lock = field(default_factory=asyncio.Lock)
-    waiting: int = 0  # appenders in the admission queue
-    writing: asyncio.Future[tuple[list[Batch], list[Batch], float | None]] | None = None
-
-
 @dataclass(slots=True)
 class _Tail:
     """The waiters for the next commit of one stream."""
@@ -120,7 +86,8 @@ class Log:
         self.config = config
         self.read_only = read_only
         self._streams: dict[str, StreamLog] = {}
-        self._writers: dict[str, _Writer] = {}
+        self._writers: dict[str, StreamQueue] = {}
+        self._committer = Committer(self, self._refused, self._notify, self._remember)
         self._tails: dict[str, _Tail] = {}
         self._lock_fd = -1
         self._closed = False
@@ -208,14 +175,13 @@ class Log:
         if self._closed:
             return
         self._closed = True
-        tasks = [w.task for w in self._writers.values() if w.task is not None]
-        if tasks:
+        while tasks := self._committer.tasks():
             await asyncio.gather(*tasks, return_exceptions=True)
         # A committer cancelled mid-write left its write running in the worker thread: the
         # files stay open, and the directory locked, until it is done.
-        writes = [w.writing for w in self._writers.values() if w.writing is not None]
+        writes = {id(w.writing): w.writing for w in self._writers.values() if w.writing}
         if writes:
-            await asyncio.gather(*writes, return_exceptions=True)
+            await asyncio.gather(*writes.values(), return_exceptions=True)
         for tail in self._tails.values():
             if not tail.future.done():
                 tail.future.set_result(None)
@@ -262,7 +228,9 @@ class Log:
 
     def committer(self, name: str) -> asyncio.Task[None] | None:
         """The task group-committing ``name``'s queued appends while there are any (else
-        ``None``). Cancelled mid-write, it fails the stream, as a crash there would."""
+        ``None``): the log's one committer, or a task of the stream's own for a big group
+        (:mod:`.committer`). Cancelled mid-write, it fails every stream it was writing, as a
+        crash there would."""
         writer = self._writers.get(name)
         return writer.task if writer is not None else None
 
@@ -370,7 +338,7 @@ class Log:
         writer = self._writers.get(batch.stream)
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)
-            writer = self._writers[batch.stream] = _Writer(stream, stream.latest)
+            writer = self._writers[batch.stream] = StreamQueue(stream, stream.latest)
         if writer.waiting or self._full(writer, estimate):
             # FIFO: while anyone waits (for the lock or for room), newcomers queue behind it;
             # the count covers the hand-off, when the lock is free but its next owner not yet
@@ -391,12 +359,12 @@ class Log:
             self.on_append(time.perf_counter() - started)
         return stored
 
-    def _full(self, writer: _Writer, size: int) -> bool:
+    def _full(self, writer: StreamQueue, size: int) -> bool:
         pending = writer.queued_bytes + writer.inflight_bytes
         return pending > 0 and pending + size > self.config.max_pending_bytes
 
     def _enqueue(
-        self, writer: _Writer, batch: Batch, assign_ids: bool, size: int, fence: int | None
+        self, writer: StreamQueue, batch: Batch, assign_ids: bool, size: int, fence: int | None
     ) -> asyncio.Future[Batch]:
         """Check the ids and queue the batch, with no wait in between, so that the queue's order
         is the id order. Returns the future of the stored batch."""
@@ -416,93 +384,12 @@ class Log:
         # No shield on this future: cancelling the caller cancels only its own future; the write
         # goes on, and the committer skips futures that are already done.
         future: asyncio.Future[Batch] = asyncio.get_running_loop().create_future()
-        writer.queue.append(_Pending(batch, first_id, size, future))
+        writer.queue.append(Pending(batch, first_id, size, future))
         writer.queued_bytes += size
-        if writer.task is None:
-            writer.task = asyncio.create_task(self._commit_loop(writer))
+        self._committer.ready(writer)
         return future
 
-    async def _commit_loop(self, writer: _Writer) -> None:
-        loop = asyncio.get_running_loop()
-        stream = writer.stream
-        try:
-            while True:
-                if not writer.queue:
-                    # Let the appenders just woken by the last commit enqueue their next batch,
-                    # so that they join the next group instead of each starting a new round.
-                    await asyncio.sleep(0)
-                    if not writer.queue:
-                        break
-                group, writer.queue = writer.queue, []
-                writer.inflight_bytes, writer.queued_bytes = writer.queued_bytes, 0
-                items = [(p.batch, p.first_id) for p in group]
-                if writer.inflight_bytes <= self.config.inline_commit_bytes:
-                    write = writer.writing = loop.create_future()  # small: on this thread
-                    try:
-                        write.set_result(self.write_group(stream, items))
-                    except Exception as exc:
-                        write.set_exception(exc)
-                else:
-                    write = writer.writing = loop.run_in_executor(
-                        None, self.write_group, stream, items
-                    )
-                try:
-                    stored, kept, fsync_seconds = await self._settle(stream, write)
-                except BaseException as exc:
-                    if isinstance(exc, asyncio.CancelledError) and stream.failed is None:
-                        stream.failed = RuntimeError("the committer was cancelled mid-write")
-                    error: LogError
-                    if isinstance(exc, StorageFullError) and stream.failed is None:
-                        # Refused for want of space, nothing written: the stream stays open.
-                        # What is queued behind the group fails too (its ids were counted
-                        # from the group's), and so does any fenced append still on its way.
-                        error = exc
-                        self._refused(exc)
-                    else:
-                        error = LogClosedError(f"stream {stream.name!r}: append failed: {exc!r}")
-                    for pending in (*group, *writer.queue):
-                        if not pending.future.done():
-                            pending.future.set_exception(error)
-                    writer.queue, writer.queued_bytes = [], 0
-                    if stream.failed is None:  # nothing was written: the ids are free again
-                        writer.latest = stream.latest
-                    self._notify(stream.name)  # (those waiting for the queue to settle)
-                    if not isinstance(exc, Exception):
-                        raise
-                    return
-                finally:
-                    writer.inflight_bytes = 0
-                    writer.room.set()
-                writer.writing = None
-                if fsync_seconds is not None and self.on_fsync is not None:
-                    self.on_fsync(fsync_seconds)
-                for pending, batch in zip(group, stored, strict=True):
-                    if not pending.future.done():
-                        pending.future.set_result(batch)
-                self._remember(writer, kept)
-                self._notify(stream.name)
-        finally:
-            writer.task = None
-            writer.room.set()
-
-    async def _settle(self, stream: StreamLog, write: asyncio.Future[GroupWritten]) -> GroupWritten:
-        """Wait for a group's write and, if it went through the journal, for its entry to be
-        durable; then publish it (readers never see an event before it is durable)."""
-        # Shielded: the thread writes whatever happens to this task, which must know it.
-        written = await asyncio.shield(write)
-        pending, stream.unpublished = stream.unpublished, None
-        if pending is None or self._journal is None:
-            return written
-        try:
-            seconds = await asyncio.shield(self._journal.durable(pending.lsn))
-        except Exception as exc:  # the journal failed: so does the stream (ids not free)
-            if stream.failed is None:
-                stream.failed = exc
-            raise
-        stream.publish_written(pending)
-        return written[0], written[1], seconds
-
-    def _remember(self, writer: _Writer, batches: list[Batch]) -> None:
+    def _remember(self, writer: StreamQueue, batches: list[Batch]) -> None:
         """Keep the newest committed batches in memory so live tails read without disk I/O."""
         limit = self.config.recent_bytes
         for batch in batches:
@@ -534,7 +421,7 @@ class Log:
         """Encode a group (in a worker thread) and write it durably. Returns the batch stored for
         each item, the batches of the records written, and how long the fsync took."""
         records, stored = encode_group(items, self.config.max_record_bytes)
-        if self._journal is not None:  # durable once the journal says so (see _settle)
+        if self._journal is not None:  # durable once the journal says so (.committer)
             stream.write_ahead(records, self._journal)
             return stored, [r.batch for r in records], None
         fsync_seconds = stream.write(records, fsync=self.config.fsync)
