@@ -6,8 +6,9 @@ under a minute: fewer elements and rounds). ``--dir`` picks where the temporary 
 read from real segment files). First it runs ``benchmarks/peers.sh``, which installs what is
 missing: Debian's ``nats-server`` and, into the venv, ``nats-py`` and ``rsocket`` (rsocket-py).
 
-Everything runs on 127.0.0.1, one subscriber in this process (uvloop when installed), each
-producer in its own process. What moves, per value size (16 B, 1 KiB, 64 KiB):
+Everything runs on 127.0.0.1, one subscriber in this process (uvloop when installed; glibc's
+malloc tuned with ``tidewire.native.tune_allocator()``, as ``tidewire serve`` tunes the hub's),
+each producer in its own process. What moves, per value size (16 B, 1 KiB, 64 KiB):
 
 - tidewire: one stream per value size is filled beforehand with :class:`tidewire.log.Log`
   (appends of 1000 events, at most 1 MiB of values, each one record; written without fsync, the
@@ -84,6 +85,7 @@ from _common import (
 )
 from tidewire.log import Log, LogConfig
 from tidewire.model import Batch
+from tidewire.native import tune_allocator
 
 T = TypeVar("T")
 
@@ -722,6 +724,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-install", action="store_true", help="do not run peers.sh first")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
+    # The subscribers' process (ours, not a library's host) tunes glibc's malloc as
+    # ``tidewire serve`` does: without it, each 64 KiB delivery's values column (a fresh ~1 MiB
+    # block) is mmapped and page-faulted anew, ~13 faults per element (README, rsio_throughput
+    # "issue 22, round 2"). The peers' processes are untouched; the socket ceiling reads into one
+    # preallocated buffer either way.
+    tuned = tune_allocator()
     base = choose_base(args.dir)
     kind = fs_type(base)
     if kind in RAM_FILE_SYSTEMS:
@@ -734,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
         install_peers()
     note(
         f"rsio_throughput: {'quick' if args.quick else 'full'} run, {settings.rounds} rounds, "
-        f"temp dirs in {base} ({kind})"
+        f"temp dirs in {base} ({kind}); subscriber allocator tuned: {tuned}"
     )
     try:
         run(settings, base)

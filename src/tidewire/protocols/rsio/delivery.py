@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from ...model import Batch, LocalProtocolError
 from ...record import encode as encode_record
 from .codec import encode
-from .envelopes import envelope_parts, fixed_size_values
+from .envelopes import fixed_size_values
 from .messages import MessageType, OnNext, OnNextPacked
 from .names import PublisherName
 from .output import BIG_ELEMENT, SendQueue
@@ -97,7 +97,9 @@ class Delivery:
         elif name.format == "value":
             self.elements(subscriber, [batch.value(i) for i in range(len(batch))])
         elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied
-            heads, values = envelope_parts(batch)
-            self.elements(subscriber, values, heads)
+            sub = self._variable_size(subscriber, "send_elements")
+            self._take_demand(sub, subscriber, len(batch))
+            prefix = varint_bytes(MessageType.ON_NEXT) + varint_bytes(subscriber)
+            self._out.write_envelopes(prefix, batch)  # (envelope_parts' bytes, in one pass)
         else:
             self.frames(subscriber, len(batch), envelope_frames(subscriber, batch))

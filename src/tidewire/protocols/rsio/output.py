@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .varint import push_varint
+from ...model import Batch
+from .varint import push_varint, varint_bytes
 
 __all__ = ["BIG_ELEMENT", "SendQueue"]
 
@@ -100,5 +101,48 @@ class SendQueue:
                 parts.clear()
             else:
                 append(element)
+        if parts:
+            self.tail += b"".join(parts)
+
+    def write_envelopes(self, prefix: bytes, batch: Batch) -> None:
+        """Queue one ``onNext`` frame per event of ``batch`` carrying its envelope (``id |
+        timestamp | key | value``), the bytes :meth:`write_elements` gives for
+        ``envelopes.envelope_parts(batch)``, in one pass (the hub's path for big values):
+        each frame's head is built as one ``bytes`` and each value of ``BIG_ELEMENT`` bytes or
+        more is queued as a view of ``batch.values`` (never copied), a smaller one joined."""
+        varint = varint_bytes
+        values = batch.values
+        offsets = batch.value_offsets.tolist()
+        base = offsets[0]
+        keys = batch.has_keys
+        key_of = batch.key
+        chunks = self._chunks
+        parts: list[bytes | memoryview] = []
+        append = parts.append
+        last_ts: int | None = None
+        ts_key = b""
+        for i, (event_id, ts) in enumerate(zip(batch.ids.tolist(), batch.timestamps.tolist(),
+                                               strict=True)):  # fmt: skip
+            if ts != last_ts:  # (timestamps repeat within a batch: one varint per change)
+                last_ts, ts_key = ts, varint((ts << 1) ^ (ts >> 63)) + b"\x00"
+            if keys and (key := key_of(i)) is not None:
+                head = varint(event_id) + ts_key[:-1] + varint(len(key) + 1) + key
+            else:
+                head = varint(event_id) + ts_key
+            start, end = offsets[i] - base, offsets[i + 1] - base
+            n = end - start
+            append(prefix + varint(len(head) + n) + head)
+            if n >= BIG_ELEMENT:
+                frame_head = b"".join(parts) if len(parts) > 1 else parts[0]
+                parts.clear()
+                if self.tail:  # (the tail always follows every chunk)
+                    chunks.append(bytes(self.tail))
+                    self._chunk_bytes += len(self.tail)
+                    self.tail.clear()
+                chunks.append(frame_head)
+                chunks.append(values[start:end])
+                self._chunk_bytes += len(frame_head) + n
+            else:
+                append(values[start:end])
         if parts:
             self.tail += b"".join(parts)
