@@ -175,7 +175,7 @@ class ClientSession(Session):
             part(data)
             part(b"\n\n")
         part(b"STREAMED MANY %d %d %d\n" % (n, start, end))
-        self._out += b"".join(parts)
+        self._queue_whole(b"".join(parts))
         self._expect = SaveMany(n, start, end)
         self.state = State.MANY_DONE
 
