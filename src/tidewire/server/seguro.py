@@ -361,12 +361,24 @@ class _Protocol(asyncio.Protocol):
             receipts.append((receipt, ids[-1]))
             ids, values, size = [], [], 0
 
-        async def settle(block: bool) -> None:
-            while receipts and (block or receipts[0][0].done()):
-                receipt, last = receipts[0]
-                await receipt
-                receipts.popleft()
-                self.session.latest_committed(last)
+        async def settle(block: bool, flush: bool = True) -> None:
+            said = False
+            try:
+                while receipts and (block or receipts[0][0].done()):
+                    receipt, last = receipts[0]
+                    await receipt
+                    receipts.popleft()
+                    self.session.latest_committed(last)
+                    said = True
+            except BaseException:
+                if said:  # (what is durable is said before the failure drops the connection)
+                    self._flush()
+                raise
+            # One send for the LATESTs of the appends that became durable together (one
+            # round usually makes all of a flow's appends durable at once): each send on
+            # loopback also wakes the ship, for nothing until the last (benchmarks/README.md,
+            # "Profile (round 2)"). ``flush=False``: the caller sends them with what follows.
+            if said and flush:
                 self._flush()
 
         try:
@@ -413,7 +425,7 @@ class _Protocol(asyncio.Protocol):
                         return
             if values:
                 ship()
-            await settle(block=True)
+            await settle(block=True, flush=False)  # (sent with COMMITTED MANY, by _run)
         finally:
             self.ingest.release(size)  # (a breach: what was not handed over is discarded)
             for receipt, _ in receipts:  # (stored all the same; the next WELCOME says so)

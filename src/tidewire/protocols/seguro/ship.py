@@ -164,10 +164,18 @@ class ClientSession(Session):
         if len(ids) < 2 or ids[0] <= self.latest or any(b <= a for a, b in pairwise(ids)):
             raise LocalProtocolError("SAVE MANY needs >= 2 increasing ids above the latest")
         n, start, end = len(ids), ids[0], ids[-1]
-        self._out += b"SAVE MANY %d %d %d\n" % (n, start, end)
+        # One join over the frames' parts, not a concatenation per event: each ``header +
+        # data + b"\n\n"`` copied the value twice and the buffer grew a thousand times (a
+        # flow of 1000 x 1 KiB took ~1.0 ms to build, ~0.25 ms this way; the client waits
+        # for it on every flow: benchmarks/README.md, "Profile (round 2)").
+        parts: list[bytes] = [b"SAVE MANY %d %d %d\n" % (n, start, end)]
+        part = parts.append
         for event_id, data in events:
-            self._out += b"EVENT %d %d\n" % (event_id, len(data)) + data + b"\n\n"
-        self._out += b"STREAMED MANY %d %d %d\n" % (n, start, end)
+            part(b"EVENT %d %d\n" % (event_id, len(data)))
+            part(data)
+            part(b"\n\n")
+        part(b"STREAMED MANY %d %d %d\n" % (n, start, end))
+        self._queue_whole(b"".join(parts))
         self._expect = SaveMany(n, start, end)
         self.state = State.MANY_DONE
 
