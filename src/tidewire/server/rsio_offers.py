@@ -184,6 +184,19 @@ class Offers:
             self.conn.send(Request(inlet.offer, count))
         inlet.wake.set()
 
+    def fail_open_txns(self, reason: str) -> bool:
+        """Give up every transaction offer still receiving that has staged elements (each
+        ends with ``offerEnded(reason)``, its staged bytes freed at once); ``True`` if any was.
+        For a frame that does not fit the connection's budget beside them: the transaction is
+        what overflows it, so it fails, not the connection (which carries on)."""
+        failed = False
+        for inlet in self.inlets.values():
+            if (inlet.name.txn is not None and inlet.ended is None and inlet.failed is None
+                    and inlet.nbytes):  # fmt: skip
+                self._fail_txn(inlet, reason)
+                failed = True
+        return failed
+
     def _fail_txn(self, inlet: Inlet, reason: str) -> None:
         """Give up a transaction offer: what it staged is dropped at once (its elements will
         never be committed), and its task ends it with ``offerEnded(reason)``."""

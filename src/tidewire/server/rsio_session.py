@@ -361,11 +361,17 @@ class RsioSession:
             if awaiting <= share.available() + draining:
                 self._pause("inbound")  # (retried as acknowledgements and output drain)
                 return
-            conn.refuse_input(f"a frame of {buffered + awaiting} bytes does not fit this "
-                              f"connection's memory budget ({share.available()} bytes left)")
-            while (event := conn.next_event()) is not None:  # (ConnectionClosed)
-                self._handle_event(event)
-            return
+            # Staged transactions overflowing the budget fail, not the connection; the frame
+            # then fits (it is their next element, dropped), or it is refused.
+            if not (self.offers.fail_open_txns("transactions on this connection exceed its "
+                                               "memory budget")
+                    and share.try_hold("inbound", buffered + awaiting)):  # fmt: skip
+                conn.refuse_input(f"a frame of {buffered + awaiting} bytes does not fit this "
+                                  f"connection's memory budget ({share.available()} bytes "
+                                  "left)")  # fmt: skip
+                while (event := conn.next_event()) is not None:  # (ConnectionClosed)
+                    self._handle_event(event)
+                return
         self._resume("inbound")
         if not awaiting:
             share.hold("inbound", buffered)
