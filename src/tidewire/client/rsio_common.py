@@ -7,9 +7,20 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..model import TidewireError
+from ..model import Batch, TidewireError
+from ..protocols.rsio.envelopes import envelopes_to_batch
+from ..record import decode_body, parse_header
 
-__all__ = ["ByteReader", "ByteWriter", "ConnectionLost", "Receipt", "RsioError", "Values"]
+__all__ = [
+    "ByteReader",
+    "ByteWriter",
+    "ConnectionLost",
+    "Receipt",
+    "RsioError",
+    "Values",
+    "envelopes_batch",
+    "record_to_batch",
+]
 
 
 class RsioError(TidewireError):
@@ -76,3 +87,24 @@ class ByteWriter(Protocol):
     def close(self) -> None: ...
 
     async def wait_closed(self) -> None: ...
+
+
+def record_to_batch(stream: str, element: bytes) -> Batch:
+    """One ``format=records`` element (a whole log record, CRC-32C checked) as a batch;
+    :class:`RsioError` if it is not one."""
+    view = memoryview(element)
+    try:
+        header = parse_header(view, 0)
+        if header.length != len(view):
+            raise ValueError(f"a {header.length}-byte record in a {len(view)}-byte element")
+        return decode_body(stream, header, view, 0)
+    except ValueError as exc:
+        raise RsioError(f"the hub sent a bad record on {stream!r}: {exc}") from None
+
+
+def envelopes_batch(stream: str, elements: list[bytes]) -> Batch:
+    """Envelope-format elements as one batch; :class:`RsioError` if one is malformed."""
+    try:
+        return envelopes_to_batch(stream, elements)
+    except (ValueError, TidewireError) as exc:
+        raise RsioError(f"the hub sent a malformed envelope on {stream!r}: {exc}") from None

@@ -35,6 +35,9 @@ def pull_long(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     return value, pos
 
 
+_VIEW_BYTES = 4096  # below this a slice's second copy costs less than making a memoryview
+
+
 def pull_bytes(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> tuple[bytes, int]:
     size, pos = pull_varint(buf, pos)
     if size > limit:
@@ -42,6 +45,10 @@ def pull_bytes(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> tup
     end = pos + size
     if end > len(buf):
         raise NeedData(end)
+    if size > _VIEW_BYTES and isinstance(buf, bytearray):
+        # A bytearray's slice is a copy of its own: one copy through a view, not two (a
+        # 1.3 MB log record of format=records: 1.2 ms -> 0.07 ms; docs/spark.md).
+        return bytes(memoryview(buf)[pos:end]), end
     return bytes(buf[pos:end]), end
 
 
