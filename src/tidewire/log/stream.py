@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -261,43 +261,9 @@ class StreamLog:
 
         Only one thread writes at a time (the group committer guarantees it).
         """
-        if self.failed is not None:
-            raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
-        active = self.segments[-1]
-        try:
-            incoming = sum(r.length for r in records)
-            if active.size and active.size + incoming > self.settings.segment_bytes:
-                active = self._roll(active)
-            try:
-                active.write(records)
-            except OSError as exc:
-                if exc.errno not in NO_SPACE:
-                    raise
-                raise StorageFullError(self.name, exc.errno, f"writing {active.path}") from exc
-            fsync_seconds = None
-            if fsync:
-                try:
-                    fsync_seconds = active.sync()
-                except BaseException:  # whatever the errno: the stream fails (see above)
-                    with contextlib.suppress(RollbackError):
-                        active.rollback()
-                    raise
-        except StorageFullError as exc:
-            self._refused(exc, records)
-            raise
-        except BaseException as exc:
-            self.failed = exc
-            log.error("stream %r: write failed, the stream is closed until restart: %s",
-                      self.name, exc)  # fmt: skip
-            raise
-        with self._lock:
-            active.commit(records, self.settings.index_interval_bytes)
-            self._publish()
-        if self._refusals:
-            log.log(logging.WARNING if self._warned else logging.DEBUG,
-                    "stream %r: writes succeed again (%d refused for want of space before)",
-                    self.name, self._refusals)  # fmt: skip
-            self._refusals, self._warned = 0, False
+        with self._failing(records):
+            active, _, fsync_seconds = self._put(records, lambda _: fsync)
+        self._commit(active, records)
         return fsync_seconds
 
     def write_ahead(self, records: Sequence[EncodedRecord], journal: Journal) -> Unpublished:
@@ -307,29 +273,36 @@ class StreamLog:
         (``journal.max_payload``) is fdatasynced in its segment here and journaled without its
         bytes. Errors as :meth:`write` (out of space: refused, the stream stays open). Also
         sets :attr:`unpublished`."""
+        with self._failing(records):
+            active, incoming, seconds = self._put(records, lambda n: n > journal.max_payload)
+            lsn = journal.submit(self.key, active, active.size, [r.data for r in records],
+                                 incoming, synced=seconds is not None)  # fmt: skip
+        self.unpublished = Unpublished(active, records, lsn)
+        return self.unpublished
+
+    def publish_written(self, written: Unpublished) -> None:
+        """Publish a group written ahead, once its journal entry is durable."""
+        self._commit(written.segment, written.records)
+
+    def _commit(self, segment: Segment, records: Sequence[EncodedRecord]) -> None:
+        """Publish ``records`` written to ``segment``: readers see them from now on."""
+        with self._lock:
+            segment.commit(records, self.settings.index_interval_bytes)
+            self._publish()
+        if self._refusals:
+            log.log(logging.WARNING if self._warned else logging.DEBUG,
+                    "stream %r: writes succeed again (%d refused for want of space before)",
+                    self.name, self._refusals)  # fmt: skip
+            self._refusals, self._warned = 0, False
+
+    @contextlib.contextmanager
+    def _failing(self, records: Sequence[EncodedRecord]) -> Iterator[None]:
+        """A write's errors: out of space, refused (logged, the stream stays open); anything
+        else fails the stream until a restart. Refuses at once if it failed earlier."""
         if self.failed is not None:
             raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
-        active = self.segments[-1]
         try:
-            incoming = sum(r.length for r in records)
-            if active.size and active.size + incoming > self.settings.segment_bytes:
-                active = self._roll(active)
-            try:
-                active.write(records)
-            except OSError as exc:
-                if exc.errno not in NO_SPACE:
-                    raise
-                raise StorageFullError(self.name, exc.errno, f"writing {active.path}") from exc
-            synced = incoming > journal.max_payload
-            if synced:
-                try:
-                    active.sync()
-                except BaseException:
-                    with contextlib.suppress(RollbackError):
-                        active.rollback()
-                    raise
-            lsn = journal.submit(self.key, active, active.size, [r.data for r in records],
-                                 incoming, synced=synced)  # fmt: skip
+            yield
         except StorageFullError as exc:
             self._refused(exc, records)
             raise
@@ -338,19 +311,31 @@ class StreamLog:
             log.error("stream %r: write failed, the stream is closed until restart: %s",
                       self.name, exc)  # fmt: skip
             raise
-        self.unpublished = Unpublished(active, records, lsn)
-        return self.unpublished
 
-    def publish_written(self, written: Unpublished) -> None:
-        """Publish a group written ahead, once its journal entry is durable."""
-        with self._lock:
-            written.segment.commit(written.records, self.settings.index_interval_bytes)
-            self._publish()
-        if self._refusals:
-            log.log(logging.WARNING if self._warned else logging.DEBUG,
-                    "stream %r: writes succeed again (%d refused for want of space before)",
-                    self.name, self._refusals)  # fmt: skip
-            self._refusals, self._warned = 0, False
+    def _put(self, records: Sequence[EncodedRecord], sync: Callable[[int], bool]
+             ) -> tuple[Segment, int, float | None]:  # fmt: skip
+        """Write ``records`` to the active segment (rolling first when they would not fit) and
+        fdatasync it if ``sync(their bytes)``; returns the segment, their bytes and the fsync's
+        seconds (``None`` without one). Out of space: :class:`StorageFullError`, nothing
+        written; a failed fsync cuts the segment back (whatever its errno) and re-raises."""
+        active = self.segments[-1]
+        incoming = sum(r.length for r in records)
+        if active.size and active.size + incoming > self.settings.segment_bytes:
+            active = self._roll(active)
+        try:
+            active.write(records)
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            raise StorageFullError(self.name, exc.errno, f"writing {active.path}") from exc
+        if not sync(incoming):
+            return active, incoming, None
+        try:
+            return active, incoming, active.sync()
+        except BaseException:  # whatever the errno: the stream fails (see write)
+            with contextlib.suppress(RollbackError):
+                active.rollback()
+            raise
 
     def _refused(self, exc: StorageFullError, records: Sequence[EncodedRecord]) -> None:
         """Log a refusal: the first of a run as a warning (at most one per
