@@ -99,6 +99,14 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "limits.max_refusals": (int, 100,
                             "requests refused in a row (no success between) that end a "
                             "connection"),
+    "limits.refusal_close_seconds": (float, 0.1,
+                                     "a peer refused or in breach, told why, is closed this "
+                                     "much later, not read meanwhile (0: at once)"),
+    "limits.fair_busy": (float, 0.5,
+                         "loop share all principals' work must pass before one over its "
+                         "fair share waits (over 1: never)"),
+    "limits.anonymous_loop_share": (float, 0.25,
+                                    "the most of a contended loop anonymous peers may take"),
     # identity (issue 20): what one peer of limits.max_connections_per_peer is
     "limits.peer_prefix_v4": (int, 32,
                               "IPv4 addresses in one prefix this long are one peer (32: each)"),
@@ -312,6 +320,9 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "limits.write_stall_seconds": (0, 10**9),
     "limits.message_seconds": (0, 10**9),
     "limits.max_refusals": (1, 2**31),
+    "limits.refusal_close_seconds": (0, 60),
+    "limits.fair_busy": (0, 10),
+    "limits.anonymous_loop_share": (0.01, 1),
     # identity (issue 20)
     "limits.peer_prefix_v4": (0, 32),
     "limits.peer_prefix_v6": (0, 128),

@@ -121,6 +121,7 @@ class Recorder:
         self.data = bytearray()
         self.reading = True
         self.closed = False
+        self.lingers = False
         self.paused_writing = False
 
     def write_chunks(self, chunks: list[bytes | memoryview]) -> None:
@@ -153,6 +154,9 @@ class Recorder:
 
     def established(self) -> None:
         pass
+
+    def refused(self) -> None:
+        self.lingers = True  # (its close, next, would linger)
 
 
 FORBIDDING = Access(Acl.parse('[principal.anonymous]\nread = ["open.*"]\n'))
@@ -228,6 +232,7 @@ def test_refusals_in_a_row_end_the_connection_and_are_logged_in_aggregate(
         errors = [m for m in messages if isinstance(m, OnError)]
         assert len(errors) == 99 + 100
         assert messages[-1] == Goodbye("too many refusals in a row (the limit is 100)")
+        assert carrier.lingers  # (a refusal: the close lingers, guard.refused)
         session.connection_lost()
         await hub.close()
 

@@ -1,6 +1,7 @@
 """The hub core: streams, appends, reads, and subscriptions with demand over the durable log."""
 
 from .budget import Budget, BudgetLimits, Share
+from .fairness import FairnessLimits, LoopShares, Throttle
 from .hub import RESERVED_PREFIX, Hub, Start
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline, abandon
 from .ledger import Ledger
@@ -24,11 +25,13 @@ __all__ = [
     "BudgetLimits",
     "ClusterStatus",
     "EmbeddedStorage",
+    "FairnessLimits",
     "GroupStatus",
     "Hub",
     "Ingest",
     "IngestLimits",
     "Ledger",
+    "LoopShares",
     "Pipeline",
     "RecordSubscription",
     "ReplicaStatus",
@@ -37,6 +40,7 @@ __all__ = [
     "Storage",
     "StreamStats",
     "Subscription",
+    "Throttle",
     "TxnReceipt",
     "abandon",
 ]

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .fairness import LoopShares
+
 __all__ = ["BUDGET_DEFAULTS", "Budget", "BudgetLimits", "Share"]
 
 MiB = 1024 * 1024
@@ -53,8 +55,11 @@ BUDGET_DEFAULTS = BudgetLimits()
 class Budget:
     """The hub's memory budget: every :class:`Share` of every connection, by principal."""
 
-    def __init__(self, limits: BudgetLimits = BUDGET_DEFAULTS) -> None:
+    def __init__(self, limits: BudgetLimits = BUDGET_DEFAULTS,
+                 loop: LoopShares | None = None) -> None:  # fmt: skip
         self.limits = limits
+        self.loop = loop if loop is not None else LoopShares()
+        """Each principal's share of the event loop's time (:mod:`.fairness`)."""
         self._used = 0
         self._by_principal: dict[str, int] = {}
         self._shares: set[Share] = set()
@@ -174,6 +179,16 @@ class Share:
         self._budget._add(self.principal, -self._held)
         self.principal = principal
         self._budget._add(principal, self._held)
+
+    def spend(self, seconds: float) -> float:
+        """``seconds`` of loop time spent on this connection's behalf, charged to its
+        principal: how long the connection should now wait (0: go on; :mod:`.fairness`)."""
+        return self._budget.loop.spend(self.principal, seconds)
+
+    def wait(self) -> float:
+        """How long this connection should wait before its next work (0: go on), charging
+        nothing."""
+        return self._budget.loop.delay(self.principal)
 
     def close(self) -> None:
         """The connection ended: return everything it held. Idempotent."""

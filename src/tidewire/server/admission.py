@@ -31,6 +31,8 @@ class ConnectionLimits:
     write_stall_seconds: float = 60.0
     message_seconds: float = 60.0
     """An inbound message begun (its header read) and unfinished this long: closed."""
+    refusal_close_seconds: float = 0.1
+    """A refused peer's connection, told why, is closed this much later (reading paused)."""
     peer_prefix_v4: int = 32
     """The prefix length that makes one IPv4 peer (32: each address)."""
     peer_prefix_v6: int = 64

@@ -22,6 +22,12 @@ What the guard enforces (settings ``limits.*`` and ``tls.*``, docs/configuration
 * **Idle**: nothing received and nothing sent for ``limits.idle_seconds``.
 * **Unfinished messages**: a wrapped protocol that is :class:`Receiving` and has had a message
   begun and unfinished for ``limits.message_seconds``.
+* **Refusals linger**: a wrapped protocol that refuses its peer says so with :func:`refused`;
+  its close (or abort) then waits ``limits.refusal_close_seconds`` with reading paused (what
+  it wrote, the refusal's words, still goes out), as Kafka delays the close of a failed
+  authentication: a peer refused and reconnecting at once cannot make the hub accept, refuse
+  and close connections at the pace of its own loop (its lingering connections count against
+  the connection limits meanwhile).
 * **Stalled output**: a peer that does not read while we have output for it (the transport
   stays above its high-water mark) for ``limits.write_stall_seconds`` is aborted: it cannot be
   told why, since it is not reading.
@@ -50,26 +56,13 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from ..observe.logs import ConnectionContext, ConnectionLog
 from .admission import Admission, ConnectionLimits
-from .tls import TlsSettings, client_context, server_context
+from .tls import TlsSettings, client_context, peer_certificate, server_context, tls_reason
 
-__all__ = [
-    "READ_BYTES",
-    "Admission",
-    "BufferedGuardedConnection",
-    "ConnectionLimits",
-    "Expirable",
-    "GuardedConnection",
-    "Listener",
-    "Receiving",
-    "TlsSettings",
-    "client_context",
-    "established",
-    "peer_certificate",
-    "server_context",
-]
+__all__ = ["READ_BYTES", "Admission", "BufferedGuardedConnection", "ConnectionLimits", "Expirable",
+           "GuardedConnection", "Listener", "Receiving", "TlsSettings", "client_context",
+           "established", "peer_certificate", "refused", "server_context"]  # fmt: skip
 
 log = logging.getLogger("tidewire.guard")
-
 
 
 @runtime_checkable
@@ -232,6 +225,8 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
         self.stalled_since: float | None = None  # output paused (the peer does not read)
         self.admitted = False
         self.refusing: str | None = None  # refused at admission: the reason, said after TLS
+        self.lingers = False  # refused by the wrapped protocol: its close waits (refused())
+        self.lingering = False  # ... and it waits now
 
     # ------------------------------------------------------------------ towards the loop
 
@@ -318,7 +313,7 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
                 eof = True
                 break
             except ssl.SSLError as exc:
-                self.log.warning("TLS error: %s", _tls_reason(exc))
+                self.log.warning("TLS error: %s", tls_reason(exc))
                 self.abort()
                 return
             if not chunk:  # SSLObject.read() gives b"" for the peer's close_notify
@@ -343,7 +338,7 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
             self._send_tls()
             return False
         except (ssl.SSLError, OSError) as exc:
-            self.log.warning("TLS handshake failed: %s", _tls_reason(exc))
+            self.log.warning("TLS handshake failed: %s", tls_reason(exc))
             self._send_tls()  # the alert, so the peer knows why
             if self.raw is not None:
                 self.raw.close()
@@ -464,7 +459,7 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
         try:
             self.tls.write(data)
         except ssl.SSLError as exc:  # pragma: no cover - only after a fatal TLS error
-            self.log.warning("TLS error: %s", _tls_reason(exc))
+            self.log.warning("TLS error: %s", tls_reason(exc))
             self.abort()
             return
         self._send_tls()
@@ -481,7 +476,7 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
             self.write(data)
 
     def close(self) -> None:
-        if self.raw is None or self.raw.is_closing():
+        if self.raw is None or self.raw.is_closing() or self._linger(self.close):
             return
         if self.tls is not None and self.state is not _State.TLS:
             with contextlib.suppress(ssl.SSLError, ValueError):
@@ -490,11 +485,28 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
         self.raw.close()
 
     def abort(self) -> None:
-        if self.raw is not None:
+        if self.raw is not None and not self._linger(self.abort):
             self.raw.abort()
 
+    def _linger(self, then: Callable[[], None]) -> bool:
+        """A refused peer's close or abort: deferred ``limits.refusal_close_seconds`` with
+        reading paused (True: the caller does nothing now); ``then`` ends it."""
+        delay = self.listener.limits.refusal_close_seconds
+        if self.lingering:
+            return True
+        if not self.lingers or delay <= 0 or self.raw is None:
+            return False
+        self.lingering = True
+        self.raw.pause_reading()
+        asyncio.get_running_loop().call_later(delay, self._lingered, then)
+        return True
+
+    def _lingered(self, then: Callable[[], None]) -> None:
+        self.lingering = self.lingers = False
+        then()
+
     def is_closing(self) -> bool:
-        return self.raw is None or self.raw.is_closing()
+        return self.raw is None or self.lingering or self.raw.is_closing()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "guard":
@@ -517,7 +529,7 @@ class GuardedConnection(asyncio.BaseProtocol, asyncio.Transport):
             self.raw.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.raw is not None:
+        if self.raw is not None and not self.lingering:
             self.raw.resume_reading()
 
     def is_reading(self) -> bool:
@@ -563,17 +575,17 @@ class BufferedGuardedConnection(GuardedConnection, asyncio.BufferedProtocol):
         self._received(self.listener.read_buffer[:nbytes])
 
 
+def refused(transport: object) -> None:
+    """Tell the guard (if ``transport`` is guarded) that the protocol refused its peer: its
+    next close or abort lingers (module docstring)."""
+    if isinstance(transport, GuardedConnection):
+        transport.lingers = True
+
+
 def established(transport: object) -> None:
     """Tell the guard (if ``transport`` is guarded) that the protocol's handshake is over."""
     if isinstance(transport, GuardedConnection):
         transport.established()
-
-
-def peer_certificate(transport: object) -> dict[str, Any] | None:
-    """The peer's verified certificate (``SSLSocket.getpeercert()``), or ``None``."""
-    get = getattr(transport, "get_extra_info", None)
-    cert = get("peercert") if get is not None else None
-    return cert if isinstance(cert, dict) and cert else None
 
 
 def _size(data: bytes | bytearray | memoryview) -> int:
@@ -585,11 +597,3 @@ def _peer(peername: object) -> str:
         host = str(peername[0])
         return f"[{host}]:{peername[1]}" if ":" in host else f"{host}:{peername[1]}"
     return str(peername)
-
-
-def _tls_reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"{exc.reason}: {exc.verify_message}"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__

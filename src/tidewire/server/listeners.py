@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import ServerConfig
-from ..hub import INGEST_DEFAULTS, BudgetLimits, Hub, IngestLimits
+from ..hub import INGEST_DEFAULTS, BudgetLimits, FairnessLimits, Hub, IngestLimits
 from ..hub.access import Access
 from ..protocols.rsio import Limits
 from ..protocols.seguro import Limits as SeguroLimits
@@ -171,6 +171,13 @@ def ingest_limits(config: ServerConfig) -> dict[str, IngestLimits]:
                                 int(v["ingest.appends_in_flight"]) or default.appends_in_flight,
                                 int(v["ingest.commit_bytes"]) or default.commit_bytes)  # fmt: skip
     return out
+
+
+def fairness_limits(config: ServerConfig) -> FairnessLimits:
+    """The fair shares of the hub's loop (``limits.fair_busy``, ``limits.anonymous_loop_share``)."""
+    v = config.values
+    return FairnessLimits(busy=float(v["limits.fair_busy"]),
+                          anonymous=float(v["limits.anonymous_loop_share"]))  # fmt: skip
 
 
 def budget_limits(config: ServerConfig) -> BudgetLimits:

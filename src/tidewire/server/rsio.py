@@ -21,7 +21,7 @@ from typing import Any, cast
 from ..hub import Hub
 from ..hub.access import Access
 from ..protocols.rsio import EXT_AUTH, EXT_PUBLISH, PROTOCOL_VERSION, Goodbye, ServerHello, encode
-from .guard import Admission, ConnectionLimits, Listener, established
+from .guard import Admission, ConnectionLimits, Listener, established, refused
 from .rsio_offers import OFFER_WINDOW
 from .rsio_session import (
     MAX_DELIVERY_BYTES,
@@ -130,6 +130,9 @@ class RsioServerProtocol(asyncio.Protocol):
 
     def established(self) -> None:
         established(self.transport)
+
+    def refused(self) -> None:
+        refused(self.transport)
 
 
 class RsioServer:

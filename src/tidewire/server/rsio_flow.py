@@ -12,6 +12,10 @@
 * **Refusal log lines.** One :class:`RefusalLog` per hub (:func:`refusal_log`) for every
   RS.io connection, TCP and Tube: a flood of refusals from many connections is still a few
   lines and, when the interval ends, one line with the count.
+* **Fair turns.** The loop time a connection's work takes is charged to its principal
+  (:meth:`~tidewire.hub.Share.spend`); over its fair share of a contended loop
+  (:mod:`tidewire.hub.fairness`) the connection waits: its ``Throttle`` pauses its reading
+  for the wait, and :class:`Slicer` puts its next slice off as long.
 * **Carriers.** What carries a session's bytes (:class:`Carrier`: TCP, Tube), and optionally
   :class:`Buffering`.
 * **Output size.** A carrier that can tell how many bytes it holds for the peer
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from ..hub import Hub, Share
+from ..hub.fairness import Throttle
 from ..observe.throttle import LogThrottle
 
 __all__ = [
@@ -96,6 +102,10 @@ class Carrier(Protocol):
     def established(self) -> None:
         """The RS.io handshake is over (the guard's handshake deadline no longer applies)."""
 
+    def refused(self) -> None:
+        """The session refuses the peer (a breach): the close that follows lingers
+        (:func:`~tidewire.server.guard.refused`)."""
+
 
 @runtime_checkable
 class Buffering(Protocol):
@@ -109,11 +119,14 @@ class Slicer:
     """Runs ``step`` (one slice: True when more remains) now and then again from the loop,
     with ``pause(True)`` while a continuation is pending and ``pause(False)`` once the input
     is drained. :meth:`run` is idempotent while a continuation is pending (the pending one
-    will see the new input)."""
+    will see the new input). With a ``throttle``, each slice's time is charged to it, and a
+    continuation waits out the wait it earned."""
 
-    def __init__(self, step: Callable[[], bool], pause: Callable[[bool], None]) -> None:
+    def __init__(self, step: Callable[[], bool], pause: Callable[[bool], None],
+                 throttle: Throttle | None = None) -> None:  # fmt: skip
         self._step = step
         self._pause = pause
+        self._throttle = throttle
         self._handle: asyncio.Handle | None = None
         self._running = False
         self.slices = 0
@@ -130,14 +143,18 @@ class Slicer:
         if self._handle is not None or self._running:
             return
         self._running = True
+        began = time.perf_counter()
         try:
             more = self._step()
         finally:
             self._running = False
+        wait = 0.0 if self._throttle is None else self._throttle.spent(time.perf_counter() - began)
         if more:
             self.slices += 1
             self._pause(True)
-            self._handle = asyncio.get_running_loop().call_soon(self._continue)
+            loop = asyncio.get_running_loop()
+            self._handle = (loop.call_later(wait, self._continue) if wait
+                            else loop.call_soon(self._continue))  # fmt: skip
         else:
             self._pause(False)
 

@@ -23,7 +23,8 @@ carrier to pause or resume reading once.
 
 Hostile load (docs/protocols/rsio.md): every byte waiting for the peer is charged to the
 connection's budget share; ``limits.max_refusals`` refusals in a row end it; log lines of
-refusals are rate-limited per hub.
+refusals are rate-limited per hub; a breach's close lingers (``guard.refused``); over its fair
+share of a contended loop (:mod:`tidewire.hub.fairness`) reading and the pumps' turn wait.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from ..hub import Hub, IngestLimits, RecordSubscription, Subscription
+from ..hub import Hub, IngestLimits, RecordSubscription, Subscription, Throttle
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
 from ..hub.listing import Listing
 from ..model import Batch, Forbidden, TidewireError, Unauthenticated
@@ -84,16 +85,8 @@ from .rsio_flow import (
 )
 from .rsio_offers import Inlet, Offers
 
-__all__ = [
-    "MAX_DELIVERY_BYTES",
-    "MAX_INLET_BYTES",
-    "MAX_OFFERS",
-    "MAX_SUBSCRIPTIONS",
-    "MAX_TXN_BYTES",
-    "Carrier",
-    "RsioSession",
-    "RsioSettings",
-]
+__all__ = ["MAX_DELIVERY_BYTES", "MAX_INLET_BYTES", "MAX_OFFERS", "MAX_SUBSCRIPTIONS",
+           "MAX_TXN_BYTES", "Carrier", "RsioSession", "RsioSettings"]  # fmt: skip
 
 log = logging.getLogger("tidewire.rsio")
 
@@ -175,12 +168,14 @@ class RsioSession:
                              max_offers=settings.max_offers,
                              max_txn_bytes=settings.max_txn_bytes, share=self.share,
                              on_ingest=self._charge_ingest)  # fmt: skip
-        # why reading is paused: "output", "inlet", "budget", "inbound", "slice", "shutdown"
+        # why reading is paused: "output", "inlet", "budget", "inbound", "slice", "shutdown", "fair"
         self._pauses: set[str] = set()
+        self.throttle = Throttle(self.share,
+                                 lambda wait: (self._pause if wait else self._resume)("fair"))
         self._writable = asyncio.Event()
         self._writable.set()
         self._turn = asyncio.Lock()  # the pumps' turns at the output
-        self._slicer = Slicer(self._slice, self._sliced)
+        self._slicer = Slicer(self._slice, self._sliced, self.throttle)
         self._buffering: Buffering | None = None
         self._since: float | None = None  # when the unfinished frame began to wait
         self._progress = 0  # frames received when _since was set
@@ -221,6 +216,7 @@ class RsioSession:
         """The carrier is gone: stop every pump and offer, return the budget."""
         self.registry.discard(self)
         self._slicer.cancel()
+        self.throttle.cancel()
         self._cancel_all()
         self._writable.set()
         self.share.close()
@@ -241,9 +237,11 @@ class RsioSession:
 
     # ------------------------------------------------------------------ the listener's calls
 
-    def shutdown(self, reason: str) -> None:
-        """Goodbye, then close (server shutdown)."""
+    def shutdown(self, reason: str, *, refusal: bool = False) -> None:
+        """Goodbye, then close (server shutdown; ``refusal``: the close lingers, guard)."""
         self._cancel_all()
+        if refusal and self.carrier is not None:
+            self.carrier.refused()
         if self.conn.state is State.OPEN:
             self.conn.send(Goodbye(reason))
             self._flush()
@@ -428,6 +426,8 @@ class RsioSession:
                 self._cancel_all()
                 self._flush()
                 if self.carrier is not None:
+                    if error:  # (a breach or refusal: its close lingers, guard.refused)
+                        self.carrier.refused()
                     self.carrier.close()
             case _:
                 pass  # hellos, and messages for subscriptions we do not make
@@ -439,7 +439,7 @@ class RsioSession:
         if self.refusals.refuse() and not self._closing():
             limit = self.refusals.limit
             self.refusal_log.log(self.log, logging.WARNING, "closing: %d refusals in a row", limit)
-            self.shutdown(f"too many refusals in a row (the limit is {limit})")
+            self.shutdown(f"too many refusals in a row (the limit is {limit})", refusal=True)
 
     def _authenticate(self, token: str) -> None:
         """Extension 2: the token names the principal from now on; a bad one ends the
@@ -449,7 +449,7 @@ class RsioSession:
             self.log.context.principal = self.ingest.principal = self.principal.name
         except Unauthenticated as exc:
             self.log.warning("authentication failed: %s", exc)
-            self.shutdown(f"authentication failed: {exc}")
+            self.shutdown(f"authentication failed: {exc}", refusal=True)
             return
         self.share.rebind(self.principal.name)
         self.log.info("authenticated as %s", self.principal)
@@ -568,8 +568,11 @@ class RsioSession:
                     await self._writable.wait()
                     if isinstance(sub, Subscription | RecordSubscription):
                         batches = await sub.take()  # (never waits: others wait for the turn)
+                    began = time.perf_counter()
                     if not self._deliver(subscriber, sub, name, batches):
                         return
+                    if wait := self.share.spend(time.perf_counter() - began):
+                        await asyncio.sleep(wait)  # (over its fair share: its turn waits)
                 if batches == []:  # (a key filter dropped a read: let the loop breathe)
                     await asyncio.sleep(0)
         except asyncio.CancelledError:

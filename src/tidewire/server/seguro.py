@@ -66,7 +66,14 @@ from ..protocols.seguro import (
     ServerSession,
     StreamedMany,
 )
-from .guard import Admission, ConnectionLimits, Listener, established, peer_certificate
+from .guard import (
+    Admission,
+    ConnectionLimits,
+    Listener,
+    established,
+    peer_certificate,
+    refused,
+)
 
 __all__ = ["SeguroServer", "start_seguro_server"]
 
@@ -80,7 +87,6 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 REFUSAL_LINES = 20  # per 10 s, every connection together; the rest counted in one line
 WAIT_FOR_LOG = object()
 """(:meth:`_Protocol._event`) the declared event fits once this flow's appends are durable."""
-
 
 
 class _Protocol(asyncio.Protocol):
@@ -173,8 +179,11 @@ class _Protocol(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """Events read and not yet committed."""
-        return self.ingest.pending_bytes > 0 and self.transport is not None \
+        return (
+            self.ingest.pending_bytes > 0
+            and self.transport is not None
             and not self.transport.is_closing()
+        )
 
     def _ingest_paused(self, paused: bool) -> None:
         """The ingest path's signal: stop reading now; or room again, and the flows resume
@@ -249,6 +258,7 @@ class _Protocol(asyncio.Protocol):
         text = f"({self.point or 'no point yet'}) dropping the connection: {reason}"
         if refusal:
             self.server.refusals_log.log(self.log, logging.WARNING, text)
+            refused(self.transport)  # (the abort lingers: guard)
         else:
             self.log.warning(text)
         if self.transport is not None:

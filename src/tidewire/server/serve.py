@@ -29,12 +29,14 @@ from .. import __version__
 from ..config import ConfigError, ServerConfig
 from ..hub.access import Access, AccessFileError, Acl, Tokens
 from ..hub.budget import Budget
+from ..hub.fairness import LoopShares
 from ..registry import PROTOCOLS, listeners
 from . import app as http_app
 from .app import build_app, parser_reason
 from .guard import Admission, ConnectionLimits, TlsSettings, server_context
 from .listeners import HTTP_LISTENER, STARTERS, Front, ListenerServer
 from .listeners import budget_limits as budget_limits
+from .listeners import fairness_limits as fairness_limits
 from .listeners import http_settings as http_settings
 from .listeners import ingest_limits as ingest_limits
 from .listeners import rsio_settings as rsio_settings
@@ -79,7 +81,7 @@ async def serve(
     access, admission, tls = security(config)
     hub = await open_hub(config, connect)  # (cluster mode: StorageUnavailable, one line)
     hub.ingest_limits.update(ingest_limits(config))
-    hub.budget = Budget(budget_limits(config))
+    hub.budget = Budget(budget_limits(config), LoopShares(fairness_limits(config)))
     runner: web.AppRunner | None = None
     servers: dict[str, ListenerServer] = {}  # the TCP listeners, in the registry's order
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop
@@ -273,6 +275,7 @@ def security(config: ServerConfig) -> tuple[Access, Admission, dict[str, ssl.SSL
         idle_seconds=float(v["limits.idle_seconds"]),
         write_stall_seconds=float(v["limits.write_stall_seconds"]),
         message_seconds=float(v["limits.message_seconds"]),
+        refusal_close_seconds=float(v["limits.refusal_close_seconds"]),
         peer_prefix_v4=int(v["limits.peer_prefix_v4"]),
         peer_prefix_v6=int(v["limits.peer_prefix_v6"]),
     ))  # fmt: skip

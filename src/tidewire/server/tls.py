@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["TlsSettings", "client_context", "server_context"]
+__all__ = ["TlsSettings", "client_context", "peer_certificate", "server_context", "tls_reason"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +58,19 @@ def client_context(
     if cert_file is not None:
         ctx.load_cert_chain(cert_file, key_file)
     return ctx
+
+
+def peer_certificate(transport: object) -> dict[str, Any] | None:
+    """The peer's verified certificate (``SSLSocket.getpeercert()``), or ``None``."""
+    get = getattr(transport, "get_extra_info", None)
+    cert = get("peercert") if get is not None else None
+    return cert if isinstance(cert, dict) and cert else None
+
+
+def tls_reason(exc: BaseException) -> str:
+    """What a TLS failure says, in a few words, for one log line."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"{exc.reason}: {exc.verify_message}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__

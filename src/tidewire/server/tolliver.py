@@ -114,7 +114,8 @@ class TolliverSettings:
 class _Link(HubLink):
     """A :class:`HubLink` with the hub's ingest: what the remote sends is stored in the
     stream of its channel, then acked; past ``MAX_PENDING_BYTES`` waiting for the log the
-    socket is not read."""
+    socket is not read. Nor while the link's principal is over its fair share of a contended
+    loop (:mod:`tidewire.hub.fairness`: the time its input takes is charged)."""
 
     def __init__(self, server: TolliverServer, role: Role = Role.ACCEPTOR) -> None:
         super().__init__(server, role)
@@ -123,6 +124,10 @@ class _Link(HubLink):
         self._paused = False
         self._quiet = False  # shutting down: never read again
         self._caught_up = False  # (with the other gateways' records of this remote)
+
+    def _fair(self, waiting: bool) -> None:
+        if not self._paused:  # (else the ingest's resume sees to it)
+            super()._fair(waiting)
 
     def _hold(self, nbytes: int) -> None:
         """Bodies on their way to the log (the ingest path counts them; so does the share)."""
@@ -144,8 +149,9 @@ class _Link(HubLink):
         elif self._paused and not self._quiet:
             self._paused = False
             self.reading_resumed()
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+            transport = self.transport
+            if transport is not None and not transport.is_closing() and not self.throttle.waiting:
+                transport.resume_reading()
 
     def quiesce(self) -> None:
         """Shutdown: read nothing more, ever; the messages read are still stored and acked

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ..hub import Share
+from ..hub import Share, Throttle
 from ..hub.access import (
     ANONYMOUS,
     Action,
@@ -52,23 +53,15 @@ from ..protocols.tolliver import (
     Role,
 )
 from ..tolliver.link import HandshakeFailed, Link
-from .guard import established, peer_certificate
+from .guard import established, peer_certificate, refused
 from .tolliver_delivery import DELIVERY_BYTES, MAX_UNACKED, ChannelDelivery
 from .tolliver_origins import within
 
 if TYPE_CHECKING:
     from .tolliver import TolliverServer
 
-__all__ = [
-    "DELIVERY_BYTES",
-    "MAX_UNACKED",
-    "RESEND_BACKOFF",
-    "RESEND_MAX_INTERVAL",
-    "VERSION",
-    "ChannelDelivery",
-    "HubLink",
-    "utf8_key",
-]
+__all__ = ["DELIVERY_BYTES", "MAX_UNACKED", "RESEND_BACKOFF", "RESEND_MAX_INTERVAL", "VERSION",
+           "ChannelDelivery", "HubLink", "utf8_key"]  # fmt: skip
 
 log = logging.getLogger("tidewire.tolliver")
 
@@ -100,6 +93,7 @@ class HubLink(Link):
                                     resend_max_interval=RESEND_MAX_INTERVAL),
                          server.clock)  # fmt: skip
         self.share: Share  # (its account in the hub's budget: made in connection_made)
+        self.throttle: Throttle  # (its waits for a fair share of the loop: likewise)
         # deliveries may go out: the unacked ones leave room in max_unacked_bytes and the share
         self.room = asyncio.Event()
         self.room.set()
@@ -145,6 +139,8 @@ class HubLink(Link):
         self.principal = certificate_principal(cert) or ANONYMOUS
         self.log.context.principal = self.principal.name
         self.share = self.server.hub.budget.share(self.principal.name, self.peer)
+        self.throttle = Throttle(self.share, self._fair)
+        self.throttle.check()  # (its principal over its fair share: its first bytes wait)
         self.starts = {s.name: (s.latest_id or 0) + 1 for s in self.server.hub.streams()}
         self.server.links.add(self)
         # the hub's own subscriptions, those this principal may see (before a dialed link's
@@ -158,6 +154,7 @@ class HubLink(Link):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.throttle.cancel()
         self.share.close()
         self._since = None
         self.room.set()  # (the pumps are cancelled below; none waits for ever)
@@ -189,6 +186,7 @@ class HubLink(Link):
         with nothing more sent (Tolliver has no error message outside the handshake)."""
         self.server.refusals.log(self.log, logging.WARNING,
                                  "refused: %s; closing the connection", reason)  # fmt: skip
+        refused(self.transport)  # (its close lingers)
         self.refuse()  # (a handshake response, acks: never sent)
         self._since = None
 
@@ -300,6 +298,7 @@ class HubLink(Link):
                     if error:
                         self.log.warning("(%s) closing: %s", self.conn.peer or "no handshake yet",
                                          reason)  # fmt: skip
+                        refused(self.transport)  # (its close lingers)
                     if self.conn.peer is not None and not self._vet():
                         return  # (a peer it may not be gets no response, not even a refusal)
                     if not self.ready.done():
@@ -468,9 +467,12 @@ class HubLink(Link):
 
     def data_received(self, data: bytes) -> None:
         """The frame being received is checked against the share as declared (a message's
-        header gives its whole size) before the rest of it is waited for."""
+        header gives its whole size) before the rest of it is waited for. The time handling
+        it takes is charged to the principal (:mod:`tidewire.hub.fairness`)."""
         frames = self.conn.frames_received
+        began = time.perf_counter()
         super().data_received(data)
+        self.throttle.spent(time.perf_counter() - began)
         if self.muted or self.conn.closed:
             return
         declared = self.conn.receiving
@@ -481,6 +483,17 @@ class HubLink(Link):
         if not self.share.try_hold("inbound", declared):
             self._refuse(f"a frame of {declared} bytes does not fit the memory budget "
                          f"({self.share.available()} bytes free in its share)")  # fmt: skip
+
+    def _fair(self, waiting: bool) -> None:
+        """Over its principal's fair share of the loop: not read until the wait is over."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if waiting:
+            transport.pause_reading()
+        else:
+            self.reading_resumed()
+            transport.resume_reading()
 
     def reading_resumed(self) -> None:
         """The hub reads the socket again: an unfinished frame's time starts over now."""

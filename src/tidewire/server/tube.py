@@ -67,6 +67,7 @@ from ..protocols.tube import (
     MessageReceived,
     Role,
 )
+from .guard import refused
 from .rsio_http import principal
 from .rsio_session import RsioSession, RsioSettings
 
@@ -259,6 +260,10 @@ class TubeCarrier:
     def established(self) -> None:
         """Nothing to tell: the guard's handshake deadline ended with the upgrade request."""
 
+    def refused(self) -> None:
+        """The session refuses the peer: the HTTP connection's close lingers (guard)."""
+        refused(self.http)
+
     # ------------------------------------------------------------------ driving
 
     async def run(self) -> None:
@@ -379,6 +384,7 @@ class TubeCarrier:
     def _refuse(self, reason: str, code: int) -> None:
         """Close at once with ``code`` (Tube has no error message)."""
         self.log.warning("closing: %s", reason)
+        refused(self.http)
         self.close_code, self.close_reason = code, reason
         self.tube.close(reason, code)
         self.close()
