@@ -238,3 +238,31 @@ def test_a_frame_is_checked_against_the_budget_as_declared_and_has_a_deadline(
             await hub.close()
 
     run(main())
+
+
+def test_a_refused_remote_is_closed_after_the_delay_unread(tmp_path: Path) -> None:
+    """A handshake subscribing to a channel that is no stream name is refused with nothing
+    said (Tolliver has no frame for it); the close comes ``limits.refusal_close_seconds``
+    later, and the connection is not read meanwhile."""
+
+    async def main() -> None:
+        hub = Hub.open(str(tmp_path / "hub"))
+        limits = ConnectionLimits(refusal_close_seconds=0.6)
+        server = await serve(hub, TolliverSettings(), admission=Admission(limits))
+        raw = await Raw.open(server.port)
+        try:
+            entries = (SubscriptionEntry(0, "not a stream name!"),)
+            raw.writer.write(bytes(encode(HandshakeRequest(1, uuid7(), entries))))
+            (guard,) = server.listener.open_connections()
+            await until(lambda: guard.lingering, "the refusal's close to linger")
+            began, received = asyncio.get_running_loop().time(), guard.bytes_in
+            raw.writer.write(bytes(4096))  # (not read)
+            assert await raw.closed() == b""
+            assert asyncio.get_running_loop().time() - began >= 0.4
+            assert guard.bytes_in == received
+        finally:
+            raw.close()
+            await server.close()
+            await hub.close()
+
+    run(main())
