@@ -51,7 +51,7 @@ from stacks import (
 )
 from tidewire.client import seguro, tube
 from tidewire.client.http import HttpHub
-from tidewire.hub import Hub
+from tidewire.hub import Budget, FairnessLimits, Hub, LoopShares
 from tidewire.hub.access import Access
 from tidewire.log import LogConfig
 from tidewire.model import Batch
@@ -736,3 +736,26 @@ def test_every_protocol_has_a_zero_series(tmp_path: Path, run: Run) -> None:
                 == {"http", "rsio", "tolliver", "seguro"}
 
     run(main())
+
+
+def test_the_fair_shares_of_the_loop_are_exported(tmp_path: Path, run: Run) -> None:
+    async def go() -> None:
+        hub = Hub.open(str(tmp_path))
+        now = [100.0]
+        hub.budget = Budget(loop=LoopShares(FairnessLimits(busy=0.5), clock=lambda: now[0]))
+        try:
+            waits = 0.0
+            for _ in range(200):  # 2 s: "token:a" at 80 % of the loop, anonymous at 15 %
+                now[0] += 0.01
+                waits += hub.budget.share("token:a").spend(0.008)
+                hub.budget.share().spend(0.0015)
+            m = Samples(generate_latest(registry(hub)).decode())
+            assert m.one("tidewire_loop_share", principal="token:a") == pytest.approx(0.8, 0.05)
+            assert m.one("tidewire_loop_share", principal="anonymous") == pytest.approx(0.15, 0.05)
+            assert m.one("tidewire_loop_busy") == pytest.approx(0.95, 0.05)
+            assert m.one("tidewire_fair_waits_total") > 0
+            assert m.one("tidewire_fair_wait_seconds_total") == pytest.approx(waits)
+        finally:
+            await hub.close()
+
+    run(go())

@@ -149,6 +149,24 @@ class HubCollector:
                                       "Requests for memory the budget refused")  # fmt: skip
         refused.add_metric([], budget.refused)
         yield from (limit, used, refused)
+        shares = budget.loop
+        busy = GaugeMetricFamily("tidewire_loop_busy",
+                                 "The event loop's measured share taken by peers' work, every "
+                                 "principal together (hub.fairness)")  # fmt: skip
+        busy.add_metric([], shares.busy)
+        by_principal = GaugeMetricFamily("tidewire_loop_share",
+                                  "The event loop's measured share, by principal (over 0.1 %)",
+                                  labels=["principal"])  # fmt: skip
+        for principal, fraction in sorted(shares.shares().items()):
+            by_principal.add_metric([principal], fraction)
+        waits = CounterMetricFamily("tidewire_fair_waits",
+                                    "Waits of connections over their principal's fair share "
+                                    "of a busy loop")  # fmt: skip
+        waits.add_metric([], shares.throttles)
+        seconds = CounterMetricFamily("tidewire_fair_wait_seconds",
+                                      "Their total length")  # fmt: skip
+        seconds.add_metric([], shares.throttled_seconds)
+        yield from (busy, by_principal, waits, seconds)
 
     @staticmethod
     def _traffic(traffic: Mapping[str, Mapping[str, Traffic]]) -> Iterator[Metric]:
