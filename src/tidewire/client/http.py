@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import json
 import ssl as _ssl
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -227,7 +227,19 @@ class HttpHub:
         sub_url: str | None = None
         abandoned: str | None = None  # a subscription left behind that the hub may still have
         state = ClientSubscription()
+        ahead: asyncio.Task[tuple[_Answer, int]] | None = None  # the next fetch, under way
         done = False
+
+        def fetch(url: str) -> asyncio.Task[tuple[_Answer, int]]:
+            """The next fetch on ``url`` (its answer and the demand it added), as a task:
+            asking for more once half of the demand has arrived."""
+            more = demand - state.outstanding if state.outstanding <= demand // 2 else 0
+            target = f"{url}?request={more}" if more else url
+            answer = self._put(target, pacing, what, headers={SEQUENCE_HEADER: str(state.next_seq)},
+                               lost=(404, 503) if resume is not None else (),
+                               lost_after=LOST_AFTER if resume is not None else None)  # fmt: skip
+            return asyncio.ensure_future(_with(answer, more))
+
         try:
             while True:
                 if sub_url is None:
@@ -244,15 +256,9 @@ class HttpHub:
                         abandoned = None
                     state = ClientSubscription()
                     state.asked(demand)
-                more = demand - state.outstanding if state.outstanding <= demand // 2 else 0
-                fetch = f"{sub_url}?request={more}" if more else sub_url
-                seen = {SEQUENCE_HEADER: str(state.next_seq)}
+                task, ahead = ahead or fetch(sub_url), None
                 try:
-                    response = await self._put(
-                        fetch, pacing, what, headers=seen,
-                        lost=(404, 503) if resume is not None else (),
-                        lost_after=LOST_AFTER if resume is not None else None,
-                    )  # fmt: skip
+                    response, more = await task
                 except _Lost as lost:  # the hub no longer has it (or cannot be reached there)
                     self.resubscribed += 1
                     if not lost.error.rsio:
@@ -269,6 +275,12 @@ class HttpHub:
                     if resume is not None:
                         fresh = resume.take(fresh)
                     if fresh:
+                        # The next fetch goes out as these are handed over (as RS.io/TCP's
+                        # client sends its Request before it yields), the very request the
+                        # loop would make once the application is back: the hub answers it
+                        # while the application works on these. (One loop turn sends it.)
+                        ahead = fetch(sub_url)
+                        await asyncio.sleep(0)
                         yield fresh
                 elif response.status == 204:
                     pacing.reset()
@@ -285,6 +297,10 @@ class HttpHub:
             done = exc.rsio  # the hub cancelled it itself
             raise
         finally:
+            if ahead is not None:  # the application stopped while the next fetch was out
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    await ahead
             # the application stopped, or the client gives up: the extra cancel (and one for a
             # subscription left behind when the hub could not be reached there)
             for url in (sub_url if not done else None, abandoned):
@@ -459,6 +475,10 @@ class _Answer:
         self.status = status
         self.headers = headers
         self.body = body
+
+
+async def _with(answer: Awaitable[_Answer], more: int) -> tuple[_Answer, int]:
+    return await answer, more
 
 
 def _retry_after(value: str | None) -> float:
