@@ -5,7 +5,9 @@ It follows the seed's client rules (docs/protocols/rsio-http.md):
 
 * subscribes with ``PUT <publisher url>?request=<demand>``, then long-polls the subscription
   URL, asking for more (``request=``) as the application consumes, so that at most ``demand``
-  elements are asked for and not yet handed over;
+  elements are asked for and not yet handed over; each next fetch goes out as a response's
+  elements are handed to the application (as RS.io/TCP's client sends its ``Request`` before
+  it yields), so that the hub answers it while the application works on them;
 * ``204`` polls again (after ``Retry-After`` when the server gives one), ``410`` ends the
   iteration (onComplete);
 * a 4xx/5xx with ``X-Rsio-Error`` ends it with :class:`HttpRsioError` (the server has cancelled);
@@ -276,10 +278,13 @@ class HttpHub:
                         fresh = resume.take(fresh)
                     if fresh:
                         # The next fetch goes out as these are handed over (as RS.io/TCP's
-                        # client sends its Request before it yields), the very request the
-                        # loop would make once the application is back: the hub answers it
-                        # while the application works on these. (One loop turn sends it.)
+                        # client sends its Request before it yields): the very request the
+                        # loop would make once the application is back, so the hub answers
+                        # it while the application works on these. Two loop turns put it on
+                        # the wire first: one runs the task up to its write, and uvloop
+                        # sends small writes only at the end of a turn.
                         ahead = fetch(sub_url)
+                        await asyncio.sleep(0)
                         await asyncio.sleep(0)
                         yield fresh
                 elif response.status == 204:
