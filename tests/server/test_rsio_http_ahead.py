@@ -98,3 +98,24 @@ def test_the_client_sends_its_next_fetch_as_it_hands_a_batch_over(
             assert fetches == ["", "request=2", "request=2", "request=2"]  # the last: 410
 
     run(main())
+
+
+def test_stopping_while_the_next_fetch_waits_cancels_it_and_the_subscription(
+    tmp_path: Path, run: Runner
+) -> None:
+    async def main() -> None:
+        async with http_hub(tmp_path) as served:
+            await append(served.hub, "s", [b"a", b"b"])
+            async with HttpHub(served.base) as client:
+                batches = client.subscribe("s", demand=2)  # a live tail: the next fetch waits
+                async with contextlib.aclosing(batches):
+                    assert list((await anext(batches)).ids) == [1, 2]
+                    (sub,) = served.rsio.subs.values()
+                    await until(lambda: sub.fetching == 1, "the next fetch waits at the hub")
+                await until(lambda: served.rsio.subs == {}, "the extra cancel arrives")
+                # the client goes on as before
+                await append(served.hub, "s", [b"c"])
+                again = client.subscribe("s", from_id=3, until_id=3)
+                assert [list(b.ids) async for b in again] == [[3]]
+
+    run(main())

@@ -304,8 +304,9 @@ class HttpHub:
         finally:
             if ahead is not None:  # the application stopped while the next fetch was out
                 ahead.cancel()
-                with contextlib.suppress(BaseException):
-                    await ahead
+                await asyncio.wait([ahead])  # (a cancel of this task itself still ends it)
+                if not ahead.cancelled():
+                    ahead.exception()  # (its answer or its failure is dropped: retrieved)
             # the application stopped, or the client gives up: the extra cancel (and one for a
             # subscription left behind when the hub could not be reached there)
             for url in (sub_url if not done else None, abandoned):
