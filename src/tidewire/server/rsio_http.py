@@ -15,9 +15,10 @@ only the principal that made it. Both refusals are raised as
 :class:`~tidewire.model.AccessError`, which the middleware turns into 401/403.
 
 Per subscription a pump task moves the hub subscription's batches into a buffer; a fetch takes
-what is there, within demand, as one response. The response is written with a known
-``Content-Length``; only once it is written in full does it count, otherwise the next fetch
-gets it again (the seed's resend rule).
+what is there, within demand, as one response. Once the demand is delivered, the pump reads
+the client's next request ahead (:mod:`.rsio_http_sub`), so that a fetch finds it read. The
+response is written with a known ``Content-Length``; only once it is written in full does it
+count, otherwise the next fetch gets it again (the seed's resend rule).
 
 Bounded under hostile load (issue 20): HTTP has no long-lived connection, so each subscription
 has its own :class:`~tidewire.hub.Share` of the hub's memory budget under its owner's name. Its
