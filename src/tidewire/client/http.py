@@ -5,7 +5,9 @@ It follows the seed's client rules (docs/protocols/rsio-http.md):
 
 * subscribes with ``PUT <publisher url>?request=<demand>``, then long-polls the subscription
   URL, asking for more (``request=``) as the application consumes, so that at most ``demand``
-  elements are asked for and not yet handed over;
+  elements are asked for and not yet handed over; each next fetch goes out as a response's
+  elements are handed to the application (as RS.io/TCP's client sends its ``Request`` before
+  it yields), so that the hub answers it while the application works on them;
 * ``204`` polls again (after ``Retry-After`` when the server gives one), ``410`` ends the
   iteration (onComplete);
 * a 4xx/5xx with ``X-Rsio-Error`` ends it with :class:`HttpRsioError` (the server has cancelled);
@@ -44,7 +46,7 @@ import asyncio
 import contextlib
 import json
 import ssl as _ssl
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -227,7 +229,19 @@ class HttpHub:
         sub_url: str | None = None
         abandoned: str | None = None  # a subscription left behind that the hub may still have
         state = ClientSubscription()
+        ahead: asyncio.Task[tuple[_Answer, int]] | None = None  # the next fetch, under way
         done = False
+
+        def fetch(url: str) -> asyncio.Task[tuple[_Answer, int]]:
+            """The next fetch on ``url`` (its answer and the demand it added), as a task:
+            asking for more once half of the demand has arrived."""
+            more = demand - state.outstanding if state.outstanding <= demand // 2 else 0
+            target = f"{url}?request={more}" if more else url
+            answer = self._put(target, pacing, what, headers={SEQUENCE_HEADER: str(state.next_seq)},
+                               lost=(404, 503) if resume is not None else (),
+                               lost_after=LOST_AFTER if resume is not None else None)  # fmt: skip
+            return asyncio.ensure_future(_with(answer, more))
+
         try:
             while True:
                 if sub_url is None:
@@ -244,15 +258,9 @@ class HttpHub:
                         abandoned = None
                     state = ClientSubscription()
                     state.asked(demand)
-                more = demand - state.outstanding if state.outstanding <= demand // 2 else 0
-                fetch = f"{sub_url}?request={more}" if more else sub_url
-                seen = {SEQUENCE_HEADER: str(state.next_seq)}
+                task, ahead = ahead or fetch(sub_url), None
                 try:
-                    response = await self._put(
-                        fetch, pacing, what, headers=seen,
-                        lost=(404, 503) if resume is not None else (),
-                        lost_after=LOST_AFTER if resume is not None else None,
-                    )  # fmt: skip
+                    response, more = await task
                 except _Lost as lost:  # the hub no longer has it (or cannot be reached there)
                     self.resubscribed += 1
                     if not lost.error.rsio:
@@ -269,6 +277,15 @@ class HttpHub:
                     if resume is not None:
                         fresh = resume.take(fresh)
                     if fresh:
+                        # The next fetch goes out as these are handed over (as RS.io/TCP's
+                        # client sends its Request before it yields): the very request the
+                        # loop would make once the application is back, so the hub answers
+                        # it while the application works on these. Two loop turns put it on
+                        # the wire first: one runs the task up to its write, and uvloop
+                        # sends small writes only at the end of a turn.
+                        ahead = fetch(sub_url)
+                        await asyncio.sleep(0)
+                        await asyncio.sleep(0)
                         yield fresh
                 elif response.status == 204:
                     pacing.reset()
@@ -285,6 +302,11 @@ class HttpHub:
             done = exc.rsio  # the hub cancelled it itself
             raise
         finally:
+            if ahead is not None:  # the application stopped while the next fetch was out
+                ahead.cancel()
+                await asyncio.wait([ahead])  # (a cancel of this task itself still ends it)
+                if not ahead.cancelled():
+                    ahead.exception()  # (its answer or its failure is dropped: retrieved)
             # the application stopped, or the client gives up: the extra cancel (and one for a
             # subscription left behind when the hub could not be reached there)
             for url in (sub_url if not done else None, abandoned):
@@ -459,6 +481,10 @@ class _Answer:
         self.status = status
         self.headers = headers
         self.body = body
+
+
+async def _with(answer: Awaitable[_Answer], more: int) -> tuple[_Answer, int]:
+    return await answer, more
 
 
 def _retry_after(value: str | None) -> float:

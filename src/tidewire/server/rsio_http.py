@@ -15,9 +15,10 @@ only the principal that made it. Both refusals are raised as
 :class:`~tidewire.model.AccessError`, which the middleware turns into 401/403.
 
 Per subscription a pump task moves the hub subscription's batches into a buffer; a fetch takes
-what is there, within demand, as one response. The response is written with a known
-``Content-Length``; only once it is written in full does it count, otherwise the next fetch
-gets it again (the seed's resend rule).
+what is there, within demand, as one response. Once the demand is delivered, the pump reads
+the client's next request ahead (:mod:`.rsio_http_sub`), so that a fetch finds it read. The
+response is written with a known ``Content-Length``; only once it is written in full does it
+count, otherwise the next fetch gets it again (the seed's resend rule).
 
 Bounded under hostile load (issue 20): HTTP has no long-lived connection, so each subscription
 has its own :class:`~tidewire.hub.Share` of the hub's memory budget under its owner's name. Its
@@ -40,13 +41,12 @@ import logging
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..hub import Hub, RecordSubscription, Share, Subscription
+from ..hub import Hub, RecordSubscription, Subscription
 from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
@@ -68,6 +68,7 @@ from ..protocols.rsio_http import (
     split_query,
 )
 from ..record import encode as encode_record
+from .rsio_http_sub import HttpSubscription
 
 __all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal", "publisher_name"]
 
@@ -167,37 +168,6 @@ def _error(status: int, message: str, *, rsio: bool = True,
     return web.Response(status=status, text=message + "\n", headers=headers)
 
 
-class _Sub:
-    def __init__(self, sid: str, name: PublisherName, source: Subscription | RecordSubscription,
-                 now: float, owner: Principal, share: Share) -> None:  # fmt: skip
-        self.id = sid
-        self.name = name
-        self.owner = owner  # the principal that made it: the only one it answers
-        self.source = source
-        self.share = share  # its bytes in the hub's budget, under its owner's name
-        self.paused = False  # the share refused the next read-ahead: the pump waits
-        self.state = ServerSubscription(name.size)
-        self.ready: deque[Batch] = deque()  # from the hub, not yet in a delivery
-        self.ready_bytes = 0
-        self.changed = asyncio.Event()  # ready, state or demand changed
-        self.drained = asyncio.Event()  # the pump may read more
-        self.last_seen = now
-        self.fetching = 0  # fetches under way
-        self.polls = 0  # the newest fetch's number: an older one still waiting answers 204
-        self.pump: asyncio.Task[None] | None = None
-
-    def touch(self) -> None:
-        self.changed.set()
-
-    def account(self) -> None:
-        """Set the share's gauges to what this subscription holds now (bytes in memory)."""
-        self.share.hold("readahead", self.ready_bytes + self.source.held_bytes)
-        state = self.state
-        last = state.last
-        kept = len(last.body) if last is not None and last is not state.unsent else 0
-        self.share.hold("outbound", state.pending + kept)
-
-
 class RsioHttp:
     """The RS.io-over-HTTP subscriptions of one hub, and their routes."""
 
@@ -208,7 +178,7 @@ class RsioHttp:
         self.settings = settings or HttpSettings()
         self.access = access if access is not None else Access()
         self.clock = clock
-        self.subs: dict[str, _Sub] = {}
+        self.subs: dict[str, HttpSubscription] = {}
         self.by_principal: dict[str, int] = {}  # subscriptions per owner's name, at once
         self.refusal_log = LogThrottle(clock=clock)  # a flood of refusals: a few lines, a count
         self._reaper: asyncio.TimerHandle | None = None
@@ -256,12 +226,11 @@ class RsioHttp:
         while sid in self.subs:  # pragma: no cover - 2**-128
             sid = secrets.token_urlsafe(16)
         share = self.hub.budget.share(owner.name, f"rsio-http {request.remote}")
-        sub = _Sub(sid, name, source, self.clock(), owner, share)
+        sub = HttpSubscription(sid, name, source, self.clock(), owner, share)
         self.subs[sid] = sub
         self.by_principal[owner.name] = self.by_principal.get(owner.name, 0) + 1
         if demand:
-            sub.state.request(demand)
-            source.request(demand)
+            sub.ask(demand)
         sub.pump = asyncio.create_task(self._pump(sub))
         location = request.url.with_path(SUB_PREFIX + sid).with_query(None)
         return web.Response(status=201, headers={"Location": str(location)})
@@ -291,18 +260,20 @@ class RsioHttp:
 
     # ------------------------------------------------------------------ the pump
 
-    async def _pump(self, sub: _Sub) -> None:
+    async def _pump(self, sub: HttpSubscription) -> None:
         """Move the hub subscription's deliveries into ``sub.ready``: one at a time, the next
         once a fetch has taken all of it, and each read only once the subscription's share
         has granted its bytes (a read is never made unreserved)."""
-        source = sub.source
-        hub_sub = source.sub if isinstance(source, RecordSubscription) else source
+        source, hub_sub = sub.source, sub.hub_sub
         try:
             while True:
                 sub.drained.clear()
-                if sub.ready or (not source.held_bytes and not hub_sub.done
-                                 and source.demand <= 0):  # fmt: skip
-                    await sub.drained.wait()  # a fetch took it, or demand came
+                if sub.ready and not sub.topup:
+                    await sub.drained.wait()  # a fetch took it (or wants it topped up)
+                    continue
+                if not source.held_bytes and not hub_sub.done and source.demand <= 0 and (
+                        sub.ready or not sub.read_ahead()):  # (else: read the next one ahead)
+                    await sub.drained.wait()  # demand came
                     continue
                 if not (source.held_bytes or hub_sub.done or hub_sub.poll_ready()):
                     await self.hub.wait_for(hub_sub.stream, hub_sub.next_id - 1)
@@ -310,15 +281,21 @@ class RsioHttp:
                 if not (source.held_bytes or hub_sub.done or sub.share.try_hold(
                         "readahead", hub_sub.readahead_bytes)):  # fmt: skip
                     sub.paused = True  # until a fetch, or a second passes: then again
+                    sub.topup = False
+                    sub.touch()  # (a fetch waiting for a top-up sends what it has)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(sub.drained.wait(), PAUSED_RETRY_SECONDS)
                     continue
                 sub.paused = False
+                sub.topup = False
+                guessed = sub.ahead > 0
                 batches = await source.next()  # (at once: events, demand or a carry are there)
                 if batches is None:
                     if source.complete:
                         sub.state.complete()
                     break
+                if not sub.ready:
+                    sub.guessed = guessed
                 sub.ready.extend(batches)
                 sub.ready_bytes += sum(b.nbytes for b in batches)
                 sub.account()
@@ -352,8 +329,7 @@ class RsioHttp:
         sub.last_seen = self.clock()
         state = sub.state
         if demand and state.state is State.OPEN:  # (first: a resend below spends none of it)
-            state.request(demand)
-            sub.source.request(demand)
+            sub.ask(demand)
         sub.drained.set()  # the pump may wait for demand, or for its share: try now
         if expects is not None and sub.state.unsent is None:
             try:
@@ -370,12 +346,13 @@ class RsioHttp:
             sub.fetching -= 1
             sub.last_seen = self.clock()
 
-    async def _answer(self, request: web.Request, sub: _Sub) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, sub: HttpSubscription) -> web.StreamResponse:
         state = sub.state
         sub.polls += 1
         mine = sub.polls
         sub.touch()  # an older fetch still waiting answers 204 at once
         deadline = self.clock() + self.settings.poll_seconds
+        topped = False
         while True:
             if sub.polls != mine:  # a newer fetch took over (it gets what there is)
                 return web.Response(status=204)
@@ -385,6 +362,14 @@ class RsioHttp:
                 return _error(*state.error)
             if state.unsent is not None:
                 return await self._deliver(request, sub, state.unsent)
+            if not topped and state.room > 0 and sub.short(self.settings.max_response_bytes):
+                topped = True  # (once: then it sends what there is)
+                sub.topup = True  # the pump reads once more (read_ahead guessed too few)
+                sub.drained.set()
+                sub.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(sub.changed.wait(), max(0.0, deadline - self.clock()))
+                continue
             if sub.ready and state.room > 0:
                 try:
                     delivery = self._take(sub)
@@ -405,7 +390,7 @@ class RsioHttp:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(sub.changed.wait(), left)
 
-    def _take(self, sub: _Sub) -> Delivery:
+    def _take(self, sub: HttpSubscription) -> Delivery:
         """A new delivery from ``sub.ready``: at most the demand left and about
         ``max_response_bytes`` (at least one element)."""
         state, name = sub.state, sub.name
@@ -458,7 +443,7 @@ class RsioHttp:
         body = b"".join([length_prefixed_envelopes(b) for b in batches])  # (compiled: native)
         return state.prepared(body, count, LENGTH_PREFIXED)
 
-    async def _deliver(self, request: web.Request, sub: _Sub,
+    async def _deliver(self, request: web.Request, sub: HttpSubscription,
                        delivery: Delivery) -> web.StreamResponse:  # fmt: skip
         response = web.StreamResponse(status=200)
         response[_ELEMENTS] = True
@@ -505,15 +490,14 @@ class RsioHttp:
             return self._refuse(request, 400, "requestMore=0: demand must be at least 1 "
                                 "(Reactive Streams 3.9)")  # fmt: skip
         if sub.state.state is State.OPEN:
-            sub.state.request(n)
-            sub.source.request(n)
+            sub.ask(n)
             sub.drained.set()
             sub.touch()
         return web.Response(status=200)
 
     # ------------------------------------------------------------------ lifetime
 
-    def _drop(self, sub: _Sub) -> None:
+    def _drop(self, sub: HttpSubscription) -> None:
         if self.subs.get(sub.id) is sub:
             del self.subs[sub.id]
             left = self.by_principal.get(sub.owner.name, 0) - 1
@@ -565,7 +549,7 @@ class RsioHttp:
             sub.touch()
 
 
-def _owned(request: web.Request, sub: _Sub) -> None:
+def _owned(request: web.Request, sub: HttpSubscription) -> None:
     """A subscription answers the principal that made it only (its URL alone is no right):
     another one is refused, and the subscription carries on for its owner."""
     asker = principal(request)

@@ -1,0 +1,108 @@
+"""One RS.io-over-HTTP subscription on the hub (:mod:`.rsio_http`): its sans-IO state, the
+batches its pump has read and not yet put in a response, its share of the memory budget, and
+how far its reads run ahead of the client's demand.
+
+Read-ahead (issue 22): a fetch that finds its elements read answers at once; one that finds
+nothing waits for the log (a read, a hop to a worker thread and back) before it can answer.
+So once the hub subscription has delivered all its demand, it is given the client's largest
+request yet once more (:meth:`HttpSubscription.read_ahead`), and the pump reads that while
+the last response is on its way; the client's next request then covers it
+(:meth:`HttpSubscription.ask`). A response still holds no more than the client's demand, and
+what is read is still one delivery at most, granted by the share first: what changes is
+when the read happens, not how much is held. When the client asks for more than the read
+ahead guessed, the fetch has the pump read once more before it answers
+(:meth:`HttpSubscription.short`), so that responses hold what they held when every read
+followed the demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from ..hub import RecordSubscription, Share, Subscription
+from ..hub.access import Principal
+from ..model import Batch
+from ..protocols.rsio.names import PublisherName
+from ..protocols.rsio_http import ServerSubscription
+
+__all__ = ["HttpSubscription"]
+
+
+class HttpSubscription:
+    """The hub's side of one subscription: made by a subscribe, found by its id."""
+
+    def __init__(self, sid: str, name: PublisherName, source: Subscription | RecordSubscription,
+                 now: float, owner: Principal, share: Share) -> None:  # fmt: skip
+        self.id = sid
+        self.name = name
+        self.owner = owner  # the principal that made it: the only one it answers
+        self.source = source
+        self.share = share  # its bytes in the hub's budget, under its owner's name
+        self.paused = False  # the share refused the next read-ahead: the pump waits
+        self.state = ServerSubscription(name.size)
+        self.ready: deque[Batch] = deque()  # from the hub, not yet in a delivery
+        self.ready_bytes = 0
+        self.changed = asyncio.Event()  # ready, state or demand changed
+        self.drained = asyncio.Event()  # the pump may read more
+        self.last_seen = now
+        self.fetching = 0  # fetches under way
+        self.polls = 0  # the newest fetch's number: an older one still waiting answers 204
+        self.pump: asyncio.Task[None] | None = None
+        self.lead = 0  # the largest request yet: what the pump reads ahead of demand
+        self.ahead = 0  # demand the hub subscription was given ahead of the client's
+        self.topup = False  # a fetch waits for one more read to fill its response
+        self.guessed = False  # what is ready was read ahead of demand (read_ahead)
+
+    @property
+    def hub_sub(self) -> Subscription:
+        """The hub subscription that reads the log (under a record subscription, if any)."""
+        source = self.source
+        return source.sub if isinstance(source, RecordSubscription) else source
+
+    def ask(self, n: int) -> None:
+        """``n`` (>= 1) more elements of demand, for the responses and for the hub
+        subscription (less what it was given ahead already: see :meth:`read_ahead`)."""
+        self.state.request(n)
+        self.lead = max(self.lead, n)
+        covered = min(n, self.ahead)
+        self.ahead -= covered
+        if n > covered:
+            self.source.request(n - covered)
+
+    def read_ahead(self) -> bool:
+        """Give the hub subscription, which has delivered all its demand, :attr:`lead` more
+        (once, until requests cover it), so that the pump reads what the client's next
+        request will most likely ask for. ``False`` when there is nothing to give (no
+        request yet, or given already)."""
+        if self.ahead or not self.lead:
+            return False
+        self.ahead = self.lead
+        self.source.request(self.lead)
+        return True
+
+    def short(self, max_response_bytes: int) -> bool:
+        """Whether what is ready was read ahead of demand and is less than the next response
+        may hold, while more can be read at once (committed, demanded, and no key filter
+        that could drop it all, which would make the read wait for commits): the client
+        asked for more than the read ahead guessed."""
+        source, hub_sub = self.source, self.hub_sub
+        if not self.guessed or self.name.key is not None or self.paused or hub_sub.done or (
+                source.demand <= 0):  # fmt: skip
+            return False
+        if not (source.held_bytes or hub_sub.poll_ready()):
+            return False
+        ready = self.ready
+        count = len(ready) if self.name.format == "records" else sum(len(b) for b in ready)
+        return count < self.state.room and self.ready_bytes < max_response_bytes
+
+    def touch(self) -> None:
+        self.changed.set()
+
+    def account(self) -> None:
+        """Set the share's gauges to what this subscription holds now (bytes in memory)."""
+        self.share.hold("readahead", self.ready_bytes + self.source.held_bytes)
+        state = self.state
+        last = state.last
+        kept = len(last.body) if last is not None and last is not state.unsent else 0
+        self.share.hold("outbound", state.pending + kept)
