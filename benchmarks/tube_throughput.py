@@ -7,8 +7,8 @@ uvloop, over 127.0.0.1):
 
 * ``tube_plain_1MiB``: Tube messages split into 64 KiB fragments (the receiver asked for 64 KiB),
   not compressed: the sender's :class:`tidewire.protocols.tube.Connection` splits each message
-  into 16 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
-  does (``messages_to_send``: each message's head, Tube header and payload views in one
+  into 17 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
+  does (``messages_to_send``: all their heads, Tube headers and payload views in one
   ``writelines``, no join; issue 22), and the receiver's reassembles them. Baseline: the same
   bytes as one plain aiohttp WebSocket message each (``send_bytes`` / ``receive``). Goal:
   ratio >= 0.7.
@@ -84,17 +84,20 @@ async def serve() -> None:
             tube.receive_data(first.data, loop.time())
             for message in tube.data_to_send():  # the server's
                 await ws.send_bytes(message)
-            # As the hub's TubeCarrier sends: each WebSocket message framed here, its head and
-            # parts (the Tube header, views of the payload) in one writelines, then drain.
+            # As the hub's TubeCarrier sends: the WebSocket messages of each Tube message framed
+            # here, every head and part (the Tube header, views of the payload) in one
+            # writelines, then drain.
             transport = cast(asyncio.WriteTransport, request.transport)
             assert writes_lines(transport)
             assert frames is not None
             for _ in range(n):
                 tube.send(data, loop.time())
+                lines: list[bytes | memoryview] = []
                 for parts in tube.messages_to_send():
-                    size = sum(len(part) for part in parts)
-                    transport.writelines([binary_frame_head(size), *parts])
-                    await frames.drain()
+                    lines.append(binary_frame_head(sum(len(part) for part in parts)))
+                    lines += parts
+                transport.writelines(lines)
+                await frames.drain()
         await ws.receive()  # the receiver closes when it has everything
         return ws
 
