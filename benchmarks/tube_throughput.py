@@ -12,6 +12,10 @@ uvloop, over 127.0.0.1):
   ``writelines``, no join; issue 22), and the receiver's reassembles them. Baseline: the same
   bytes as one plain aiohttp WebSocket message each (``send_bytes`` / ``receive``). Goal:
   ratio >= 0.7.
+* ``tube_plain_1MiB_stream``: the same, but the receiver takes each message's fragments as
+  they come (``Connection(parts=True)``: :class:`MessageReceived` parts, nothing joined), as a
+  reader of a byte stream would (RS.io over Tube is one); lengths are still counted whole.
+  Against the same baseline; no goal (the goal stays on whole messages).
 * ``tube_deflate_json_1MiB``: the same with compressible JSON and ``compression="always"``
   (zlib level 1 on the sender, inflate on the receiver), against plain messages of the same
   JSON; MB/s counts the uncompressed bytes. No goal: it shows what deflate costs and saves.
@@ -130,7 +134,9 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                     raise RuntimeError(f"unexpected {message.type} {len(message.data or b'')}")
                 got += 1
         else:
-            tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time())
+            # tube-stream: the message's fragments taken as they come, not joined (parts)
+            tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time(),
+                              parts=kind == "tube-stream")  # fmt: skip
             part = 0  # bytes of the message being received
             for out in tube.data_to_send():
                 await ws.send_bytes(out)
@@ -140,7 +146,7 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                     raise RuntimeError(f"unexpected {message.type} {message.data!r}")
                 tube.receive_data(message.data, loop.time())
                 while (event := tube.next_event()) is not None:
-                    if isinstance(event, MessageReceived):  # a deflated one comes in parts
+                    if isinstance(event, MessageReceived):  # (parts: deflated, or stream)
                         part += len(event.data)
                         if not event.final:
                             continue
@@ -153,7 +159,7 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
 
 
 async def measure(port: int, rounds: int, n: int) -> dict[str, list[float]]:
-    kinds = ["plain", "tube", "plain-json", "tube-json"]
+    kinds = ["plain", "tube", "tube-stream", "plain-json", "tube-json"]
     results: dict[str, list[float]] = {k: [] for k in kinds}
     async with ClientSession() as session:
         for kind in kinds:  # warm-up, untimed
@@ -162,7 +168,7 @@ async def measure(port: int, rounds: int, n: int) -> dict[str, list[float]]:
             order = kinds if i % 2 == 0 else list(reversed(kinds))
             for kind in order:
                 results[kind].append(await receive(session, port, kind, n))
-                note(f"  round {i + 1} {kind:<11} {results[kind][-1]:9.1f} MB/s")
+                note(f"  round {i + 1} {kind:<12} {results[kind][-1]:9.1f} MB/s")
     return results
 
 
@@ -208,6 +214,10 @@ def main() -> None:
     print(json.dumps(line("tube_plain_1MiB", results["tube"],
                           "aiohttp WebSocket, one 1 MiB binary message each", results["plain"],
                           GOAL_RATIO, extra)), flush=True)  # fmt: skip
+    print(json.dumps(line("tube_plain_1MiB_stream", results["tube-stream"],
+                          "aiohttp WebSocket, one 1 MiB binary message each", results["plain"],
+                          None, {**extra, "receiver": "Tube parts (a byte stream's reader)"})),
+          flush=True)  # fmt: skip
     print(json.dumps(line("tube_deflate_json_1MiB", results["tube-json"],
                           "aiohttp WebSocket, the same JSON uncompressed", results["plain-json"],
                           None, {**extra, "json_bytes": json_bytes,
