@@ -59,6 +59,7 @@ from .codec import (
     push_varint,
     split_header,
 )
+from .smart import deflate, deflated_if_it_pays
 
 __all__ = [
     "Closed",
@@ -77,7 +78,6 @@ CLOSE_PROTOCOL_ERROR = 1002  # WebSocket close codes (RFC 6455 7.4.1)
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
-SMART_MIN_BYTES = 256
 
 
 class TooBig(RemoteProtocolError):
@@ -340,15 +340,19 @@ class Connection:
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before both fragment sizes are exchanged")
         payload = data if isinstance(data, bytes) else bytes(data)
-        code = CODE_PLAIN
-        smart = compress is None and self.compression == "smart"
-        if compress is None:
-            compress = self.compression == "always" or (smart and len(payload) >= SMART_MIN_BYTES)
-        if compress and self._deflate_ok:
-            packed = zlib.compress(payload, 1)  # (level 1: fast; see docs/protocols/tube.md)
-            if not smart or len(packed) <= len(payload) - len(payload) // 8:  # smart: if it pays
-                payload, code = packed, CODE_DEFLATE
-        self._send_fragments(code, payload, now)
+        packed = self._deflated([memoryview(payload)], len(payload), compress)
+        if packed is not None:
+            self._send_fragments(CODE_DEFLATE, packed, now)
+        else:
+            self._send_fragments(CODE_PLAIN, payload, now)
+
+    def _deflated(self, views: list[memoryview], total: int, compress: bool | None) -> bytes | None:
+        """The deflated payload to send, or None: plain (smart.py: "smart" probes first)."""
+        if not self._deflate_ok or compress is False:
+            return None
+        if compress or self.compression == "always":
+            return deflate(views)
+        return deflated_if_it_pays(views, total) if self.compression == "smart" else None
 
     def send_chunks(self, chunks: Sequence[bytes | memoryview], now: float, *,
                     compress: bool | None = None) -> None:  # fmt: skip
@@ -362,15 +366,10 @@ class Connection:
             raise LocalProtocolError("no message before both fragment sizes are exchanged")
         views = [memoryview(c).cast("B") for c in chunks]
         total = sum(v.nbytes for v in views)
-        smart = compress is None and self.compression == "smart"
-        if compress is None:
-            compress = self.compression == "always" or (smart and total >= SMART_MIN_BYTES)
-        if compress and self._deflate_ok:
-            deflater = zlib.compressobj(1)  # (the same stream as zlib.compress(payload, 1))
-            packed = b"".join([*map(deflater.compress, views), deflater.flush()])
-            if not smart or len(packed) <= total - total // 8:  # smart: if it pays
-                self._send_fragments(CODE_DEFLATE, packed, now)
-                return
+        packed = self._deflated(views, total, compress)
+        if packed is not None:
+            self._send_fragments(CODE_DEFLATE, packed, now)
+            return
         size = self.peer_fragment_size or 0
         if not size or total + 1 <= size:  # one WebSocket message: header and payload
             self._queue((encode_header(CODE_PLAIN, 1), *views), now)
