@@ -86,6 +86,7 @@ FEED_MAX = 64 * 1024
 TURN_SECONDS = 0.0005  # the most handing RS.io bytes over goes without a turn of the loop
 PAUSE_SECONDS = 0.001  # the turn after costly bytes: for other connections' several steps
 GAUGE = "tube"  # what Tube holds of the peer's messages, in the connection's budget share
+WRITE_BATCH_BYTES = 512 * 1024  # the most one writelines of the writer takes (then a drain)
 COALESCE_BYTES = 64 * 1024  # the session's answers to input gathered into one Tube message
 _TLS_INFO = frozenset({"peercert", "sslcontext", "cipher", "compression", "ssl_object"})
 _DEFAULT_PORTS = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
@@ -434,13 +435,15 @@ class TubeCarrier:
     async def _send(self, messages: list[tuple[bytes | memoryview, ...]], sizes: list[int]) -> None:
         """The WebSocket binary messages ``messages`` (Tube messages: each its header, then
         views of the session's chunks; ``sizes`` their lengths), in order. Framed here: every
-        frame head and every part of all of them go in one ``writelines`` (one ``writev``),
-        with no join of any payload, and one ``drain`` after it waits while the transport is
-        over its high-water mark. One write per wake of the writer, not one per WebSocket
+        frame head and every part of them go in one ``writelines`` (one ``writev``) per
+        ``WRITE_BATCH_BYTES`` or so, with no join of any payload, and a ``drain`` after each
+        waits while the transport is over its high-water mark. Not one write per WebSocket
         message: a 1 MiB Tube message split at 64 KiB is 17 messages, and writing them one
-        at a time cost the sender a fifth more CPU per MiB and woke the reader per 64 KiB
-        (docs/protocols/tube.md, "Sending"). Without the framing path (no ``frames``, or a
-        transport without ``writelines``) each goes to ``ws.send_bytes``, joined."""
+        at a time cost the sender a third more CPU per MiB and woke the reader per 64 KiB
+        (docs/protocols/tube.md, "Sending"). The batch is bounded so that what the transport
+        holds stays small next to the queue that pauses the session (``WRITE_HIGH_WATER``).
+        Without the framing path (no ``frames``, or a transport without ``writelines``) each
+        goes to ``ws.send_bytes``, joined."""
         http, frames = self.http, self.frames
         if frames is None or http is None or not writes_lines(http):
             for parts, size in zip(messages, sizes, strict=True):
@@ -449,16 +452,26 @@ class TubeCarrier:
                                               else b"".join(parts)))  # fmt: skip
                 self._in_writer -= size
             return
-        if self.ws.closed or http.is_closing():  # (never a data frame after the close frame)
-            raise ConnectionResetError("the WebSocket is closing")
         lines: list[bytes | memoryview] = []
-        for parts, size in zip(messages, sizes, strict=True):
+        batch, last = 0, len(messages) - 1
+        for i, (parts, size) in enumerate(zip(messages, sizes, strict=True)):
             lines.append(binary_frame_head(size))
             lines += parts
-        cast(asyncio.WriteTransport, http).writelines(lines)
-        # (handed to the transport: counted there now, _transport_buffered)
-        self._in_writer -= sum(sizes)
-        await frames.drain()
+            batch += size
+            if batch >= WRITE_BATCH_BYTES or i == last:
+                if self.ws.closed or http.is_closing():  # (no data frame after the close)
+                    raise ConnectionResetError("the WebSocket is closing")
+                cast(asyncio.WriteTransport, http).writelines(lines)
+                # (handed to the transport: counted there now, _transport_buffered)
+                self._in_writer -= batch
+                self._account()
+                await frames.drain()
+                lines, batch = [], 0
+
+    def _account(self) -> None:
+        """What waits, after the writer handed messages over: the ``outbound`` gauge."""
+        self.queued = self.tube.pending + self._in_writer
+        self.share.hold("outbound", self.queued + self._transport_buffered())
 
     async def _write(self) -> None:
         """Send the queued Tube messages, in order; close the WebSocket once closing."""
@@ -471,8 +484,7 @@ class TubeCarrier:
                 self._in_writer = sum(sizes)
                 if messages:
                     await self._send(messages, sizes)
-                self.queued = self.tube.pending + self._in_writer
-                self.share.hold("outbound", self.queued + self._transport_buffered())
+                self._account()
                 if self._paused and self.queued < WRITE_LOW_WATER:
                     self._paused = False
                     self.session.resume_writing()
