@@ -7,11 +7,15 @@ uvloop, over 127.0.0.1):
 
 * ``tube_plain_1MiB``: Tube messages split into 64 KiB fragments (the receiver asked for 64 KiB),
   not compressed: the sender's :class:`tidewire.protocols.tube.Connection` splits each message
-  into 16 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
-  does (``messages_to_send``: each message's head, Tube header and payload views in one
-  ``writelines``, no join; issue 22), and the receiver's reassembles them. Baseline: the same
-  bytes as one plain aiohttp WebSocket message each (``send_bytes`` / ``receive``). Goal:
-  ratio >= 0.7.
+  into 17 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
+  does (``messages_to_send``: their heads, Tube headers and payload views in one
+  ``writelines`` per 512 KiB or so, no join; issue 22), and the receiver's reassembles them.
+  Baseline: the same bytes as one plain aiohttp WebSocket message each (``send_bytes`` /
+  ``receive``). Goal: ratio >= 0.7.
+* ``tube_plain_1MiB_stream``: the same, but the receiver takes each message's fragments as
+  they come (``Connection(parts=True)``: :class:`MessageReceived` parts, nothing joined), as a
+  reader of a byte stream would (RS.io over Tube is one); lengths are still counted whole.
+  Against the same baseline; no goal (the goal stays on whole messages).
 * ``tube_deflate_json_1MiB``: the same with compressible JSON and ``compression="always"``
   (zlib level 1 on the sender, inflate on the receiver), against plain messages of the same
   JSON; MB/s counts the uncompressed bytes. No goal: it shows what deflate costs and saves.
@@ -38,7 +42,7 @@ from aiohttp.client import ClientSession
 
 from _common import LinePump, Processes, loop_factory, note
 from tidewire.protocols.tube import Connection, MessageReceived, Role
-from tidewire.server.tube import binary_frame_head, writes_lines
+from tidewire.server.tube import WRITE_BATCH_BYTES, binary_frame_head, writes_lines
 
 MESSAGE_BYTES = 1024 * 1024
 FRAGMENT = 64 * 1024
@@ -84,16 +88,27 @@ async def serve() -> None:
             tube.receive_data(first.data, loop.time())
             for message in tube.data_to_send():  # the server's
                 await ws.send_bytes(message)
-            # As the hub's TubeCarrier sends: each WebSocket message framed here, its head and
-            # parts (the Tube header, views of the payload) in one writelines, then drain.
+            # As the hub's TubeCarrier sends: the WebSocket messages of each Tube message framed
+            # here, every head and part (the Tube header, views of the payload) in one
+            # writelines per WRITE_BATCH_BYTES or so, then drain.
             transport = cast(asyncio.WriteTransport, request.transport)
             assert writes_lines(transport)
             assert frames is not None
             for _ in range(n):
                 tube.send(data, loop.time())
+                lines: list[bytes | memoryview] = []
+                batch = 0
                 for parts in tube.messages_to_send():
                     size = sum(len(part) for part in parts)
-                    transport.writelines([binary_frame_head(size), *parts])
+                    lines.append(binary_frame_head(size))
+                    lines += parts
+                    batch += size
+                    if batch >= WRITE_BATCH_BYTES:
+                        transport.writelines(lines)
+                        await frames.drain()
+                        lines, batch = [], 0
+                if lines:
+                    transport.writelines(lines)
                     await frames.drain()
         await ws.receive()  # the receiver closes when it has everything
         return ws
@@ -127,7 +142,9 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                     raise RuntimeError(f"unexpected {message.type} {len(message.data or b'')}")
                 got += 1
         else:
-            tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time())
+            # tube-stream: the message's fragments taken as they come, not joined (parts)
+            tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time(),
+                              parts=kind == "tube-stream")  # fmt: skip
             part = 0  # bytes of the message being received
             for out in tube.data_to_send():
                 await ws.send_bytes(out)
@@ -137,7 +154,7 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                     raise RuntimeError(f"unexpected {message.type} {message.data!r}")
                 tube.receive_data(message.data, loop.time())
                 while (event := tube.next_event()) is not None:
-                    if isinstance(event, MessageReceived):  # a deflated one comes in parts
+                    if isinstance(event, MessageReceived):  # (parts: deflated, or stream)
                         part += len(event.data)
                         if not event.final:
                             continue
@@ -150,7 +167,7 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
 
 
 async def measure(port: int, rounds: int, n: int) -> dict[str, list[float]]:
-    kinds = ["plain", "tube", "plain-json", "tube-json"]
+    kinds = ["plain", "tube", "tube-stream", "plain-json", "tube-json"]
     results: dict[str, list[float]] = {k: [] for k in kinds}
     async with ClientSession() as session:
         for kind in kinds:  # warm-up, untimed
@@ -159,7 +176,7 @@ async def measure(port: int, rounds: int, n: int) -> dict[str, list[float]]:
             order = kinds if i % 2 == 0 else list(reversed(kinds))
             for kind in order:
                 results[kind].append(await receive(session, port, kind, n))
-                note(f"  round {i + 1} {kind:<11} {results[kind][-1]:9.1f} MB/s")
+                note(f"  round {i + 1} {kind:<12} {results[kind][-1]:9.1f} MB/s")
     return results
 
 
@@ -205,6 +222,10 @@ def main() -> None:
     print(json.dumps(line("tube_plain_1MiB", results["tube"],
                           "aiohttp WebSocket, one 1 MiB binary message each", results["plain"],
                           GOAL_RATIO, extra)), flush=True)  # fmt: skip
+    print(json.dumps(line("tube_plain_1MiB_stream", results["tube-stream"],
+                          "aiohttp WebSocket, one 1 MiB binary message each", results["plain"],
+                          None, {**extra, "receiver": "Tube parts (a byte stream's reader)"})),
+          flush=True)  # fmt: skip
     print(json.dumps(line("tube_deflate_json_1MiB", results["tube-json"],
                           "aiohttp WebSocket, the same JSON uncompressed", results["plain-json"],
                           None, {**extra, "json_bytes": json_bytes,

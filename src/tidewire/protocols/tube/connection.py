@@ -28,6 +28,8 @@ end of the stream.
   So no call does work proportional to what a message inflates to (a deflate bomb), and the
   adapter can check the running size (:attr:`inflated`) against its memory budget between
   parts; past ``max_message_bytes`` it is a breach (1009) at the slice that passes it.
+* **Parts.** With ``parts`` (a reader of a byte stream), a plain message of several fragments
+  comes as its fragments as they arrive, in parts like a deflated one's: nothing held, no join.
 * **Compression.** ``"never"``, ``"always"`` or ``"smart"`` (deflate only when the message is at
   least 256 bytes and shrinks by an eighth). A compressed message with an id this side does not
   support is answered with control code ``8 + id`` and dropped; when the peer says it does not
@@ -46,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ...model import LocalProtocolError, RemoteProtocolError
-from ..buffer import BufferFull, ReceiveBuffer
 from .codec import (
     CODE_DEFLATE,
     CODE_PING,
@@ -58,6 +59,7 @@ from .codec import (
     push_varint,
     split_header,
 )
+from .smart import deflate, deflated_if_it_pays
 
 __all__ = [
     "Closed",
@@ -76,7 +78,6 @@ CLOSE_PROTOCOL_ERROR = 1002  # WebSocket close codes (RFC 6455 7.4.1)
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
-SMART_MIN_BYTES = 256
 
 
 class TooBig(RemoteProtocolError):
@@ -122,9 +123,9 @@ class Established:
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
-    """A message's payload, or for a deflated one a part of it (``final``: the last part;
-    parts come in order, nothing else between them). Tube payloads carrying a byte stream
-    (RS.io) can be fed part by part as they come."""
+    """A message's payload, or a part of it: of a deflated one, or with ``Connection.parts`` a
+    plain one's fragment (``final``: the last part; parts come in order, nothing else between
+    them). Tube payloads carrying a byte stream (RS.io) can be fed part by part as they come."""
 
     data: bytes
     compressed: bool
@@ -163,7 +164,10 @@ class _Incoming:
     code: int
     count: int
     since: float  # when its header came
-    received: int = 0
+    received: int = 0  # fragments
+    size: int = 0  # bytes
+    held: list[bytes | memoryview] = field(default_factory=list)  # fragments kept to join
+    kept: int = 0  # their bytes
 
 
 class _Inflation:
@@ -247,11 +251,13 @@ class Connection:
     now: float = 0.0  # when the connection started
     state: _State = _State.AWAIT_SIZE
     peer_fragment_size: int | None = None
+    # A plain message of several fragments handed out as they come (MessageReceived parts,
+    # ``final`` on the last), not joined: for a peer whose messages carry a byte stream
+    parts: bool = False
     # a WebSocket message: one buffer, or its parts (the Tube header, then views of the chunks)
     _out: list[bytes | memoryview | tuple[bytes | memoryview, ...]] = field(default_factory=list)
     _events: deque[Event | _Inflation] = field(default_factory=deque)
-    _incoming: _Incoming | None = None  # the message being reassembled (its fragments: _rx)
-    _rx: ReceiveBuffer = field(init=False)
+    _incoming: _Incoming | None = None  # the message being reassembled
     _after_empty: bool = False  # the last WebSocket message was an empty Tube message
     _last_sent: float = 0.0
     _last_received: float = 0.0
@@ -263,7 +269,6 @@ class Connection:
         if self.fragment_size and self.fragment_size < 8:
             raise LocalProtocolError("a fragment size below 8 bytes cannot hold a header")
         self._last_sent = self._last_received = self.now
-        self._rx = ReceiveBuffer(self.limits.max_message_bytes)
         if self.role is Role.CLIENT:  # the client speaks first (the seed)
             self._queue(push_varint(self.fragment_size), self.now)
 
@@ -279,8 +284,8 @@ class Connection:
         """Bytes received and held: of the message being reassembled (at most
         ``limits.max_message_bytes``: more closes with 1009), and the compressed bytes of
         deflated messages not yet inflated by :meth:`next_event`."""
-        return self._rx.buffered + sum(e.pending for e in self._events
-                                       if isinstance(e, _Inflation))  # fmt: skip
+        held = 0 if self._incoming is None else self._incoming.kept
+        return held + sum(e.pending for e in self._events if isinstance(e, _Inflation))
 
     @property
     def inflated(self) -> int:
@@ -335,15 +340,19 @@ class Connection:
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before both fragment sizes are exchanged")
         payload = data if isinstance(data, bytes) else bytes(data)
-        code = CODE_PLAIN
-        smart = compress is None and self.compression == "smart"
-        if compress is None:
-            compress = self.compression == "always" or (smart and len(payload) >= SMART_MIN_BYTES)
-        if compress and self._deflate_ok:
-            packed = zlib.compress(payload, 1)  # (level 1: fast; see docs/protocols/tube.md)
-            if not smart or len(packed) <= len(payload) - len(payload) // 8:  # smart: if it pays
-                payload, code = packed, CODE_DEFLATE
-        self._send_fragments(code, payload, now)
+        packed = self._deflated([memoryview(payload)], len(payload), compress)
+        if packed is not None:
+            self._send_fragments(CODE_DEFLATE, packed, now)
+        else:
+            self._send_fragments(CODE_PLAIN, payload, now)
+
+    def _deflated(self, views: list[memoryview], total: int, compress: bool | None) -> bytes | None:
+        """The deflated payload to send, or None: plain (smart.py: "smart" probes first)."""
+        if not self._deflate_ok or compress is False:
+            return None
+        if compress or self.compression == "always":
+            return deflate(views)
+        return deflated_if_it_pays(views, total) if self.compression == "smart" else None
 
     def send_chunks(self, chunks: Sequence[bytes | memoryview], now: float, *,
                     compress: bool | None = None) -> None:  # fmt: skip
@@ -357,15 +366,10 @@ class Connection:
             raise LocalProtocolError("no message before both fragment sizes are exchanged")
         views = [memoryview(c).cast("B") for c in chunks]
         total = sum(v.nbytes for v in views)
-        smart = compress is None and self.compression == "smart"
-        if compress is None:
-            compress = self.compression == "always" or (smart and total >= SMART_MIN_BYTES)
-        if compress and self._deflate_ok:
-            deflater = zlib.compressobj(1)  # (the same stream as zlib.compress(payload, 1))
-            packed = b"".join([*map(deflater.compress, views), deflater.flush()])
-            if not smart or len(packed) <= total - total // 8:  # smart: if it pays
-                self._send_fragments(CODE_DEFLATE, packed, now)
-                return
+        packed = self._deflated(views, total, compress)
+        if packed is not None:
+            self._send_fragments(CODE_DEFLATE, packed, now)
+            return
         size = self.peer_fragment_size or 0
         if not size or total + 1 <= size:  # one WebSocket message: header and payload
             self._queue((encode_header(CODE_PLAIN, 1), *views), now)
@@ -463,8 +467,7 @@ class Connection:
         try:
             self._receive(data if isinstance(data, bytes) else bytes(data), now)
         except RemoteProtocolError as exc:
-            too_big = isinstance(exc, TooBig | BufferFull)
-            code = CLOSE_TOO_BIG if too_big else CLOSE_PROTOCOL_ERROR
+            code = CLOSE_TOO_BIG if isinstance(exc, TooBig) else CLOSE_PROTOCOL_ERROR
             self._close(f"protocol error: {exc}", code, error=True)
 
     def next_event(self) -> Event | None:
@@ -483,7 +486,6 @@ class Connection:
             self._events.clear()  # (a close queued behind it is replaced by this one)
             self.state = _State.CLOSED
             self._incoming = None
-            self._rx.clear()
             code = CLOSE_TOO_BIG if isinstance(exc, TooBig) else CLOSE_PROTOCOL_ERROR
             return Closed(f"protocol error: {exc}", code, True)
         if final:
@@ -494,7 +496,6 @@ class Connection:
         if self.state is not _State.CLOSED:
             self.state = _State.CLOSED
             self._incoming = None
-            self._rx.clear()
             if error:  # (a breach: the deflated messages not yet inflated are dropped)
                 self._events = deque(e for e in self._events if not isinstance(e, _Inflation))
             self._events.append(Closed(reason, code, error))
@@ -554,23 +555,28 @@ class Connection:
         self._incoming = incoming
         if offset == len(data):  # the header alone: the first fragment is the next message
             return  # (the seed's literal reading; with one fragment, above, an empty message)
-        self._fragment(incoming, data[offset:])
+        self._fragment(incoming, memoryview(data)[offset:])  # (a view: joined or copied once)
 
-    def _fragment(self, incoming: _Incoming, data: bytes) -> None:
-        """One fragment of a message of several: kept in the receive buffer until the last."""
+    def _fragment(self, incoming: _Incoming, data: bytes | memoryview) -> None:
+        """One fragment of a message of several: kept until the last, then joined once (with
+        :attr:`parts`, a plain message's fragment is handed out at once instead)."""
         if not data:  # (**decision**: it would let a peer grow a message's bookkeeping
             # without sending bytes; no sender needs one)
             raise RemoteProtocolError("an empty fragment in a message of several")
         incoming.received += 1
-        try:  # (fragments are kept as they came and joined once, at the last)
-            self._rx.append(data)
-        except BufferFull:
-            raise TooBig(f"a message over {self.limits.max_message_bytes} bytes") from None
-        if incoming.received < incoming.count:
-            return
-        self._incoming = None
-        payload = self._rx.take_all()
-        self._message(incoming.code, payload)
+        incoming.size += len(data)
+        if incoming.size > self.limits.max_message_bytes:
+            raise TooBig(f"a message over {self.limits.max_message_bytes} bytes")
+        last = incoming.received == incoming.count
+        if last:
+            self._incoming = None
+        if self.parts and incoming.code == CODE_PLAIN:  # (nothing held: no join, no copy)
+            self._events.append(MessageReceived(bytes(data), False, last))
+        else:
+            incoming.held.append(data)
+            incoming.kept += len(data)
+            if last:
+                self._message(incoming.code, b"".join(incoming.held))
 
     def _message(self, code: int, payload: bytes) -> None:
         if code == CODE_PLAIN:
