@@ -489,3 +489,33 @@ def test_a_gateway_session_resumes_a_read_and_replays_a_commit_at_the_next_gatew
             assert session.current == first
         assert again == one
         assert len(events(first, "t")) == 5
+
+
+def test_a_partition_hands_spark_whole_records_gathered_to_batch_rows(tmp_path: Path) -> None:
+    """Without Spark: a partition's read gathers the hub's records (one per append here, 50
+    events each) in one run of the event loop until it holds ``batchRows`` rows, and hands
+    them on as one Arrow batch; ``max_bytes`` bounds a gathering before ``rows`` does."""
+    from tidewire.spark.hubs import HubSession
+    from tidewire.spark.planning import parse_options
+    from tidewire.spark.source import TidewireReader
+
+    fill(tmp_path / "h", [source_batch("a", 1 + 50 * k, 50) for k in range(12)])
+    with hubs(tmp_path, "h") as (hub,):
+        url = hub.start()
+        with HubSession(url) as session:
+            groups = list(session.read_groups("a", 1, 601, prefetch=2, rows=120))
+            assert [[len(b) for b in g] for g in groups] == [[50, 50, 50]] * 4
+            assert [i for g in groups for b in g for i in b.ids] == list(range(1, 601))
+            single = list(session.read_groups("a", 101, 401, prefetch=2, rows=10_000,
+                                              max_bytes=1))  # fmt: skip
+            assert [[b.first_id for b in g] for g in single] == [[101 + 50 * k] for k in range(6)]
+            assert [b.first_id for b in session.read("a", 551, 601, prefetch=1)] == [551]
+        for rows, sizes in (("120", [150] * 4), ("1", [50] * 12), ("10000", [600])):
+            options = parse_options({"url": url, "streams": "a", "batchRows": rows},
+                                    streaming=False)  # fmt: skip
+            reader = TidewireReader(options)
+            batches = [rb for p in reader.partitions() for rb in reader.read(p)]
+            assert [rb.num_rows for rb in batches] == sizes
+            got = [v for rb in batches for v in rb.column("value").to_pylist()]
+            assert got == [b"a-value-%04d" % i for i in range(1, 601)]
+            assert [i for rb in batches for i in rb.column("id").to_pylist()] == list(range(1, 601))

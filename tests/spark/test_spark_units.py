@@ -72,6 +72,7 @@ def test_defaults_for_a_batch_read() -> None:
         min_partitions=1,
         stream=None,
         prefetch=16,
+        batch_rows=65536,
     )
 
 
@@ -156,6 +157,7 @@ def test_keys_are_case_insensitive() -> None:
             "EventsPerPartition": "7",
             "minpartitions": "3",
             "PreFetch": "9",
+            "BatchRows": "100",
         },
         streaming=True,
     )
@@ -167,6 +169,7 @@ def test_keys_are_case_insensitive() -> None:
     assert options.events_per_partition == 7
     assert options.min_partitions == 3
     assert options.prefetch == 9
+    assert options.batch_rows == 100
     batch = parse_options({"url": URL, "streams": "a", "EndingOffsets": '{"a": 9}'},
                           streaming=False)  # fmt: skip
     assert batch.ending == '{"a": 9}'
@@ -225,6 +228,7 @@ def test_ending_offsets_is_for_batch_only() -> None:
         ("eventsPerPartition", False),
         ("minPartitions", False),
         ("prefetch", True),
+        ("batchRows", False),
     ],
 )
 @pytest.mark.parametrize("text", ["0", "-1", "1.5", "abc", "", "1e3", "ten"])

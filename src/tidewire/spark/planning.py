@@ -28,6 +28,7 @@ from ..client.reconnect import gateway_urls
 from ..model import MAX_ID, InvalidStreamName, TidewireError, validate_stream_name
 
 __all__ = [
+    "BATCH_ROWS",
     "EARLIEST",
     "LATEST",
     "OptionError",
@@ -46,6 +47,9 @@ __all__ = [
 
 EARLIEST = -2
 LATEST = -1
+BATCH_ROWS = 65536
+"""The option ``batchRows``'s default: the rows per Arrow batch a read hands Spark, at least
+(whole hub records are combined until they reach it; 1 hands each record on as it came)."""
 
 
 class OptionError(TidewireError, ValueError):
@@ -95,11 +99,13 @@ class Options:
     stream: str | None  # writing: the target stream when rows have no ``stream`` column
     prefetch: int
     gateways: bool = False  # every URL serves every stream (option 'gateways'), not one hub each
+    batch_rows: int = BATCH_ROWS  # reading: the hub's records gathered into Arrow batches
 
 
 _KNOWN = {
     "url", "gateways", "streams", "stream", "startingoffsets", "endingoffsets",
     "maxeventspertrigger", "failondataloss", "eventsperpartition", "minpartitions", "prefetch",
+    "batchrows",
 }  # fmt: skip
 _SPARKS = {"path", "checkpointlocation", "queryname"}  # Spark's own, passed to every source
 
@@ -149,6 +155,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
         min_partitions=_positive(lowered.get("minpartitions", "1"), "minPartitions"),
         stream=stream,
         prefetch=_positive(lowered.get("prefetch", "16"), "prefetch"),
+        batch_rows=_positive(lowered.get("batchrows", str(BATCH_ROWS)), "batchRows"),
     )  # fmt: skip
 
 

@@ -52,6 +52,7 @@ from pyspark.sql.types import StructType
 from .arrow import SCHEMA_DDL, from_arrow, to_arrow
 from .hubs import HubError, HubSession, locate, locate_any
 from .planning import (
+    BATCH_ROWS,
     OptionError,
     Options,
     Range,
@@ -106,26 +107,28 @@ class TidewireDataSource(DataSource):
 
 class _Partition(InputPartition):
     def __init__(self, range_: Range, prefetch: int, fail_on_data_loss: bool,
-                 gateways: Sequence[str] = ()) -> None:  # fmt: skip
+                 gateways: Sequence[str] = (), batch_rows: int = BATCH_ROWS) -> None:  # fmt: skip
         super().__init__(range_)
         self.range = range_
         self.prefetch = prefetch
         self.fail_on_data_loss = fail_on_data_loss
         self.gateways = tuple(gateways)  # this partition's order: its own gateway first
+        self.batch_rows = batch_rows
 
 
 def _partitions(ranges: Sequence[Range], options: Options) -> list[InputPartition]:
     if not options.gateways:
-        return [_Partition(r, options.prefetch, options.fail_on_data_loss) for r in ranges]
+        return [_Partition(r, options.prefetch, options.fail_on_data_loss,
+                           batch_rows=options.batch_rows) for r in ranges]  # fmt: skip
     urls = options.urls
     return [
         _Partition(r, options.prefetch, options.fail_on_data_loss,
-                   urls[i % len(urls):] + urls[: i % len(urls)])
+                   urls[i % len(urls):] + urls[: i % len(urls)], options.batch_rows)
         for i, r in enumerate(spread(ranges, urls))
     ]  # fmt: skip
 
 
-ARROW_BATCH_ROWS = 65536
+ARROW_BATCH_ROWS = BATCH_ROWS  # (the name benchmarks/spark_read.py imports)
 
 
 def _combined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
@@ -141,20 +144,16 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     assert isinstance(partition, _Partition)
     r = partition.range
     next_id = r.start
-    pending: list[pa.RecordBatch] = []
-    rows = 0
     with HubSession(r.url, gateways=partition.gateways) as hub:
         while next_id < r.end:
             try:
-                for batch in hub.read(r.stream, next_id, r.end, partition.prefetch):
-                    next_id = batch.last_id + 1
-                    pending.append(to_arrow(batch))
-                    rows += len(batch)
-                    if rows >= ARROW_BATCH_ROWS:  # fewer, bigger batches for Spark to take in
-                        yield _combined(pending)
-                        pending, rows = [], 0
-                if pending:
-                    yield _combined(pending)
+                # One run of the event loop gathers a batch's worth of records (>= batchRows
+                # rows), handed to Spark as one Arrow batch: fewer, bigger batches for Spark
+                # to take in (batches of one record cost it more: docs/spark.md).
+                for group in hub.read_groups(r.stream, next_id, r.end, partition.prefetch,
+                                             rows=partition.batch_rows):  # fmt: skip
+                    next_id = group[-1].last_id + 1
+                    yield _combined([to_arrow(batch) for batch in group])
                 return
             except HubError as exc:
                 if "retention" not in str(exc):
