@@ -442,10 +442,18 @@ class Log:
         self, name: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
     ) -> list[Batch]:
         """:meth:`read`, served from the in-memory tail when it can be (live subscribers), else
-        in a worker thread, so a cold disk never stalls the event loop."""
+        inline from segments already mapped (``StreamLog.read_mapped``: the pages were mapped
+        by an earlier read, so this is memory access, not a hand-off to a thread and back),
+        else in a worker thread, which maps what it reads, so a read that has to open a
+        mapping never runs on the event loop (docs/log.md, "Reads")."""
         recent = self._read_recent(name, from_id, max_bytes, max_events)
         if recent is not None:
             return recent
+        stream = self._streams.get(name)
+        if stream is not None:
+            mapped = stream.read_mapped(from_id, max_bytes, max_events)
+            if mapped is not None:
+                return mapped
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.read, name, from_id, max_bytes, max_events)
 
