@@ -22,7 +22,8 @@ one (docs/log.md, "Disk full").
 The queue of each stream is bounded in bytes (``max_pending_bytes``, the group being written
 included): appenders wait for room in arrival order. Readers call :meth:`Log.read`
 (synchronous, thread-safe) or :meth:`Log.read_async` (from the in-memory tail of recent commits
-when it can, else in a worker thread), and :meth:`Log.wait_for` to learn of new commits.
+when it can, else inline from segments mapped already, else in a worker thread), and
+:meth:`Log.wait_for` to learn of new commits.
 """
 
 from __future__ import annotations
