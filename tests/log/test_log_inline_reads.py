@@ -1,8 +1,8 @@
 """``Log.read_async`` reads inline, on the event loop, only what is mapped already (docs/log.md,
 "Reads"): the first read of a segment goes to a worker thread (which maps it), later reads of
-it are memory access on the loop's thread; a read that reaches a segment not mapped yet stops
-short there, and the next read maps that one in a thread. The executor is the loop's default,
-replaced here by one that counts what it is given."""
+it are memory access on the loop's thread; a read that reaches a segment not mapped yet goes
+to the thread whole (never cut short at the mapped segment's end). The executor is the loop's
+default, replaced here by one that counts what it is given."""
 
 from __future__ import annotations
 
@@ -68,15 +68,17 @@ def test_a_mapped_segment_is_read_on_the_loop_and_a_new_one_in_a_thread(tmp_path
             first = await log.read_async(STREAM, 1, 1)  # (one event: segment 1 only)
             assert executor.calls == 1  # segment 1 was not mapped: a worker thread mapped it
             assert ids_of(first) == [1]
-            again = await log.read_async(STREAM, 3, NO_LIMIT)
+            again = await log.read_async(STREAM, 3, NO_LIMIT, PER_RECORD - 2)  # (to id 10)
             assert executor.calls == 1  # mapped now: read inline
             assert [(e.id, e.value) for b in again for e in b] == expected[2:PER_RECORD]
             second = await log.read_async(STREAM, PER_RECORD + 1, 1)
             assert executor.calls == 2  # segment 2 is new: the thread again
             assert ids_of(second) == [PER_RECORD + 1]
-            assert ids_of(await log.read_async(STREAM, 1, NO_LIMIT)) == list(
-                range(1, 2 * PER_RECORD + 1))  # inline, up to the end of the mapped segments
-            assert executor.calls == 2
+            twenty = await log.read_async(STREAM, 1, NO_LIMIT, 2 * PER_RECORD)
+            assert ids_of(twenty) == list(range(1, 2 * PER_RECORD + 1))  # (segments 1 and 2)
+            assert executor.calls == 2  # inline: the segments it reads are mapped
+            assert ids_of(await log.read_async(STREAM, 1, NO_LIMIT)) == [e[0] for e in expected]
+            assert executor.calls == 3  # (this one reaches segment 3: the thread, whole)
         finally:
             await log.close()
             executor.shutdown()
@@ -84,7 +86,7 @@ def test_a_mapped_segment_is_read_on_the_loop_and_a_new_one_in_a_thread(tmp_path
     asyncio.run(scenario())
 
 
-def test_an_inline_read_stops_short_where_the_next_segment_is_not_mapped(tmp_path: Path) -> None:
+def test_a_read_reaching_an_unmapped_segment_goes_to_the_thread_whole(tmp_path: Path) -> None:
     # One record per segment: a read that is not limited would run on into the next.
     config = LogConfig(defaults=StreamSettings(segment_bytes=4096), recent_bytes=0)
     fill(tmp_path, config, 2)
@@ -95,12 +97,15 @@ def test_an_inline_read_stops_short_where_the_next_segment_is_not_mapped(tmp_pat
         log = Log.open(str(tmp_path), config)
         try:
             assert ids_of(log.read(STREAM, 1, 1)) == [1]  # (maps segment 1 only)
-            inline = await log.read_async(STREAM, 5, NO_LIMIT)
+            inline = await log.read_async(STREAM, 5, 1)  # (one event: segment 1 only)
             assert executor.calls == 0
-            assert ids_of(inline) == list(range(5, PER_RECORD + 1))
-            threaded = await log.read_async(STREAM, PER_RECORD + 1, NO_LIMIT)
+            assert ids_of(inline) == [5]
+            whole = await log.read_async(STREAM, 5, NO_LIMIT)  # reaches segment 2: the thread
             assert executor.calls == 1
-            assert ids_of(threaded) == list(range(PER_RECORD + 1, 2 * PER_RECORD + 1))
+            assert ids_of(whole) == list(range(5, 2 * PER_RECORD + 1))  # not cut at segment 1
+            again = await log.read_async(STREAM, 5, NO_LIMIT)  # both mapped now: inline
+            assert executor.calls == 1
+            assert ids_of(again) == ids_of(whole)
         finally:
             await log.close()
             executor.shutdown()

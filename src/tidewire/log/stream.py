@@ -435,9 +435,9 @@ class StreamLog:
     ) -> list[Batch] | None:
         """:meth:`read` for the event loop's thread: only from segments already mapped over all
         that the read may see, so it is memory access (no ``mmap`` made, no file read), or
-        ``None`` when the first segment it needs is not mapped that far (the caller then reads
-        in a worker thread, which maps it). It stops early, short of ``max_bytes``, where the
-        next segment is not mapped yet. Raises what :meth:`read` raises."""
+        ``None`` when a segment it reaches is not mapped that far (the caller then makes the
+        whole read in a worker thread, which maps it). When it returns batches they are those
+        :meth:`read` would return. Raises what :meth:`read` raises."""
         return self._read(from_id, max_bytes, max_events, mapped_only=True)
 
     def _read(
@@ -459,9 +459,9 @@ class StreamLog:
             budget = ReadBudget(from_id, max_bytes, max_events)
             for view in views:
                 if mapped_only and not view.segment.mapped(view.size):
-                    if not budget.out:
-                        return None
-                    break  # what was read so far is a read: the rest comes next time
+                    # The whole read goes to the thread, not a short one: callers may take a
+                    # read that returns less than max_bytes for the end of the stream.
+                    return None
                 view.segment.read(self.name, budget, view)
                 if not budget.open or budget.next_id <= view.last_id:
                     break  # spent, or stopped inside this segment: the next one must wait
