@@ -445,6 +445,9 @@ class TubeCarrier:
         if self.ws.closed or http.is_closing():  # (never a data frame after the close frame)
             raise ConnectionResetError("the WebSocket is closing")
         cast(asyncio.WriteTransport, http).writelines([binary_frame_head(size), *parts])
+        # (the gauge follows the transport's buffer now, not only at the next _flush: a session
+        # paused past the high-water mark flushes no more while this drain waits)
+        self.share.hold("outbound", self.queued + self._transport_buffered())
         await frames.drain()
 
     async def _write(self) -> None:
