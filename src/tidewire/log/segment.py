@@ -379,6 +379,12 @@ class Segment:
         pos = int(self.index_pos[max(slot, 0)])
         self._read_mapped(stream, budget, self._mapping(end), pos, end)
 
+    def mapped(self, end: int) -> bool:
+        """The segment's mapping covers its first ``end`` bytes already (a read of them then
+        makes no ``mmap`` and reads no file: :meth:`StreamLog.read_mapped`)."""
+        mapping = self._map
+        return mapping is not None and len(mapping) >= end
+
     def _mapping(self, end: int) -> memoryview:
         """A view of the file's first ``end`` (committed) bytes or more, from the segment's
         mapping (made, or made again larger, here: a read of the active segment may need

@@ -22,7 +22,8 @@ one (docs/log.md, "Disk full").
 The queue of each stream is bounded in bytes (``max_pending_bytes``, the group being written
 included): appenders wait for room in arrival order. Readers call :meth:`Log.read`
 (synchronous, thread-safe) or :meth:`Log.read_async` (from the in-memory tail of recent commits
-when it can, else in a worker thread), and :meth:`Log.wait_for` to learn of new commits.
+when it can, else inline from segments mapped already, else in a worker thread), and
+:meth:`Log.wait_for` to learn of new commits.
 """
 
 from __future__ import annotations
@@ -442,10 +443,18 @@ class Log:
         self, name: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
     ) -> list[Batch]:
         """:meth:`read`, served from the in-memory tail when it can be (live subscribers), else
-        in a worker thread, so a cold disk never stalls the event loop."""
+        inline from segments already mapped (``StreamLog.read_mapped``: the pages were mapped
+        by an earlier read, so this is memory access, not a hand-off to a thread and back),
+        else in a worker thread, which maps what it reads, so a read that has to open a
+        mapping never runs on the event loop (docs/log.md, "Reads")."""
         recent = self._read_recent(name, from_id, max_bytes, max_events)
         if recent is not None:
             return recent
+        stream = self._streams.get(name)
+        if stream is not None:
+            mapped = stream.read_mapped(from_id, max_bytes, max_events)
+            if mapped is not None:
+                return mapped
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.read, name, from_id, max_bytes, max_events)
 

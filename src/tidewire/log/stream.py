@@ -426,6 +426,23 @@ class StreamLog:
         """Committed events with ids >= ``from_id``, about ``max_bytes`` of them (at least one
         event when there is one), as zero-copy batches. Raises :class:`DataLossError` when
         ``from_id`` was removed by retention."""
+        out = self._read(from_id, max_bytes, max_events, mapped_only=False)
+        assert out is not None
+        return out
+
+    def read_mapped(
+        self, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
+    ) -> list[Batch] | None:
+        """:meth:`read` for the event loop's thread: only from segments already mapped over all
+        that the read may see, so it is memory access (no ``mmap`` made, no file read), or
+        ``None`` when a segment it reaches is not mapped that far (the caller then makes the
+        whole read in a worker thread, which maps it). When it returns batches they are those
+        :meth:`read` would return. Raises what :meth:`read` raises."""
+        return self._read(from_id, max_bytes, max_events, mapped_only=True)
+
+    def _read(
+        self, from_id: int, max_bytes: int, max_events: int, *, mapped_only: bool
+    ) -> list[Batch] | None:
         with self._lock:
             if self._closed or not self.segments:
                 raise LogClosedError(f"stream {self.name!r} is closed")
@@ -441,6 +458,10 @@ class StreamLog:
         try:
             budget = ReadBudget(from_id, max_bytes, max_events)
             for view in views:
+                if mapped_only and not view.segment.mapped(view.size):
+                    # The whole read goes to the thread, not a short one: callers may take a
+                    # read that returns less than max_bytes for the end of the stream.
+                    return None
                 view.segment.read(self.name, budget, view)
                 if not budget.open or budget.next_id <= view.last_id:
                     break  # spent, or stopped inside this segment: the next one must wait

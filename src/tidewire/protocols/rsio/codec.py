@@ -262,6 +262,16 @@ def encode(message: Message, element_size: int = 0, out: bytearray | None = None
 
 Buffer = bytes | bytearray  # the receive buffer's store, read in place
 
+_VIEW_BYTES = 4096  # (wire.pull_bytes's threshold: below it a second copy costs less than a view)
+
+
+def _copy(buf: Buffer, pos: int, end: int) -> bytes:
+    """``bytes(buf[pos:end])`` in one copy: a bytearray's slice is a copy of its own, so a big
+    body is copied once through a view (as ``pull_bytes`` does), not twice."""
+    if end - pos > _VIEW_BYTES and isinstance(buf, bytearray):
+        return bytes(memoryview(buf)[pos:end])
+    return bytes(buf[pos:end])
+
 
 class Decoder:
     """Bytes in (:meth:`feed`), messages out (:meth:`next_message`), bounded by :class:`Limits`.
@@ -362,7 +372,7 @@ class Decoder:
                 end = pos + size
                 if end > len(buf):
                     raise NeedData(end)
-                return OnNext(subscriber, bytes(buf[pos:end])), end
+                return OnNext(subscriber, _copy(buf, pos, end)), end
             if self.run_decoder is not None and (found := self.run_decoder(subscriber)):
                 decode, max_count = found
                 prefix = bytes(buf[start:head_end])
@@ -390,7 +400,7 @@ class Decoder:
             end = pos + total
             if end > len(buf):
                 raise NeedData(end)
-            return OnNextPacked(subscriber, count, bytes(buf[pos:end])), end
+            return OnNextPacked(subscriber, count, _copy(buf, pos, end)), end
         if kind == MessageType.REQUEST:
             subscriber, pos = pull_varint(buf, pos)
             demand, pos = pull_long(buf, pos)
@@ -471,7 +481,7 @@ class Decoder:
             end = p + size
             if end > end_buf:
                 break
-            append(bytes(buf[p:end]))
+            append(_copy(buf, p, end))
             pos = end
         return OnNextRun(subscriber, elements), pos
 
