@@ -41,7 +41,8 @@ from aiohttp import WSMsgType, web
 from aiohttp.client import ClientSession
 
 from _common import LinePump, Processes, loop_factory, note
-from tidewire.protocols.tube import Connection, MessageReceived, Role
+from tidewire.client.tube import PREALLOC_BYTES
+from tidewire.protocols.tube import Connection, Limits, MessageReceived, Role
 from tidewire.server.tube import WRITE_BATCH_BYTES, binary_frame_head, writes_lines
 
 MESSAGE_BYTES = 1024 * 1024
@@ -142,8 +143,11 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                     raise RuntimeError(f"unexpected {message.type} {len(message.data or b'')}")
                 got += 1
         else:
-            # tube-stream: the message's fragments taken as they come, not joined (parts)
+            # tube-stream: the message's fragments taken as they come, not joined (parts);
+            # tube: whole messages, put together as tidewire.client.tube does (one buffer
+            # allocated at the header, each fragment copied in as it comes: prealloc_bytes)
             tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time(),
+                              limits=Limits(prealloc_bytes=PREALLOC_BYTES),
                               parts=kind == "tube-stream")  # fmt: skip
             part = 0  # bytes of the message being received
             for out in tube.data_to_send():
