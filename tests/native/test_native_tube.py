@@ -67,3 +67,10 @@ def test_the_result_is_an_ordinary_bytes(capacity: int) -> None:
     assert bytes(memoryview(result)) == payload
     assert pickle.loads(pickle.dumps(result)) == payload
     assert result + b"!" == payload + b"!"
+
+
+def test_nothing_put_is_the_empty_bytes() -> None:
+    for capacity in (0, 1, 4096):
+        joined = K.Reassembly(capacity)
+        assert joined.finish() == b""
+    assert len(b"") == 0  # (the shared empty bytes is untouched)

@@ -55,6 +55,9 @@ cdef class Reassembly:
     def finish(self):
         if self._buf is None:
             raise ValueError("the reassembly is finished")
+        if self.size == 0:  # (capacity 0 is CPython's shared empty bytes: never cut that)
+            self._buf = None
+            return b""
         if self.capacity - self.size <= self.capacity // 8:
             # Cut where it lies, the slack (at most an eighth: the last fragment's unused part)
             # left allocated: a shrinking realloc would hand malloc back a block smaller than
