@@ -9,7 +9,9 @@ uvloop, over 127.0.0.1):
   not compressed: the sender's :class:`tidewire.protocols.tube.Connection` splits each message
   into 17 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
   does (``messages_to_send``: their heads, Tube headers and payload views in one
-  ``writelines`` per 512 KiB or so, no join; issue 22), and the receiver's reassembles them.
+  ``writelines`` per 512 KiB or so, no join; issue 22), and the receiver's reassembles them
+  as ``tidewire.client.tube`` does (issue 22, round 3: each message in one buffer allocated at
+  its header, every fragment copied in as it comes: ``Limits(prealloc_bytes=PREALLOC_BYTES)``).
   Baseline: the same bytes as one plain aiohttp WebSocket message each (``send_bytes`` /
   ``receive``). Goal: ratio >= 0.7.
 * ``tube_plain_1MiB_stream``: the same, but the receiver takes each message's fragments as
