@@ -9,7 +9,9 @@ uvloop, over 127.0.0.1):
   not compressed: the sender's :class:`tidewire.protocols.tube.Connection` splits each message
   into 17 WebSocket messages, which the sender frames and writes as the hub's ``TubeCarrier``
   does (``messages_to_send``: their heads, Tube headers and payload views in one
-  ``writelines`` per 512 KiB or so, no join; issue 22), and the receiver's reassembles them.
+  ``writelines`` per 512 KiB or so, no join; issue 22), and the receiver's reassembles them
+  as ``tidewire.client.tube`` does (issue 22, round 3: each message in one buffer allocated at
+  its header, every fragment copied in as it comes: ``Limits(prealloc_bytes=PREALLOC_BYTES)``).
   Baseline: the same bytes as one plain aiohttp WebSocket message each (``send_bytes`` /
   ``receive``). Goal: ratio >= 0.7.
 * ``tube_plain_1MiB_stream``: the same, but the receiver takes each message's fragments as
@@ -41,7 +43,8 @@ from aiohttp import WSMsgType, web
 from aiohttp.client import ClientSession
 
 from _common import LinePump, Processes, loop_factory, note
-from tidewire.protocols.tube import Connection, MessageReceived, Role
+from tidewire.client.tube import PREALLOC_BYTES
+from tidewire.protocols.tube import Connection, Limits, MessageReceived, Role
 from tidewire.server.tube import WRITE_BATCH_BYTES, binary_frame_head, writes_lines
 
 MESSAGE_BYTES = 1024 * 1024
@@ -142,8 +145,11 @@ async def receive(session: ClientSession, port: int, kind: str, n: int) -> float
                     raise RuntimeError(f"unexpected {message.type} {len(message.data or b'')}")
                 got += 1
         else:
-            # tube-stream: the message's fragments taken as they come, not joined (parts)
+            # tube-stream: the message's fragments taken as they come, not joined (parts);
+            # tube: whole messages, put together as tidewire.client.tube does (one buffer
+            # allocated at the header, each fragment copied in as it comes: prealloc_bytes)
             tube = Connection(Role.CLIENT, fragment_size=FRAGMENT, now=loop.time(),
+                              limits=Limits(prealloc_bytes=PREALLOC_BYTES),
                               parts=kind == "tube-stream")  # fmt: skip
             part = 0  # bytes of the message being received
             for out in tube.data_to_send():

@@ -36,11 +36,15 @@ if TYPE_CHECKING:
     from .backoff import Retry
     from .resilient import Reconnect
 
-__all__ = ["TubeStream", "connect"]
+__all__ = ["PREALLOC_BYTES", "TubeStream", "connect"]
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 MESSAGE_BYTES = 1024 * 1024  # the largest Tube message a write becomes (a hub takes 32 MiB,
 # as its connection's memory share allows: 1 MiB at least)
+PREALLOC_BYTES = 4 * 1024 * 1024
+"""A message from the hub of several fragments that may be this big at most is put together in
+one buffer allocated at its header (``Limits.prealloc_bytes``: the client trusts its hub's
+declared sizes; a bigger one is kept and joined at its last fragment)."""
 
 
 class TubeStream:
@@ -84,7 +88,8 @@ class TubeStream:
                     raise
                 raise refusal from None
             tube = Connection(Role.CLIENT, fragment_size=fragment_size,
-                              limits=Limits(max_message_bytes=max_message_bytes),
+                              limits=Limits(max_message_bytes=max_message_bytes,
+                                            prealloc_bytes=PREALLOC_BYTES),
                               compression=compression, keepalive=keepalive,
                               now=asyncio.get_running_loop().time())  # fmt: skip
             stream = cls(session if own else None, ws, tube)

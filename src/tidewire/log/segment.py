@@ -49,6 +49,7 @@ from ..record import (
     decode_body,
     parse_header,
 )
+from .verified import VerifiedRuns
 
 __all__ = ["ReadBudget", "RollbackError", "Segment", "segment_name"]
 
@@ -93,6 +94,8 @@ class Segment:
     # the first read and again when a read needs more (the active segment grows). Batches read
     # are views into it and keep it alive: close() only drops this reference.
     _map: mmap.mmap | None = field(default=None, repr=False, compare=False)
+    # The records whose body CRC this process has checked (verified.py: once, not per read)
+    _verified: VerifiedRuns = field(default_factory=VerifiedRuns, repr=False, compare=False)
 
     # ------------------------------------------------------------------ opening
 
@@ -369,7 +372,7 @@ class Segment:
     def read(self, stream: str, budget: ReadBudget, view: SegmentView | None = None) -> None:
         """Add to ``budget`` the events from ``budget.next_id`` on, until it is spent or the
         segment ends, as of ``view`` (taken under the stream lock; the read itself needs no
-        lock). Records are checked against their CRCs as they are read."""
+        lock). Records are checked against their CRCs at their first read (verified.py)."""
         view = view or self.view()
         from_id = budget.next_id
         end = view.size
@@ -399,8 +402,9 @@ class Segment:
         self, stream: str, budget: ReadBudget, buf: memoryview, pos: int, end: int
     ) -> None:
         """:meth:`read` from the mapping: no copy; each batch views the mapped pages (its
-        values are checked by the body CRC here, then only pass: to a socket, a decoder)."""
-        from_id = budget.next_id
+        values are checked by the body CRC at the first read in this process, verified.py,
+        then only pass: to a socket, a decoder)."""
+        from_id, verified = budget.next_id, self._verified
         while pos < end:  # skip whole records that end before from_id: headers only
             header = self._header(buf[:end], pos, pos)
             if header.last_id >= from_id:
@@ -410,13 +414,17 @@ class Segment:
             header = self._header(buf[:end], pos, pos)
             if pos + header.length > end:
                 raise CorruptLogError(self.path, pos, "record runs past the committed size")
+            stop = pos + header.length
+            checked = verified.covers(pos, stop)
             try:
-                batch = decode_body(stream, header, buf, pos)
+                batch = decode_body(stream, header, buf, pos, verify=not checked)
             except ValueError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
+            if not checked:
+                verified.add(pos, stop)
             if not budget.add(batch):
                 return
-            pos += header.length
+            pos = stop
 
     def _header(self, buf: bytes | memoryview, at: int, pos: int) -> RecordHeader:
         if len(buf) - at < HEADER_SIZE:
