@@ -1,7 +1,10 @@
 """Types of the compiled kernels (tidewire/native/_kernels.pyx); see that file."""
 
+from collections.abc import Sequence
+
 from tidewire.model import Batch
 from tidewire.protocols.seguro.codec import SaveMany
+from tidewire.protocols.tolliver.codec import Message
 
 def envelope_frames(subscriber: int, batch: Batch) -> bytes: ...
 def envelope_frames_batch(
@@ -27,3 +30,18 @@ def seguro_many_run(
 def length_prefixed_envelopes(batch: Batch) -> bytes: ...
 def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch: ...
 def decode_length_prefixed(body: bytes, max_elements: int = ...) -> list[bytes]: ...
+def tolliver_take_run(
+    buf: bytes | bytearray,
+    pos: int,
+    max_name: int,
+    max_body: int,
+    names: dict[bytes, str],
+    skip_channel: str,
+    messages: list[Message],
+    acks: list[int],
+    message_type: type[Message],
+) -> tuple[int, int]: ...
+def tolliver_ack_frames(message_ids: Sequence[int]) -> bytes: ...
+def tolliver_message_frames(
+    channel: bytes, items: Sequence[tuple[bytes, bytes, int]]
+) -> list[bytes]: ...

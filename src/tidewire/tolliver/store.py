@@ -81,14 +81,36 @@ def _insert_outbox(db: sqlite3.Connection, rows: list[tuple[int, str, str, bytes
 
 
 def _by_remote(pairs: Iterable[tuple[int, uuid.UUID]]) -> dict[bytes, str]:
-    """(id, remote) pairs as each remote's ids, a JSON array (for ``json_each``)."""
+    """(id, remote) pairs as each remote's ids, a JSON array (for ``json_each``). A run of
+    pairs with the same remote object is looked up once (a UUID's hash is Python code: too
+    dear once a message, issue 22)."""
     ids: dict[uuid.UUID, list[int]] = {}
+    last: uuid.UUID | None = None
+    these: list[int] = []
     for message_id, remote in pairs:
-        ids.setdefault(remote, []).append(message_id)
+        if remote is not last:
+            these = ids.setdefault(remote, [])
+            last = remote
+        these.append(message_id)
     for these in ids.values():  # (as binding them one by one would: the transaction fails)
         if max(these) >= 2**63 or min(these) < -(2**63):
             raise OverflowError("Python int too large to convert to SQLite INTEGER")
     return {remote.bytes: json.dumps(these) for remote, these in ids.items()}
+
+
+def _pending_pairs(
+    kept: list[tuple[int, tuple[str, str, bytes, list[uuid.UUID]]]],
+) -> list[tuple[int, uuid.UUID]]:
+    """(id, remote) for each remote of each new message, in order; messages sent together
+    share their list of remotes (``Instance.send_many``): one remote is the common case."""
+    pairs: list[tuple[int, uuid.UUID]] = []
+    for i, add in kept:
+        remotes = add[3]
+        if len(remotes) == 1:
+            pairs.append((i, remotes[0]))
+        else:
+            pairs += [(i, remote) for remote in remotes]
+    return pairs
 
 
 class Store:
@@ -190,8 +212,7 @@ class Store:
             kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
             if kept:  # (a message nobody subscribed to is not kept)
                 _insert_outbox(db, [(i, c, k, b) for i, (c, k, b, _) in kept])
-                pairs = ((i, r) for i, add in kept for r in add[3])
-                for remote, ids_json in _by_remote(pairs).items():
+                for remote, ids_json in _by_remote(_pending_pairs(kept)).items():
                     db.execute("INSERT INTO pending SELECT value, ?1 FROM json_each(?2)",
                                (remote, ids_json))  # fmt: skip
                 unacked += len(kept)
