@@ -139,9 +139,71 @@ def test_a_new_file_has_the_new_schema(tmp_path: Path) -> None:
     Store.open(path).close()
     db = sqlite3.connect(path)
     tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    indexes = [name for (name,) in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'outbox'")]  # fmt: skip
     db.close()
     assert "AUTOINCREMENT" not in tables["outbox"]
     assert "WITHOUT ROWID" in tables["pending"]
+    # issue 22, round 3: the outbox is keyed by the message's id (one B-tree a row, no index)
+    assert "id INTEGER PRIMARY KEY" in tables["outbox"]
+    assert indexes == []
+
+
+# The schema of issue 22's second session: outbox keyed by seq, with a unique index on id.
+SEQ_KEYED_OUTBOX = """
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY, id INTEGER NOT NULL UNIQUE,
+    channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
+"""
+
+
+def test_a_file_whose_outbox_is_keyed_by_seq_opens_as_it_is_and_works(tmp_path: Path) -> None:
+    """The order of the outbox (``pending_for``) goes on after the rows it had, ids wrap and
+    acks delete, whichever column the table is keyed by."""
+    path = str(tmp_path / "seq.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(SEQ_KEYED_OUTBOX)
+    db.close()
+    a = uuid7()
+    store = Store.open(path, next_id=2**32 - 2)
+    ids = store.apply([("c", "", b"one", [a]), ("c", "", b"two", [a]), ("c", "", b"3", [a])], [])
+    assert ids == [2**32 - 2, 2**32 - 1, 0]  # (wrapped: order by seq, not by id)
+    store.close()
+    store = Store.open(path)
+    assert store.unacked() == 3
+    assert store.unacked_bytes() == 7
+    assert store.add("c", "k", b"four", [a]) == 1
+    expected = [(2**32 - 2, "c", "", b"one"), (2**32 - 1, "c", "", b"two"), (0, "c", "", b"3"),
+                (1, "c", "k", b"four")]  # fmt: skip
+    assert store.pending_for(a) == expected
+    store.apply([], [(2**32 - 1, a), (0, a)])
+    assert store.pending_for(a) == [expected[0], expected[3]]
+    assert store.unacked() == 2
+    assert store.unacked_bytes() == 7
+    store.close()
+    db = sqlite3.connect(path)
+    tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    db.close()
+    assert "seq INTEGER PRIMARY KEY" in tables["outbox"]  # kept as it was
+
+
+def test_the_order_of_the_outbox_survives_a_reopen_after_its_newest_are_acked(
+    tmp_path: Path,
+) -> None:
+    """The next row's place starts after the largest one kept: messages added after a reopen
+    come after every one kept, even when ids wrapped (the new schema orders by ``seq``)."""
+    path = str(tmp_path / "t.db")
+    a, b = uuid7(), uuid7()
+    store = Store.open(path, next_id=2**32 - 1)
+    first, second, third = store.apply([("c", "", b"x", [a]), ("c", "", b"y", [b]),
+                                        ("c", "", b"z", [b])], [])  # fmt: skip
+    store.apply([], [(second, b), (third, b)])
+    store.close()
+    store = Store.open(path)
+    (fourth,) = store.apply([("c", "", b"w", [a])], [])
+    assert (first, fourth) == (2**32 - 1, 2)
+    assert store.pending_for(a) == [(first, "c", "", b"x"), (fourth, "c", "", b"w")]
+    store.close()
 
 
 def test_a_transaction_runs_a_few_statements_whatever_its_rows(tmp_path: Path) -> None:

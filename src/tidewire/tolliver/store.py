@@ -34,6 +34,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import itemgetter
 
 from ..protocols.tolliver import UNRELIABLE
 
@@ -55,7 +57,7 @@ def uuid7(now_ms: int | None = None) -> uuid.UUID:
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (
-    seq INTEGER PRIMARY KEY, id INTEGER NOT NULL UNIQUE,
+    id INTEGER PRIMARY KEY, seq INTEGER NOT NULL,
     channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
     id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote)) WITHOUT ROWID;
@@ -65,19 +67,23 @@ CREATE TABLE IF NOT EXISTS seen (
 
 
 _OUTBOX_INSERTS: dict[int, str] = {}  # rows -> its statement (at most ROWS_PER_STATEMENT)
+_FIELDS = 5  # id, seq, channel, key, body
 
 
-def _insert_outbox(db: sqlite3.Connection, rows: list[tuple[int, str, str, bytes]]) -> None:
-    """``rows`` (id, channel, key, body) into the outbox, in order, a few statements in all."""
-    for at in range(0, len(rows), ROWS_PER_STATEMENT):
-        part = rows[at : at + ROWS_PER_STATEMENT]
-        sql = _OUTBOX_INSERTS.get(len(part))
+def _insert_outbox(db: sqlite3.Connection, fields: list[object]) -> None:
+    """Rows into the outbox, in order, a few statements in all; ``fields``: each row's
+    (id, seq, channel, key, body), one after the other."""
+    step = ROWS_PER_STATEMENT * _FIELDS
+    for at in range(0, len(fields), step):
+        part = fields[at : at + step]
+        rows = len(part) // _FIELDS
+        sql = _OUTBOX_INSERTS.get(rows)
         if sql is None:
-            values = ", ".join(["(?, ?, ?, ?)"] * len(part))
-            sql = _OUTBOX_INSERTS[len(part)] = (
-                f"INSERT INTO outbox (id, channel, key, body) VALUES {values}"
+            values = ", ".join(["(?, ?, ?, ?, ?)"] * rows)
+            sql = _OUTBOX_INSERTS[rows] = (
+                f"INSERT INTO outbox (id, seq, channel, key, body) VALUES {values}"
             )
-        db.execute(sql, [field for row in part for field in row])
+        db.execute(sql, part)
 
 
 def _by_remote(pairs: Iterable[tuple[int, uuid.UUID]]) -> dict[bytes, str]:
@@ -136,9 +142,11 @@ class Store:
                 raise ValueError(f"next_id must be a 32-bit id, not {next_id}")
             self._next = next_id
         self._last_acked = 0
-        count, nbytes = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) FROM outbox").fetchone()  # fmt: skip
+        count, nbytes, seq = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0), COALESCE(MAX(seq), 0) FROM outbox"
+        ).fetchone()  # fmt: skip
         self._unacked, self._unacked_bytes = int(count), int(nbytes)
+        self._seq = int(seq) + 1  # the next message's place in the outbox (its order)
         self._lock = threading.Lock()
 
     @classmethod
@@ -204,19 +212,29 @@ class Store:
     ) -> list[int]:
         db = self.db
         self._last_acked = 0
-        next_before = self._next
+        next_before, seq_before = self._next, self._seq
         unacked, unacked_bytes = self._unacked, self._unacked_bytes
         db.execute("BEGIN")  # (autocommit mode: the transaction is explicit)
         try:
             ids = self._take_ids(len(adds)) if adds else []
-            kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
-            if kept:  # (a message nobody subscribed to is not kept)
-                _insert_outbox(db, [(i, c, k, b) for i, (c, k, b, _) in kept])
+            if all(map(itemgetter(3), adds)):  # (C loops: every message is kept, the rule)
+                kept = list(zip(ids, adds, strict=True))
+                kept_ids, kept_adds = ids, adds
+            else:  # (a message nobody subscribed to is not kept)
+                kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
+                kept_ids, kept_adds = [i for i, _ in kept], [add for _, add in kept]
+            if kept:
+                seqs = range(self._seq, self._seq + len(kept))
+                self._seq += len(kept)
+                bodies = list(map(itemgetter(2), kept_adds))
+                rows = zip(kept_ids, seqs, map(itemgetter(0), kept_adds),
+                           map(itemgetter(1), kept_adds), bodies, strict=True)  # fmt: skip
+                _insert_outbox(db, list(chain.from_iterable(rows)))
                 for remote, ids_json in _by_remote(_pending_pairs(kept)).items():
                     db.execute("INSERT INTO pending SELECT value, ?1 FROM json_each(?2)",
                                (remote, ids_json))  # fmt: skip
                 unacked += len(kept)
-                unacked_bytes += sum(len(add[2]) for _, add in kept)
+                unacked_bytes += sum(map(len, bodies))
             if adds:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
             if acks:
@@ -229,7 +247,7 @@ class Store:
                 gone = db.execute(
                     "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?)) AND NOT "
                     "EXISTS (SELECT 1 FROM pending WHERE pending.id = outbox.id) "
-                    "RETURNING LENGTH(body)", (json.dumps(sorted({i for i, _ in acks})),),
+                    "RETURNING LENGTH(body)", (json.dumps(sorted(set(map(itemgetter(0), acks)))),),
                 ).fetchall()  # fmt: skip
                 unacked -= len(gone)
                 unacked_bytes -= sum(int(n) for (n,) in gone)
@@ -242,7 +260,7 @@ class Store:
             self._unacked, self._unacked_bytes = unacked, unacked_bytes
         except BaseException:
             self.db.execute("ROLLBACK")
-            self._next = next_before
+            self._next, self._seq = next_before, seq_before
             raise
         return ids
 
