@@ -13,13 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidewire.model import LocalProtocolError
+from tidewire.model import Batch, LocalProtocolError
 from tidewire.protocols.tolliver.codec import Message
 from tidewire.protocols.tolliver.runs import (
     NAMES_CACHED,
     ack_frames_py,
     message_frames_py,
     take_run_py,
+    value_frames_py,
 )
 
 try:
@@ -132,4 +133,23 @@ def test_message_frames_are_the_same(channel: bytes, items: list[tuple[bytes, by
         items = [(bytearray(k), bytearray(b), i) for k, b, i in items]  # type: ignore[misc]
     assert outcome(K.tolliver_message_frames, channel, items) == outcome(
         message_frames_py, channel, items
+    )
+
+
+@FUZZ
+@given(st.sampled_from([b"", b"ch"]), st.lists(st.binary(max_size=20), min_size=1, max_size=6),
+       st.integers(0, 3),
+       st.sampled_from([0, 5, 2**31, 2**32 - 3, 2**32 - 1, 2**32, -1]))  # fmt: skip
+def test_value_frames_are_the_same(channel: bytes, values: list[bytes], cut: int,
+                                   first_id: int) -> None:  # fmt: skip
+    """A batch's value column, whole or a slice of it (offsets not from 0), ids that fit or
+    would pass a u32."""
+    batch = Batch.build("s", values)
+    offsets, data = batch.value_offsets, batch.values
+    if cut and len(values) > 1:  # (a slice: its offsets start where its first value does)
+        start = min(cut, len(values) - 1)
+        offsets = offsets[start:]
+        data = data[offsets[0] :]
+    assert outcome(K.tolliver_value_frames, channel, data, offsets, first_id) == outcome(
+        value_frames_py, channel, data, offsets, first_id
     )

@@ -146,3 +146,36 @@ def tolliver_message_frames(bytes channel, items):
         memcpy(p + 17 + clen + klen, PyBytes_AS_STRING(braw), blen)
         frames.append(frame)
     return frames
+
+
+def tolliver_value_frames(bytes channel, const uint8_t[::1] values,
+                          const uint32_t[::1] offsets, first_id):
+    """``runs.value_frames_py``: one message frame per value (no key, ids from ``first_id``),
+    each one new ``bytes`` filled with two ``memcpy``; ``LocalProtocolError`` if an id would
+    pass a u32."""
+    cdef Py_ssize_t n = offsets.shape[0] - 1, i, clen = PyBytes_GET_SIZE(channel)
+    cdef uint32_t base, start, end
+    cdef uint64_t first
+    cdef list frames = []
+    cdef bytes frame
+    cdef char* p
+    if n > 0 and not (0 <= first_id and first_id + n - 1 <= TOLLIVER_MAX_U32):
+        raise LocalProtocolError("a message's id and body length are u32")
+    if n <= 0:
+        return frames
+    first = first_id
+    base = offsets[0]
+    for i in range(n):
+        start, end = offsets[i] - base, offsets[i + 1] - base
+        frame = PyBytes_FromStringAndSize(NULL, 17 + clen + (end - start))
+        p = PyBytes_AS_STRING(frame)
+        p[0] = 3
+        put32(p + 1, <uint32_t>clen)
+        put32(p + 5, 0)
+        put32(p + 9, end - start)
+        put32(p + 13, <uint32_t>(first + i))
+        memcpy(p + 17, PyBytes_AS_STRING(channel), clen)
+        if end > start:
+            memcpy(p + 17 + clen, &values[start], end - start)
+        frames.append(frame)
+    return frames

@@ -55,7 +55,7 @@ from .codec import (
     encode_entry,
     parse_entry,
 )
-from .runs import ack_frames, message_frames
+from .runs import ack_frames, message_frames, value_frames
 
 __all__ = [
     "Acked",
@@ -225,7 +225,25 @@ class Connection:
         items = messages if isinstance(messages, list) else list(messages)
         # every frame first: one refused leaves nothing written and nothing awaiting an ack
         frames = message_frames(raw, items)
-        ids = [message_id for _, _, message_id in items]
+        self._sent(frames, [message_id for _, _, message_id in items], now)
+
+    def send_values(
+        self, channel: str, values: memoryview, offsets: memoryview, first_id: int, now: float
+    ) -> None:
+        """Send a run of values as reliable messages with no key on ``channel`` (``values`` and
+        ``offsets`` as a :class:`~tidewire.model.Batch`'s value column), ids ``first_id`` on,
+        one each: :meth:`send_many` of ``(b"", value i, first_id + i)`` without a tuple or a
+        body copy per message (the hub's delivery of a run of events)."""
+        if channel == CONTROL_CHANNEL:
+            raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
+        if self.state is not _State.OPEN:
+            raise LocalProtocolError("no message before the handshake completes")
+        frames = value_frames(check_name("channel", channel), values, offsets, first_id)
+        self._sent(frames, list(range(first_id, first_id + len(frames))), now)
+
+    def _sent(self, frames: list[bytes], ids: list[int], now: float) -> None:
+        """Queue ``frames`` (message frames of ``ids``, in order) and await the reliable ones'
+        acks (resent from ``now`` + ``resend_interval``)."""
         due = now + self.resend_interval
         first = self._levels[0]
         distinct = set(ids)

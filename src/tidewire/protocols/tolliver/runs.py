@@ -1,9 +1,10 @@
 """Tolliver's per-message loops, as runs (issue 22, round 3): the decoder's run of message and
-ack frames, the ack frames of many ids, the message frames of a bulk send.
+ack frames, the ack frames of many ids, the message frames of a bulk send and of a run of a
+batch's values (the hub's delivery).
 
 Each ``*_py`` function is the specification and the pure-Python fallback of a compiled kernel
 of the same name in ``tidewire/native/_tolliver.pxi`` (docs/native.md); the public names
-(:data:`take_run`, :data:`ack_frames`, :data:`message_frames`) are the one
+(:data:`take_run`, :data:`ack_frames`, :data:`message_frames`, :data:`value_frames`) are the one
 :func:`tidewire.native.kernel` chose. tests/native/test_native_tolliver.py feeds both the
 same inputs and compares what they return and refuse, byte for byte.
 
@@ -36,6 +37,8 @@ __all__ = [
     "message_maker",
     "take_run",
     "take_run_py",
+    "value_frames",
+    "value_frames_py",
 ]
 
 NAMES_CACHED = 256
@@ -175,7 +178,28 @@ def message_frames_py(channel: bytes, items: Sequence[tuple[bytes, bytes, int]])
     return frames
 
 
+def value_frames_py(
+    channel: bytes, values: memoryview, offsets: memoryview, first_id: int
+) -> list[bytes]:
+    """One message frame per value of a batch's value column (``values``, bytes; ``offsets``,
+    format ``I``, n + 1 items, value ``i`` at ``offsets[i] - offsets[0]`` to ``offsets[i + 1]
+    - offsets[0]``): no key, ids ``first_id`` to ``first_id + n - 1`` (the hub's delivery of
+    a run of events). :class:`~tidewire.model.LocalProtocolError` if an id would pass a u32
+    (nothing is returned)."""
+    n = len(offsets) - 1
+    if n > 0 and not (first_id >= 0 and first_id + n - 1 <= MAX_U32):
+        raise LocalProtocolError("a message's id and body length are u32")
+    pack, clen, frames = _MSG.pack, len(channel), []
+    base = offsets[0] if n > 0 else 0
+    for i in range(n):
+        start, end = offsets[i] - base, offsets[i + 1] - base
+        frames.append(b"".join((pack(3, clen, 0, end - start, first_id + i), channel,
+                                values[start:end])))  # fmt: skip
+    return frames
+
+
 # The compiled kernels when built and not switched off (tidewire.native), else these.
 take_run = kernel("tolliver_take_run", take_run_py)
 ack_frames = kernel("tolliver_ack_frames", ack_frames_py)
 message_frames = kernel("tolliver_message_frames", message_frames_py)
+value_frames = kernel("tolliver_value_frames", value_frames_py)
