@@ -22,6 +22,8 @@ from tidewire.protocols.tolliver.runs import (
     take_run_py,
     value_frames_py,
 )
+from tidewire.tolliver import uuid7
+from tidewire.tolliver.inbox import Delivery, deliveries_py
 
 try:
     K: ModuleType = importlib.import_module("tidewire.native._kernels")
@@ -153,3 +155,21 @@ def test_value_frames_are_the_same(channel: bytes, values: list[bytes], cut: int
     assert outcome(K.tolliver_value_frames, channel, data, offsets, first_id) == outcome(
         value_frames_py, channel, data, offsets, first_id
     )
+
+
+@FUZZ
+@given(st.lists(st.tuples(NAME, NAME, st.binary(max_size=8), st.integers(0, 2**32 - 1)),
+                max_size=6))  # fmt: skip
+def test_deliveries_are_the_same(fields: list[tuple[bytes, bytes, bytes, int]]) -> None:
+    """A run of received messages into the inbox's (delivery, link) items: equal, hashable
+    and printable as deliveries built by their constructor."""
+    sender, link = uuid7(), object()
+    messages = [Message(c.decode("latin-1"), k.decode("latin-1"), b, i) for c, k, b, i in fields]
+    pure = deliveries_py(Delivery, sender, messages, link)
+    compiled = K.tolliver_deliveries(Delivery, sender, messages, link)
+    assert compiled == pure
+    expected = [(Delivery(sender, m.channel, m.key, m.body, m.id), link) for m in messages]
+    assert pure == expected
+    assert [hash(d) for d, _ in compiled] == [hash(d) for d, _ in expected]
+    assert [repr(d) for d, _ in compiled] == [repr(d) for d, _ in expected]
+    assert all(type(d) is Delivery and item_link is link for d, item_link in compiled)

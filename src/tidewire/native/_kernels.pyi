@@ -1,10 +1,15 @@
 """Types of the compiled kernels (tidewire/native/_kernels.pyx); see that file."""
 
+import uuid
 from collections.abc import Sequence
+from typing import TypeVar
 
 from tidewire.model import Batch
 from tidewire.protocols.seguro.codec import SaveMany
 from tidewire.protocols.tolliver.codec import Message
+from tidewire.tolliver.inbox import Delivery
+
+_L = TypeVar("_L")
 
 def envelope_frames(subscriber: int, batch: Batch) -> bytes: ...
 def envelope_frames_batch(
@@ -48,3 +53,6 @@ def tolliver_message_frames(
 def tolliver_value_frames(
     channel: bytes, values: memoryview, offsets: memoryview, first_id: int
 ) -> list[bytes]: ...
+def tolliver_deliveries(
+    delivery_type: type[Delivery], sender: uuid.UUID, messages: list[Message], link: _L
+) -> list[tuple[Delivery, _L]]: ...

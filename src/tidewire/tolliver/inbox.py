@@ -8,12 +8,15 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ..native import kernel
+from ..protocols.tolliver import Message
 
 if TYPE_CHECKING:
     from .instance_link import InstanceLink
 
-__all__ = ["Delivery", "Inbox", "make_delivery"]
+__all__ = ["Delivery", "Inbox", "deliveries", "deliveries_py", "make_delivery"]
 
 
 class HasBody(Protocol):
@@ -52,6 +55,24 @@ def make_delivery(
     set_body(delivery, body)
     set_id(delivery, message_id)
     return delivery
+
+
+L = TypeVar("L")
+
+
+def deliveries_py(
+    delivery_type: type[Delivery], sender: uuid.UUID, messages: list[Message], link: L
+) -> list[tuple[Delivery, L]]:
+    """``(Delivery(sender, m.channel, m.key, m.body, m.id), link)`` for each of ``messages``
+    (a run from one read), each built by :func:`make_delivery` (``delivery_type`` is
+    :class:`Delivery`: the compiled twin, ``tolliver_deliveries``, sets the slots of the type
+    it is given). The pure specification of that kernel."""
+    del delivery_type  # (always Delivery here)
+    return [(make_delivery(sender, m.channel, m.key, m.body, m.id), link) for m in messages]
+
+
+deliveries = kernel("tolliver_deliveries", deliveries_py)
+"""The compiled kernel when built (tidewire.native), else :func:`deliveries_py`."""
 
 
 class Inbox:

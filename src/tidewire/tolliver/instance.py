@@ -46,7 +46,7 @@ from operator import attrgetter, itemgetter
 from ..client.backoff import Retry
 from ..model import LimitExceeded, LocalProtocolError
 from ..protocols.tolliver import CONTROL_CHANNEL, UNRELIABLE, Message, Role, matches
-from .inbox import Delivery, Inbox, make_delivery
+from .inbox import Delivery, Inbox, deliveries
 from .instance_link import InstanceLink, ack_on_links
 from .link import HandshakeFailed
 from .store import Store
@@ -414,8 +414,7 @@ class Instance:
             for message in messages:
                 self._deliver(link, message)
             return
-        self._inbox.put_many([(make_delivery(sender, m.channel, m.key, m.body, m.id), link)
-                              for m in messages], nbytes)  # fmt: skip
+        self._inbox.put_many(deliveries(Delivery, sender, messages, link), nbytes)
 
     def _deliver(self, link: InstanceLink, message: Message) -> None:
         sender = link.conn.peer
