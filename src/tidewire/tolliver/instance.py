@@ -280,7 +280,8 @@ class Instance:
                 if kept > self.outbox_bytes:  # (remotes away, or not acking)
                     raise LimitExceeded("the outbox's unacked bytes", self.outbox_bytes, kept)
             future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-            self._adds.append(([(channel, key, body, peers) for body in bodies], future))
+            rows = list(zip(repeat(channel), repeat(key), bodies, repeat(peers)))  # (C loops)
+            self._adds.append((rows, future))
             self._schedule()
             ids = await future  # kept on disk before it goes out
             # on the remotes' connections as they are now: one that reconnected meanwhile
@@ -291,7 +292,7 @@ class Instance:
         now = self.clock()
         for link in links:
             if link.conn.established:
-                items = [(raw_key, b, i) for b, i in zip(bodies, ids, strict=True)]
+                items = list(zip(repeat(raw_key), bodies, ids))  # (C loops)
                 link.conn.send_many(channel, items, now)
                 link.soon()
         return ids
@@ -351,9 +352,9 @@ class Instance:
     def _committed_acks(self, acks: list[tuple[int, uuid.UUID]]) -> None:
         """Forget ``acks`` from :attr:`_acking` (committed, or failed: a resend comes)."""
         acking = self._acking
-        if len(acking) == 1:  # (one remote: every pair is its)
-            ((peer, ids),) = acking.items()
-            ids.difference_update(map(itemgetter(0), acks))
+        if acks and len(set(map(id, map(itemgetter(1), acks)))) == 1:  # (C loops)
+            # (one remote object in every pair, the common case: its ids at once)
+            acking.get(acks[0][1], set()).difference_update(map(itemgetter(0), acks))
         else:
             for message_id, peer in acks:
                 ids = acking.get(peer, set())

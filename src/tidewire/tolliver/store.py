@@ -108,6 +108,9 @@ def _by_remote(pairs: Iterable[tuple[int, uuid.UUID]]) -> dict[bytes, str]:
     ids: dict[uuid.UUID, list[int]] = {}
     last: uuid.UUID | None = None
     these: list[int] = []
+    if isinstance(pairs, list) and pairs and len(set(map(id, map(itemgetter(1), pairs)))) == 1:
+        ids[pairs[0][1]] = list(map(itemgetter(0), pairs))  # (one remote object: C loops)
+        pairs = ()
     for message_id, remote in pairs:
         if remote is not last:
             these = ids.setdefault(remote, [])
