@@ -410,7 +410,7 @@ class Instance:
         """:meth:`_deliver` of each of ``messages`` (a run from one read): without ``dedupe``,
         into the inbox in one go when they all fit (the common case)."""
         sender = link.conn.peer
-        nbytes = sum([len(m.body) for m in messages])
+        nbytes = sum(map(len, map(attrgetter("body"), messages)))  # (C loops)
         if self.dedupe or sender is None or not self._inbox.fits(messages, nbytes):
             for message in messages:
                 self._deliver(link, message)
@@ -493,14 +493,14 @@ class Instance:
             while True:
                 self._finish(handled)
                 taken = await self._inbox.take(most)
-                deliveries = list(map(itemgetter(0), taken))
-                ids = list(map(attrgetter("id"), deliveries))
+                batch = list(map(itemgetter(0), taken))
+                ids = list(map(attrgetter("id"), batch))
                 if UNRELIABLE in ids:
                     handled += [(link, d.sender, d.id) for d, link in taken if d.id != UNRELIABLE]
                 else:  # (all reliable: C loops, no tuple built in Python per message)
-                    senders = map(attrgetter("sender"), deliveries)
+                    senders = map(attrgetter("sender"), batch)
                     handled += zip(map(itemgetter(1), taken), senders, ids, strict=True)
-                yield deliveries
+                yield batch
         finally:
             self._finish(handled)
 
