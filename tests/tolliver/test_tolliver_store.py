@@ -139,9 +139,71 @@ def test_a_new_file_has_the_new_schema(tmp_path: Path) -> None:
     Store.open(path).close()
     db = sqlite3.connect(path)
     tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    indexes = [name for (name,) in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'outbox'")]  # fmt: skip
     db.close()
     assert "AUTOINCREMENT" not in tables["outbox"]
     assert "WITHOUT ROWID" in tables["pending"]
+    # issue 22, round 3: the outbox is keyed by the message's id (one B-tree a row, no index)
+    assert "id INTEGER PRIMARY KEY" in tables["outbox"]
+    assert indexes == []
+
+
+# The schema of issue 22's second session: outbox keyed by seq, with a unique index on id.
+SEQ_KEYED_OUTBOX = """
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY, id INTEGER NOT NULL UNIQUE,
+    channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
+"""
+
+
+def test_a_file_whose_outbox_is_keyed_by_seq_opens_as_it_is_and_works(tmp_path: Path) -> None:
+    """The order of the outbox (``pending_for``) goes on after the rows it had, ids wrap and
+    acks delete, whichever column the table is keyed by."""
+    path = str(tmp_path / "seq.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(SEQ_KEYED_OUTBOX)
+    db.close()
+    a = uuid7()
+    store = Store.open(path, next_id=2**32 - 2)
+    ids = store.apply([("c", "", b"one", [a]), ("c", "", b"two", [a]), ("c", "", b"3", [a])], [])
+    assert ids == [2**32 - 2, 2**32 - 1, 0]  # (wrapped: order by seq, not by id)
+    store.close()
+    store = Store.open(path)
+    assert store.unacked() == 3
+    assert store.unacked_bytes() == 7
+    assert store.add("c", "k", b"four", [a]) == 1
+    expected = [(2**32 - 2, "c", "", b"one"), (2**32 - 1, "c", "", b"two"), (0, "c", "", b"3"),
+                (1, "c", "k", b"four")]  # fmt: skip
+    assert store.pending_for(a) == expected
+    store.apply([], [(2**32 - 1, a), (0, a)])
+    assert store.pending_for(a) == [expected[0], expected[3]]
+    assert store.unacked() == 2
+    assert store.unacked_bytes() == 7
+    store.close()
+    db = sqlite3.connect(path)
+    tables = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+    db.close()
+    assert "seq INTEGER PRIMARY KEY" in tables["outbox"]  # kept as it was
+
+
+def test_the_order_of_the_outbox_survives_a_reopen_after_its_newest_are_acked(
+    tmp_path: Path,
+) -> None:
+    """The next row's place starts after the largest one kept: messages added after a reopen
+    come after every one kept, even when ids wrapped (the new schema orders by ``seq``)."""
+    path = str(tmp_path / "t.db")
+    a, b = uuid7(), uuid7()
+    store = Store.open(path, next_id=2**32 - 1)
+    first, second, third = store.apply([("c", "", b"x", [a]), ("c", "", b"y", [b]),
+                                        ("c", "", b"z", [b])], [])  # fmt: skip
+    store.apply([], [(second, b), (third, b)])
+    store.close()
+    store = Store.open(path)
+    (fourth,) = store.apply([("c", "", b"w", [a])], [])
+    assert (first, fourth) == (2**32 - 1, 2)
+    assert store.pending_for(a) == [(first, "c", "", b"x"), (fourth, "c", "", b"w")]
+    store.close()
 
 
 def test_a_transaction_runs_a_few_statements_whatever_its_rows(tmp_path: Path) -> None:
@@ -158,7 +220,9 @@ def test_a_transaction_runs_a_few_statements_whatever_its_rows(tmp_path: Path) -
     assert len(statements) <= 10
     statements.clear()
     store.apply([], [(i, a) for i in ids] + [(ids[1], b), (12345, b)])
-    assert len(statements) <= 6
+    # (BEGIN, COMMIT; per remote, the rows of the messages it was the one remote of, and its
+    # pending rows; then the rows no remote awaits any more: two remotes, 7)
+    assert len(statements) <= 7
     store.db.set_trace_callback(None)
     odd = [(i, "c", f"k{j % 3}", b"body %d" % j) for j, i in enumerate(ids) if j % 2]
     assert store.pending_for(b) == odd[1:]  # in the order sent; ids[1] acked by b
@@ -167,4 +231,56 @@ def test_a_transaction_runs_a_few_statements_whatever_its_rows(tmp_path: Path) -
     assert store.unacked_bytes() == sum(len(body) for *_, body in odd[1:])
     assert store.ack(ids[3], b)
     assert not store.ack(ids[3], b)  # (already acked)
+    store.close()
+
+
+def test_a_message_with_one_remote_is_awaited_in_its_outbox_row(tmp_path: Path) -> None:
+    """Issue 22, round 3: in a new file a message with one remote keeps it in its outbox row
+    (no ``pending`` row: an add and an ack touch one row each); one with several remotes is
+    awaited in ``pending`` as before. Both come back in the order sent, across a reopen."""
+    path = str(tmp_path / "t.db")
+    a, b = uuid7(), uuid7()
+    store = Store.open(path)
+    one, both, two = store.apply([("c", "", b"1", [a]), ("c", "k", b"22", [a, b]),
+                                  ("d", "", b"333", [b])], [])  # fmt: skip
+
+    def pending_rows() -> int:
+        return int(store.db.execute("SELECT COUNT(*) FROM pending").fetchone()[0])
+
+    assert pending_rows() == 2  # (the message sent to a and b only)
+    assert store.pending_for(a) == [(one, "c", "", b"1"), (both, "c", "k", b"22")]
+    assert store.pending_for(b) == [(both, "c", "k", b"22"), (two, "d", "", b"333")]
+    assert not store.ack(one, b)  # (b was not awaited for it)
+    assert store.unacked() == 3
+    store.close()
+    store = Store.open(path)
+    assert (store.unacked(), store.unacked_bytes()) == (3, 6)
+    (three,) = store.apply([("c", "", b"4444", [a])], [(one, a), (both, b)])
+    assert store.pending_for(a) == [(both, "c", "k", b"22"), (three, "c", "", b"4444")]
+    assert store.pending_for(b) == [(two, "d", "", b"333")]
+    assert (store.unacked(), store.unacked_bytes()) == (3, 9)
+    assert store.ack(both, a)  # (its last remote: the message goes)
+    assert pending_rows() == 0
+    store.apply([], [(two, b), (three, a)])
+    assert (store.unacked(), store.unacked_bytes()) == (0, 0)
+    assert int(store.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]) == 0
+    store.close()
+
+
+def test_a_failed_transaction_leaves_the_counts_as_they_were(tmp_path: Path) -> None:
+    """An ack run that fails (an id SQLite cannot hold) rolls back: what it would have
+    deleted is kept, in the file and in the counts (a later ack of it still works)."""
+    store = Store.open(str(tmp_path / "t.db"))
+    a, b = uuid7(), uuid7()
+    ids = store.apply([("c", "", b"x", [a, b]), ("c", "", b"y", [a])], [])
+    try:
+        store.apply([], [(ids[0], a), (ids[0], b), (ids[1], a), (2**64, a)])
+    except OverflowError:
+        pass
+    else:
+        raise AssertionError("an id over 64 bits must fail the transaction")
+    assert store.unacked() == 2
+    assert store.pending_for(a) == [(ids[0], "c", "", b"x"), (ids[1], "c", "", b"y")]
+    store.apply([], [(ids[0], a), (ids[0], b), (ids[1], a)])
+    assert (store.unacked(), store.unacked_bytes()) == (0, 0)
     store.close()

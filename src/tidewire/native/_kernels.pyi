@@ -1,7 +1,15 @@
 """Types of the compiled kernels (tidewire/native/_kernels.pyx); see that file."""
 
+import uuid
+from collections.abc import Sequence
+from typing import TypeVar
+
 from tidewire.model import Batch
 from tidewire.protocols.seguro.codec import SaveMany
+from tidewire.protocols.tolliver.codec import Message
+from tidewire.tolliver.inbox import Delivery
+
+_L = TypeVar("_L")
 
 def envelope_frames(subscriber: int, batch: Batch) -> bytes: ...
 def envelope_frames_batch(
@@ -36,3 +44,24 @@ class Reassembly:
     def held(self) -> int: ...
     def put(self, data: bytes | memoryview) -> None: ...
     def finish(self) -> bytes: ...
+def tolliver_take_run(
+    buf: bytes | bytearray,
+    pos: int,
+    max_name: int,
+    max_body: int,
+    names: dict[bytes, str],
+    skip_channel: str,
+    messages: list[Message],
+    acks: list[int],
+    message_type: type[Message],
+) -> tuple[int, int]: ...
+def tolliver_ack_frames(message_ids: Sequence[int]) -> bytes: ...
+def tolliver_message_frames(
+    channel: bytes, items: Sequence[tuple[bytes, bytes, int]]
+) -> list[bytes]: ...
+def tolliver_value_frames(
+    channel: bytes, values: memoryview, offsets: memoryview, first_id: int
+) -> list[bytes]: ...
+def tolliver_deliveries(
+    delivery_type: type[Delivery], sender: uuid.UUID, messages: list[Message], link: _L
+) -> list[tuple[Delivery, _L]]: ...

@@ -65,6 +65,7 @@ from ..observe.throttle import LogThrottle
 from ..protocols.tolliver import Message, Role
 from ..tolliver.store import uuid7
 from .guard import Admission, ConnectionLimits, Listener
+from .tolliver_delivery import BODY, KEY, reliable_ids
 from .tolliver_ledger import GroupedRecords
 from .tolliver_link import HubLink
 from .tolliver_list import HubList
@@ -192,11 +193,11 @@ class _Link(HubLink):
         """Append to stream C (keys K) in one batch through the ingest path (acks in the order
         the messages came), then ack each (an ack says: durable in the hub)."""
         channel = messages[0].channel
-        nbytes = sum(len(m.body) for m in messages)
+        nbytes = sum(map(len, map(BODY, messages)))
         try:
-            keys = [m.key.encode() if m.key else None for m in messages]
-            try:
-                batch = Batch.build(channel, [m.body for m in messages], keys=keys)
+            keys = [m.key.encode() or None for m in messages] if any(map(KEY, messages)) else None
+            try:  # (no key at all, the common case: no list of None per message)
+                batch = Batch.build(channel, list(map(BODY, messages)), keys=keys)
             except BaseException:
                 self.ingest.release(nbytes)
                 raise
@@ -211,7 +212,7 @@ class _Link(HubLink):
                              len(messages), channel, exc)  # fmt: skip
             return  # not acked: the sender keeps them
         if self.conn.established and not self.conn.closed and not self.refused:
-            self.conn.ack_many([m.id for m in messages if m.reliable])  # (one write)
+            self.conn.ack_many(reliable_ids(messages))  # (one write)
             self.flush()
 
 

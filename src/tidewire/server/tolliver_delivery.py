@@ -5,18 +5,37 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from ..hub import Subscription
 from ..model import TidewireError
+from ..protocols.tolliver import UNRELIABLE, Message
 
 if TYPE_CHECKING:
     from .tolliver_link import HubLink
 
-__all__ = ["DELIVERY_BYTES", "MAX_UNACKED", "ChannelDelivery"]
+__all__ = [
+    "BODY",
+    "CHANNEL",
+    "DELIVERY_BYTES",
+    "KEY",
+    "MAX_UNACKED",
+    "ChannelDelivery",
+    "reliable_ids",
+]
 
 DELIVERY_BYTES = 256 * 1024
 MAX_UNACKED = 4096  # per remote and channel: deliveries in flight
+
+# A message's fields, for C loops over a run of messages (``map``: no Python per message)
+BODY, CHANNEL, KEY = attrgetter("body"), attrgetter("channel"), attrgetter("key")
+
+
+def reliable_ids(messages: list[Message]) -> list[int]:
+    """The ids of the reliable ones among ``messages``, in order (all of them: C loops)."""
+    ids = list(map(attrgetter("id"), messages))
+    return ids if UNRELIABLE not in ids else [i for i in ids if i != UNRELIABLE]
 
 
 class ChannelDelivery:
@@ -29,8 +48,13 @@ class ChannelDelivery:
         self.kept = kept
         self.channel = channel
         self.sub: Subscription = link.server.hub.subscribe(
-            channel, start, max_batch_bytes=DELIVERY_BYTES, skip_lost=True, via="tolliver",
-            connection=link.log.context.conn, counted=False,  # (deliver() counts what it sends)
+            channel,
+            start,
+            max_batch_bytes=DELIVERY_BYTES,
+            skip_lost=True,
+            via="tolliver",
+            connection=link.log.context.conn,
+            counted=False,  # (deliver() counts what it sends)
         )
         self.sub.request(MAX_UNACKED)
         self.inflight: OrderedDict[int, int] = OrderedDict()  # tolliver id -> event id, in order
@@ -62,12 +86,10 @@ class ChannelDelivery:
     def acked(self, message_ids: list[int]) -> int | None:
         """Record acks (of this channel's deliveries); the new offset (next event id to
         deliver) if it moved."""
-        inflight = self.inflight
-        last = None
-        for message_id in message_ids:
-            last = inflight.pop(message_id)
-        if last is None:
+        if not message_ids:
             return None
+        last = list(map(self.inflight.pop, message_ids))[-1]  # (C loops: one pop each)
+        inflight = self.inflight
         self.sub.request(len(message_ids))
         low = next(iter(inflight.values()), last + 1)  # (in event order)
         if low - 1 > self.acked_to:

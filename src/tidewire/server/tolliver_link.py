@@ -54,7 +54,7 @@ from ..protocols.tolliver import (
 )
 from ..tolliver.link import HandshakeFailed, Link
 from .guard import established, peer_certificate, refused
-from .tolliver_delivery import DELIVERY_BYTES, MAX_UNACKED, ChannelDelivery
+from .tolliver_delivery import CHANNEL, DELIVERY_BYTES, MAX_UNACKED, ChannelDelivery
 from .tolliver_origins import within
 
 if TYPE_CHECKING:
@@ -256,11 +256,15 @@ class HubLink(Link):
         conn, run = self.conn, list[Message]()
         while True:
             if conn.receive_run(run, acks):  # (the hot paths first, in runs)
-                for message in run:
-                    if not everyone_writes and not self._may_write(message.channel):
-                        self._refuse(self._forbidden("write", message.channel, "a message"))
+                for channel in (channels := set(map(CHANNEL, run))):  # (C loops)
+                    if not everyone_writes and not self._may_write(channel):
+                        self._refuse(self._forbidden("write", channel, "a message"))
                         return  # what arrived with it is neither stored nor acked
-                    arrived.setdefault(message.channel, []).append(message)
+                if len(channels) == 1:  # (one channel, the common case: no test per message)
+                    arrived.setdefault(run[0].channel, []).extend(run)
+                else:
+                    for message in run:
+                        arrived.setdefault(message.channel, []).append(message)
                 run.clear()
             event = conn.next_event()
             if event is None:
@@ -383,9 +387,9 @@ class HubLink(Link):
         wanted = self.conn.peer_subscriptions
         name = channel.channel
         every = (name, "") in wanted
-        inflight = channel.inflight
+        inflight, now, conn = channel.inflight, self.clock(), self.conn
         items: list[tuple[bytes, bytes, int]] = []
-        skipped = 0
+        skipped = sent = run_bytes = 0
         next_id = self.server.next_message_id
         own = self.server.origins.of(self.conn.peer, name) if self.conn.peer else None
         for batch in batches:
@@ -395,12 +399,12 @@ class HubLink(Link):
             one_run = last <= UNRELIABLE or (next_id > UNRELIABLE and last <= ID_SPACE)
             if every and not own and not batch.has_keys and one_run:
                 # (the common case, without a test per event: ids in one run, no key)
-                message_ids = range(next_id, last)
-                inflight.update(zip(message_ids, ids, strict=True))
-                offsets, values = batch.value_offsets, batch.values
-                base = offsets[0]
-                items += [(b"", bytes(values[offsets[i] - base : offsets[i + 1] - base]), m)
-                          for i, m in enumerate(message_ids)]  # fmt: skip
+                inflight.update(zip(range(next_id, last), ids, strict=True))
+                if items:  # (what came before it goes first: the order of the stream)
+                    conn.send_many(name, items, now)
+                    sent, items = sent + len(items), []
+                conn.send_values(name, batch.values, batch.value_offsets, next_id, now)
+                sent, run_bytes = sent + n, run_bytes + 20 * n + batch.values.nbytes
                 next_id = last & 0xFFFFFFFF
                 continue
             for i in range(n):
@@ -417,24 +421,25 @@ class HubLink(Link):
                     message_id, next_id = next_id, next_id + 1
                 inflight[message_id] = ids[i]
                 items.append((key, batch.value(i), message_id))
-        self.server.took_ids(next_id, len(items))
+        self.server.took_ids(next_id, sent + len(items))
         if skipped:
             channel.sub.request(skipped)
             channel.sub.delivered -= skipped  # (the API's "delivered": what the remote got)
         if items:
-            self.conn.send_many(name, items, self.clock())
+            conn.send_many(name, items, now)
+        if sent + len(items):
             self.charge()
             if skipped:  # (what was skipped is not counted as sent)
-                nbytes = sum(20 + len(k) + len(v) for k, v, _ in items)
+                nbytes = run_bytes + sum(20 + len(k) + len(v) for k, v, _ in items)
             else:
                 nbytes = sum(b.nbytes for b in batches)
-            self.server.hub.metrics.sent("tolliver", name, len(items), nbytes)
+            self.server.hub.metrics.sent("tolliver", name, sent + len(items), nbytes)
 
     def _acked(self, message_ids: list[int]) -> None:
         peer = self.conn.peer
         channels = list(self.channels.values())
-        if len(channels) == 1:
-            by_channel = {channels[0]: [m for m in message_ids if m in channels[0].inflight]}
+        if len(channels) == 1:  # (C loops)
+            by_channel = {channels[0]: list(filter(channels[0].inflight.__contains__, message_ids))}
         else:
             by_channel = {}
             for message_id in message_ids:

@@ -40,11 +40,13 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 from ..client.backoff import Retry
 from ..model import LimitExceeded, LocalProtocolError
 from ..protocols.tolliver import CONTROL_CHANNEL, UNRELIABLE, Message, Role, matches
-from .inbox import Delivery, Inbox
+from .inbox import Delivery, Inbox, deliveries
 from .instance_link import InstanceLink, ack_on_links
 from .link import HandshakeFailed
 from .store import Store
@@ -98,7 +100,9 @@ class Instance:
         self._held: set[tuple[uuid.UUID, int]] = set()
         self._seen: list[tuple[uuid.UUID, int]] = []  # finished: recorded with the next commit
         self._ack_after: list[tuple[InstanceLink, int]] = []  # their acks: sent once it is durable
-        self._acking: set[tuple[int, uuid.UUID]] = set()  # acks received, not committed yet
+        # acks received, not committed yet: peer -> ids (keyed once a run: a UUID's hash is
+        # Python code, too dear once an ack)
+        self._acking: dict[uuid.UUID, set[int]] = {}
         self._servers: list[asyncio.Server] = []
         self._handshakes = 0
         self._sendable = asyncio.Event()
@@ -208,9 +212,9 @@ class Instance:
         if old is not None and old is not link and old.transport is not None:
             old.transport.close()  # a reconnect replaces the stale connection
         now = self.clock()
-        acking = self._acking
+        acking = self._acking.get(peer, set())
         for message_id, channel, key, body in self.store.pending_for(peer):
-            if (message_id, peer) not in acking:  # (acked, not yet committed: not resent)
+            if message_id not in acking:  # (acked, not yet committed: not resent)
                 link.conn.send(Message(channel, key, body, message_id), now)  # resent at once
         link.flush()
 
@@ -276,7 +280,8 @@ class Instance:
                 if kept > self.outbox_bytes:  # (remotes away, or not acking)
                     raise LimitExceeded("the outbox's unacked bytes", self.outbox_bytes, kept)
             future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-            self._adds.append(([(channel, key, body, peers) for body in bodies], future))
+            rows = list(zip(repeat(channel), repeat(key), bodies, repeat(peers)))  # (C loops)
+            self._adds.append((rows, future))
             self._schedule()
             ids = await future  # kept on disk before it goes out
             # on the remotes' connections as they are now: one that reconnected meanwhile
@@ -287,7 +292,7 @@ class Instance:
         now = self.clock()
         for link in links:
             if link.conn.established:
-                items = [(raw_key, b, i) for b, i in zip(bodies, ids, strict=True)]
+                items = list(zip(repeat(raw_key), bodies, ids))  # (C loops)
                 link.conn.send_many(channel, items, now)
                 link.soon()
         return ids
@@ -325,7 +330,7 @@ class Instance:
         commit: asyncio.Future[list[int]],
     ) -> None:
         self._commit = None
-        self._acking.difference_update(acks)
+        self._committed_acks(acks)
         ack_on_links(then)  # (also if the record failed: the application is done with them)
         if commit.cancelled() or commit.exception() is not None:
             exc = commit.exception() if not commit.cancelled() else asyncio.CancelledError()
@@ -343,6 +348,19 @@ class Instance:
             self._wake_room()
         if self._queued():
             self._schedule()
+
+    def _committed_acks(self, acks: list[tuple[int, uuid.UUID]]) -> None:
+        """Forget ``acks`` from :attr:`_acking` (committed, or failed: a resend comes)."""
+        acking = self._acking
+        if acks and len(set(map(id, map(itemgetter(1), acks)))) == 1:  # (C loops)
+            # (one remote object in every pair, the common case: its ids at once)
+            acking.get(acks[0][1], set()).difference_update(map(itemgetter(0), acks))
+        else:
+            for message_id, peer in acks:
+                ids = acking.get(peer, set())
+                ids.discard(message_id)
+        for peer in [peer for peer, ids in acking.items() if not ids]:
+            del acking[peer]
 
     async def unacked_at_most(self, n: int) -> None:
         """Wait until the store keeps at most ``n`` reliable messages unacked (an ack counts
@@ -371,14 +389,13 @@ class Instance:
     def acked(self, message_id: int, peer: uuid.UUID) -> None:
         """Record an ack (with the next group commit: losing one only means a resend)."""
         self._acks.append((message_id, peer))
-        self._acking.add((message_id, peer))
+        self._acking.setdefault(peer, set()).add(message_id)
         self._schedule()
 
     def acked_many(self, message_ids: list[int], peer: uuid.UUID) -> None:
         """:meth:`acked` of each of ``message_ids`` (a run of acks from one read)."""
-        pairs = [(message_id, peer) for message_id in message_ids]
-        self._acks += pairs
-        self._acking.update(pairs)
+        self._acks += zip(message_ids, repeat(peer))
+        self._acking.setdefault(peer, set()).update(message_ids)
         self._schedule()
 
     def handle_timer(self, now: float | None = None) -> None:
@@ -393,12 +410,12 @@ class Instance:
         """:meth:`_deliver` of each of ``messages`` (a run from one read): without ``dedupe``,
         into the inbox in one go when they all fit (the common case)."""
         sender = link.conn.peer
-        if self.dedupe or sender is None or not self._inbox.fits(messages):
+        nbytes = sum(map(len, map(attrgetter("body"), messages)))  # (C loops)
+        if self.dedupe or sender is None or not self._inbox.fits(messages, nbytes):
             for message in messages:
                 self._deliver(link, message)
             return
-        self._inbox.put_many([(Delivery(sender, m.channel, m.key, m.body, m.id), link)
-                              for m in messages])  # fmt: skip
+        self._inbox.put_many(deliveries(Delivery, sender, messages, link), nbytes)
 
     def _deliver(self, link: InstanceLink, message: Message) -> None:
         sender = link.conn.peer
@@ -429,7 +446,14 @@ class Instance:
         if not handled:
             return
         if not self.dedupe:
-            ack_on_links([(link, message_id) for link, _, message_id in handled])
+            links = set(map(itemgetter(0), handled))
+            if len(links) == 1:  # (one connection: one ack_many, no pair per message)
+                (link,) = links
+                if link.conn.established:
+                    link.conn.ack_many(list(map(itemgetter(2), handled)))
+                    link.soon()
+            else:
+                ack_on_links([(link, message_id) for link, _, message_id in handled])
             handled.clear()
             return
         done, window = self._done, self.dedupe_window
@@ -469,8 +493,14 @@ class Instance:
             while True:
                 self._finish(handled)
                 taken = await self._inbox.take(most)
-                handled += [(link, d.sender, d.id) for d, link in taken if d.id != UNRELIABLE]
-                yield [delivery for delivery, _ in taken]
+                batch = list(map(itemgetter(0), taken))
+                ids = list(map(attrgetter("id"), batch))
+                if UNRELIABLE in ids:
+                    handled += [(link, d.sender, d.id) for d, link in taken if d.id != UNRELIABLE]
+                else:  # (all reliable: C loops, no tuple built in Python per message)
+                    senders = map(attrgetter("sender"), batch)
+                    handled += zip(map(itemgetter(1), taken), senders, ids, strict=True)
+                yield batch
         finally:
             self._finish(handled)
 

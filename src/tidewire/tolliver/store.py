@@ -34,6 +34,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import itemgetter
 
 from ..protocols.tolliver import UNRELIABLE
 
@@ -55,8 +57,8 @@ def uuid7(now_ms: int | None = None) -> uuid.UUID:
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (
-    seq INTEGER PRIMARY KEY, id INTEGER NOT NULL UNIQUE,
-    channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL);
+    id INTEGER PRIMARY KEY, seq INTEGER NOT NULL,
+    channel TEXT NOT NULL, key TEXT NOT NULL, body BLOB NOT NULL, remote BLOB);
 CREATE TABLE IF NOT EXISTS pending (
     id INTEGER NOT NULL, remote BLOB NOT NULL, PRIMARY KEY (id, remote)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS seen (
@@ -64,31 +66,75 @@ CREATE TABLE IF NOT EXISTS seen (
 """
 
 
-_OUTBOX_INSERTS: dict[int, str] = {}  # rows -> its statement (at most ROWS_PER_STATEMENT)
+_OUTBOX_INSERTS: dict[tuple[int, int], str] = {}  # (rows, fields) -> its statement
+_COLUMNS = ("id", "seq", "channel", "key", "body", "remote")
 
 
-def _insert_outbox(db: sqlite3.Connection, rows: list[tuple[int, str, str, bytes]]) -> None:
-    """``rows`` (id, channel, key, body) into the outbox, in order, a few statements in all."""
-    for at in range(0, len(rows), ROWS_PER_STATEMENT):
-        part = rows[at : at + ROWS_PER_STATEMENT]
-        sql = _OUTBOX_INSERTS.get(len(part))
+def _insert_outbox(db: sqlite3.Connection, fields: list[object], width: int) -> None:
+    """Rows into the outbox, in order, a few statements in all; ``fields``: each row's
+    ``width`` first columns of (id, seq, channel, key, body, remote), one after the other."""
+    step = ROWS_PER_STATEMENT * width
+    for at in range(0, len(fields), step):
+        part = fields[at : at + step]
+        rows = len(part) // width
+        sql = _OUTBOX_INSERTS.get((rows, width))
         if sql is None:
-            values = ", ".join(["(?, ?, ?, ?)"] * len(part))
-            sql = _OUTBOX_INSERTS[len(part)] = (
-                f"INSERT INTO outbox (id, channel, key, body) VALUES {values}"
+            values = ", ".join(["(" + ", ".join(["?"] * width) + ")"] * rows)
+            sql = _OUTBOX_INSERTS[rows, width] = (
+                f"INSERT INTO outbox ({', '.join(_COLUMNS[:width])}) VALUES {values}"
             )
-        db.execute(sql, [field for row in part for field in row])
+        db.execute(sql, part)
+
+
+def _inline_remotes(adds: list[tuple[str, str, bytes, list[uuid.UUID]]]) -> list[bytes | None]:
+    """Each new message's one remote (its UUID's bytes), or ``None`` if it has several (their
+    acks are awaited in ``pending``). Messages sent together share their list of remotes
+    (``Instance.send_many``): one ``UUID.bytes`` per run of them."""
+    out: list[bytes | None] = []
+    last: list[uuid.UUID] | None = None
+    value: bytes | None = None
+    for add in adds:
+        if add[3] is not last:
+            last = add[3]
+            value = last[0].bytes if len(last) == 1 else None
+        out.append(value)
+    return out
 
 
 def _by_remote(pairs: Iterable[tuple[int, uuid.UUID]]) -> dict[bytes, str]:
-    """(id, remote) pairs as each remote's ids, a JSON array (for ``json_each``)."""
+    """(id, remote) pairs as each remote's ids, a JSON array (for ``json_each``). A run of
+    pairs with the same remote object is looked up once (a UUID's hash is Python code: too
+    dear once a message, issue 22)."""
     ids: dict[uuid.UUID, list[int]] = {}
+    last: uuid.UUID | None = None
+    these: list[int] = []
+    if isinstance(pairs, list) and pairs and len(set(map(id, map(itemgetter(1), pairs)))) == 1:
+        ids[pairs[0][1]] = list(map(itemgetter(0), pairs))  # (one remote object: C loops)
+        pairs = ()
     for message_id, remote in pairs:
-        ids.setdefault(remote, []).append(message_id)
+        if remote is not last:
+            these = ids.setdefault(remote, [])
+            last = remote
+        these.append(message_id)
     for these in ids.values():  # (as binding them one by one would: the transaction fails)
         if max(these) >= 2**63 or min(these) < -(2**63):
             raise OverflowError("Python int too large to convert to SQLite INTEGER")
     return {remote.bytes: json.dumps(these) for remote, these in ids.items()}
+
+
+def _pending_pairs(
+    kept: list[tuple[int, tuple[str, str, bytes, list[uuid.UUID]]]],
+) -> list[tuple[int, uuid.UUID]]:
+    """(id, remote) for each remote of each new message, in order; messages sent together
+    share their list of remotes (``Instance.send_many``): one remote is the common case."""
+    pairs: list[tuple[int, uuid.UUID]] = []
+    for i, add in kept:
+        remotes = add[3]
+        if len(remotes) == 1:
+            pairs.append((i, remotes[0]))
+        else:
+            pairs += [(i, remote) for remote in remotes]
+    return pairs
 
 
 class Store:
@@ -114,9 +160,18 @@ class Store:
                 raise ValueError(f"next_id must be a 32-bit id, not {next_id}")
             self._next = next_id
         self._last_acked = 0
-        count, nbytes = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) FROM outbox").fetchone()  # fmt: skip
+        count, nbytes, seq = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0), COALESCE(MAX(seq), 0) FROM outbox"
+        ).fetchone()  # fmt: skip
         self._unacked, self._unacked_bytes = int(count), int(nbytes)
+        self._seq = int(seq) + 1  # the next message's place in the outbox (its order)
+        # issue 22, round 3: a new file's outbox holds the one remote of a message that has one
+        # (``remote``), so its add and its ack touch one row, not two (``pending`` is for
+        # messages with several remotes); a file made before keeps ``pending`` for all
+        columns = [str(row[1]) for row in db.execute("PRAGMA table_info(outbox)")]
+        self._inline = "remote" in columns
+        self._shared = int(db.execute("SELECT COUNT(*) FROM outbox" + (  # (rows in pending)
+            " WHERE remote IS NULL" if self._inline else "")).fetchone()[0])  # fmt: skip
         self._lock = threading.Lock()
 
     @classmethod
@@ -182,36 +237,28 @@ class Store:
     ) -> list[int]:
         db = self.db
         self._last_acked = 0
-        next_before = self._next
+        next_before, seq_before, shared_before = self._next, self._seq, self._shared
         unacked, unacked_bytes = self._unacked, self._unacked_bytes
         db.execute("BEGIN")  # (autocommit mode: the transaction is explicit)
         try:
             ids = self._take_ids(len(adds)) if adds else []
-            kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
-            if kept:  # (a message nobody subscribed to is not kept)
-                _insert_outbox(db, [(i, c, k, b) for i, (c, k, b, _) in kept])
-                pairs = ((i, r) for i, add in kept for r in add[3])
-                for remote, ids_json in _by_remote(pairs).items():
-                    db.execute("INSERT INTO pending SELECT value, ?1 FROM json_each(?2)",
-                               (remote, ids_json))  # fmt: skip
+            if all(map(itemgetter(3), adds)):  # (C loops: every message is kept, the rule)
+                kept = list(zip(ids, adds, strict=True))
+                kept_ids, kept_adds = ids, adds
+            else:  # (a message nobody subscribed to is not kept)
+                kept = [(i, add) for i, add in zip(ids, adds, strict=True) if add[3]]
+                kept_ids, kept_adds = [i for i, _ in kept], [add for _, add in kept]
+            if kept:
+                bodies = list(map(itemgetter(2), kept_adds))
+                self._add_rows(kept, kept_ids, kept_adds, bodies)
                 unacked += len(kept)
-                unacked_bytes += sum(len(add[2]) for _, add in kept)
+                unacked_bytes += sum(map(len, bodies))
             if adds:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (self._next,))
             if acks:
-                for remote, ids_json in _by_remote(acks).items():
-                    cursor = db.execute(
-                        "DELETE FROM pending WHERE remote = ?1 AND id IN "
-                        "(SELECT value FROM json_each(?2))", (remote, ids_json),
-                    )  # fmt: skip
-                    self._last_acked += max(0, cursor.rowcount)
-                gone = db.execute(
-                    "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?)) AND NOT "
-                    "EXISTS (SELECT 1 FROM pending WHERE pending.id = outbox.id) "
-                    "RETURNING LENGTH(body)", (json.dumps(sorted({i for i, _ in acks})),),
-                ).fetchall()  # fmt: skip
-                unacked -= len(gone)
-                unacked_bytes -= sum(int(n) for (n,) in gone)
+                gone, nbytes = self._ack_rows(acks)
+                unacked -= gone
+                unacked_bytes -= nbytes
             if seen:  # (one seen again moves to the newest place)
                 db.executemany("INSERT OR REPLACE INTO seen (remote, id) VALUES (?, ?)",
                                [(sender.bytes, i) for sender, i in seen])  # fmt: skip
@@ -221,18 +268,74 @@ class Store:
             self._unacked, self._unacked_bytes = unacked, unacked_bytes
         except BaseException:
             self.db.execute("ROLLBACK")
-            self._next = next_before
+            self._next, self._seq, self._shared = next_before, seq_before, shared_before
             raise
         return ids
 
+    def _add_rows(
+        self,
+        kept: list[tuple[int, tuple[str, str, bytes, list[uuid.UUID]]]],
+        ids: list[int],
+        adds: list[tuple[str, str, bytes, list[uuid.UUID]]],
+        bodies: list[bytes],
+    ) -> None:
+        """The outbox rows of new messages (``kept``: (id, add); ``ids``, ``adds`` and
+        ``bodies`` their columns), and the ``pending`` rows of those with several remotes (of
+        every one, in a file made before the ``remote`` column)."""
+        seqs = range(self._seq, self._seq + len(ids))
+        self._seq += len(ids)
+        columns = [ids, seqs, map(itemgetter(0), adds), map(itemgetter(1), adds), bodies]
+        shared = kept
+        if self._inline:
+            remotes = _inline_remotes(adds)
+            columns.append(remotes)
+            shared = [(i, add) for i, add in kept if len(add[3]) != 1] if None in remotes else []
+        rows = zip(*columns, strict=True)
+        _insert_outbox(self.db, list(chain.from_iterable(rows)), len(columns))
+        for remote, ids_json in _by_remote(_pending_pairs(shared)).items():
+            self.db.execute("INSERT INTO pending SELECT value, ?1 FROM json_each(?2)",
+                            (remote, ids_json))  # fmt: skip
+        self._shared += len(shared)
+
+    def _ack_rows(self, acks: list[tuple[int, uuid.UUID]]) -> tuple[int, int]:
+        """Delete what ``acks`` (id, remote) leave unawaited; ``(messages, bytes of bodies)``
+        gone from the outbox. :attr:`_last_acked`: how many acks were awaited."""
+        db, gone = self.db, []
+        groups = _by_remote(acks)
+        if self._inline:  # (a message with one remote: its row, no pending row)
+            for remote, ids_json in groups.items():
+                rows = db.execute(
+                    "DELETE FROM outbox WHERE remote = ?1 AND id IN "
+                    "(SELECT value FROM json_each(?2)) RETURNING LENGTH(body)", (remote, ids_json),
+                ).fetchall()  # fmt: skip
+                self._last_acked += len(rows)
+                gone += rows
+        if self._shared:  # (messages with several remotes, or all in a file made before)
+            for remote, ids_json in groups.items():
+                cursor = db.execute(
+                    "DELETE FROM pending WHERE remote = ?1 AND id IN "
+                    "(SELECT value FROM json_each(?2))", (remote, ids_json),
+                )  # fmt: skip
+                self._last_acked += max(0, cursor.rowcount)
+            rows = db.execute(
+                "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?)) AND NOT "
+                "EXISTS (SELECT 1 FROM pending WHERE pending.id = outbox.id) "
+                + ("AND remote IS NULL " if self._inline else "")
+                + "RETURNING LENGTH(body)", (json.dumps(sorted(set(map(itemgetter(0), acks)))),),
+            ).fetchall()  # fmt: skip
+            self._shared -= len(rows)
+            gone += rows
+        return len(gone), sum(int(n) for (n,) in gone)
+
     def pending_for(self, remote: uuid.UUID) -> list[tuple[int, str, str, bytes]]:
         """The messages ``remote`` has not acked, oldest first (to resend on reconnect)."""
+        shared = ("SELECT o.id, o.channel, o.key, o.body, o.seq FROM outbox o JOIN pending p "
+                  "ON o.id = p.id WHERE p.remote = ?1")  # fmt: skip
+        if self._inline:  # (and those whose one remote it is)
+            shared += " UNION ALL SELECT id, channel, key, body, seq FROM outbox WHERE remote = ?1"
         with self._lock:
-            rows = self.db.execute(
-                "SELECT o.id, o.channel, o.key, o.body FROM outbox o JOIN pending p "
-                "ON o.id = p.id WHERE p.remote = ? ORDER BY o.seq", (remote.bytes,),
-            ).fetchall()  # fmt: skip
-        return [(int(i), str(c), str(k), bytes(b)) for i, c, k, b in rows]
+            rows = self.db.execute(shared + " ORDER BY 5", (remote.bytes,)).fetchall()
+        return [(int(i), str(c), str(k), bytes(b)) for i, c, k, b, _ in rows]
 
     def recent_seen(self, limit: int) -> list[tuple[uuid.UUID, int]]:
         """The (sender, id) of the last ``limit`` messages recorded as handled, oldest first."""

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import run, until
-from tidewire.model import LocalProtocolError, RemoteProtocolError
+from tidewire.model import Batch, LocalProtocolError, RemoteProtocolError
 from tidewire.protocols.tolliver import (
     CONTROL_CHANNEL,
     UNRELIABLE,
@@ -232,6 +232,35 @@ def test_send_many_equals_successive_sends_for_any_messages(
     bulk.handle_timer(2.0)
     single.handle_timer(2.0)
     assert bulk.data_to_send() == single.data_to_send()  # the same resends, in the same order
+
+
+@settings(max_examples=100, deadline=None)
+@given(names, st.lists(st.binary(max_size=32), max_size=8),
+       st.sampled_from([0, 7, UNRELIABLE - 2, UNRELIABLE + 1, 2**32 - 8]),
+       st.lists(ids, max_size=3))  # fmt: skip
+def test_send_values_equals_send_many_of_the_same_values(
+    channel: str, values: list[bytes], first_id: int, before: list[int]
+) -> None:
+    """The hub's delivery of a run of events (a batch's value column, ids from ``first_id``,
+    no key): the bytes, the awaited acks and the resends of ``send_many``, also with ids
+    awaited already (resent: they move to the end) or a run over the unreliable marker."""
+    if channel == CONTROL_CHANNEL:
+        channel = "not-" + channel
+    values_side, _ = established()
+    many_side, _ = established()
+    for side in (values_side, many_side):
+        side.send_many(channel, [(b"", b"before", i) for i in before], 0.5)
+    if values:
+        batch = Batch.build("s", values)
+        values_side.send_values(channel, batch.values, batch.value_offsets, first_id, 1.0)
+    many_side.send_many(channel, [(b"", v, first_id + i) for i, v in enumerate(values)], 1.0)
+    assert values_side.data_to_send() == many_side.data_to_send()
+    assert values_side.unacked() == many_side.unacked()
+    assert values_side.unacked_bytes == many_side.unacked_bytes
+    assert values_side.next_deadline() == many_side.next_deadline()
+    values_side.handle_timer(2.0)
+    many_side.handle_timer(2.0)
+    assert values_side.data_to_send() == many_side.data_to_send()  # the same resends
 
 
 def test_send_many_tracks_reliable_messages_and_resends_them_in_order() -> None:

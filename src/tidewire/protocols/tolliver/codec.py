@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ...model import LocalProtocolError, RemoteProtocolError
 from ..buffer import ReceiveBuffer
+from .runs import NAMES_CACHED, take_run
 
 __all__ = [
     "CONTROL_CHANNEL",
@@ -281,7 +282,7 @@ class Decoder:
                 name = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise RemoteProtocolError(f"{what} is not UTF-8: {exc}") from None
-            if len(self._names) >= 256:
+            if len(self._names) >= NAMES_CACHED:
                 self._names.clear()
             self._names[raw] = name
         return name
@@ -343,8 +344,9 @@ class Decoder:
 
     def take_run(self, messages: list[Message], acks: list[int], skip_channel: str) -> int:
         """Parse the whole message and ack frames at the head of the input in one pass
-        (issue 22: no call, view or advance per frame): append each message (except one on
-        ``skip_channel``) to ``messages`` and each ack's id to ``acks``; the frames parsed.
+        (issue 22: no call, view or advance per frame; :func:`.runs.take_run`, compiled when
+        the kernels are built): append each message (except one on ``skip_channel``) to
+        ``messages`` and each ack's id to ``acks``; the frames parsed.
 
         It stops, consuming nothing of it, at the first frame that is not whole, is another
         kind, is on ``skip_channel``, or breaks a limit or UTF-8: :meth:`next_frame` then
@@ -352,54 +354,11 @@ class Decoder:
         if self._dead is not None:
             raise self._dead
         buf, pos = self._rx.view()
-        size = len(buf)
         limits = self.limits
-        max_name, max_body = limits.max_name_bytes, limits.max_body_bytes
-        unpack_message, unpack_id, head = _MSG.unpack_from, _U32.unpack_from, _MSG.size
-        last_raw, last_name = b"", ""  # the previous channel (most runs are on one channel)
-        count = 0
-        while pos < size:
-            code = buf[pos]
-            if code == 4:
-                if pos + 5 > size:
-                    break
-                acks.append(unpack_id(buf, pos + 1)[0])
-                pos += 5
-                count += 1
-                continue
-            if code != 3 or pos + head > size:
-                break
-            _, clen, klen, blen, message_id = unpack_message(buf, pos)
-            if clen > max_name or klen > max_name or blen > max_body:
-                break
-            at = pos + head
-            end = at + clen + klen + blen
-            if end > size:
-                break
-            if clen == len(last_raw) and buf.startswith(last_raw, at, at + clen):
-                channel = last_name
-            else:
-                raw = bytes(buf[at : at + clen])
-                channel = self._names.get(raw) or ""
-                if not channel and clen:
-                    try:
-                        channel = self._name(raw, "channel")
-                    except RemoteProtocolError:
-                        break
-                last_raw, last_name = raw, channel
-            if channel == skip_channel:
-                break
-            key = ""
-            if klen:
-                try:
-                    key = self._name(bytes(buf[at + clen : at + clen + klen]), "key")
-                except RemoteProtocolError:
-                    break
-            messages.append(Message(channel, key, bytes(buf[at + clen + klen : end]), message_id))
-            pos = end
-            count += 1
+        count, end = take_run(buf, pos, limits.max_name_bytes, limits.max_body_bytes,
+                              self._names, skip_channel, messages, acks, Message)  # fmt: skip
         if count:
-            self._rx.advance_to(pos)
+            self._rx.advance_to(end)
             self._frames += count
             self._walked = (0, 0)
         return count

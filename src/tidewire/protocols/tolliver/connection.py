@@ -28,11 +28,13 @@ A breach by the peer closes the connection (Tolliver has no error message outsid
 from __future__ import annotations
 
 import enum
-import struct
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+from typing import cast
 
 from ...model import LocalProtocolError, RemoteProtocolError
 from .codec import (
@@ -51,9 +53,9 @@ from .codec import (
     encode,
     encode_control,
     encode_entry,
-    encode_message,
     parse_entry,
 )
+from .runs import ack_frames, message_frames, value_frames
 
 __all__ = [
     "Acked",
@@ -220,19 +222,47 @@ class Connection:
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no message before the handshake completes")
         raw = check_name("channel", channel)
+        items = messages if isinstance(messages, list) else list(messages)
         # every frame first: one refused leaves nothing written and nothing awaiting an ack
-        encoded = [(message_id, encode_message(raw, key, body, message_id))
-                   for key, body, message_id in messages]  # fmt: skip
+        frames = message_frames(raw, items)
+        self._sent(frames, [message_id for _, _, message_id in items], now)
+
+    def send_values(
+        self, channel: str, values: memoryview, offsets: memoryview, first_id: int, now: float
+    ) -> None:
+        """Send a run of values as reliable messages with no key on ``channel`` (``values`` and
+        ``offsets`` as a :class:`~tidewire.model.Batch`'s value column), ids ``first_id`` on,
+        one each: :meth:`send_many` of ``(b"", value i, first_id + i)`` without a tuple or a
+        body copy per message (the hub's delivery of a run of events)."""
+        if channel == CONTROL_CHANNEL:
+            raise LocalProtocolError(f"the channel {CONTROL_CHANNEL!r} is reserved")
+        if self.state is not _State.OPEN:
+            raise LocalProtocolError("no message before the handshake completes")
+        frames = value_frames(check_name("channel", channel), values, offsets, first_id)
+        self._sent(frames, list(range(first_id, first_id + len(frames))), now)
+
+    def _sent(self, frames: list[bytes], ids: list[int], now: float) -> None:
+        """Queue ``frames`` (message frames of ``ids``, in order) and await the reliable ones'
+        acks (resent from ``now`` + ``resend_interval``)."""
         due = now + self.resend_interval
         first = self._levels[0]
-        added = 0
-        for message_id, frame in encoded:
-            if message_id != UNRELIABLE:
-                self._forget(message_id)
-                first[message_id] = (frame, due)
-                added += len(frame)
+        distinct = set(ids)
+        if (
+            UNRELIABLE in distinct
+            or len(distinct) < len(ids)
+            or any(not level.keys().isdisjoint(distinct) for level in self._levels)
+        ):
+            added = 0  # (the slow way: an unreliable one, an id twice or awaited already)
+            for message_id, frame in zip(ids, frames, strict=True):
+                if message_id != UNRELIABLE:
+                    self._forget(message_id)
+                    first[message_id] = (frame, due)
+                    added += len(frame)
+        else:  # (the common case, in C loops: new distinct ids, all reliable)
+            first.update(zip(ids, zip(frames, repeat(due), strict=False), strict=True))
+            added = sum(map(len, frames))
         self._unacked_bytes += added
-        self._out += b"".join([frame for _, frame in encoded])
+        self._out += b"".join(frames)
 
     def subscribe(self, channel: str, key: str = "", *, op: int = 0) -> None:
         """Change this side's subscriptions; told to the peer now if established (else in the
@@ -277,10 +307,7 @@ class Connection:
         """:meth:`ack` of each of ``message_ids``, in order."""
         if self.state is not _State.OPEN:
             raise LocalProtocolError("no ack before the handshake completes")
-        try:
-            self._out += b"".join([ACK.pack(4, message_id) for message_id in message_ids])
-        except struct.error:
-            raise LocalProtocolError("an ack's id is a u32") from None
+        self._out += ack_frames(message_ids if isinstance(message_ids, list) else list(message_ids))
 
     def unacked(self) -> list[int]:
         return sorted(i for level in self._levels for i in level)
@@ -384,11 +411,29 @@ class Connection:
         except RemoteProtocolError:
             return 0  # (a dead decoder: next_event closes)
         if self.auto_ack and len(received) > start:
-            self._out += b"".join([ACK.pack(4, message.id) for message in received[start:]
-                                   if message.id != UNRELIABLE])  # fmt: skip
-        forget = self._forget
-        acked += [message_id for message_id in acks if forget(message_id)]
+            self._out += ack_frames([message.id for message in received[start:]
+                                     if message.id != UNRELIABLE])  # fmt: skip
+        if acks:
+            self._forget_run(acks, acked)
         return count
+
+    def _forget_run(self, acks: list[int], acked: list[int]) -> None:
+        """:meth:`_forget` of each of ``acks``, appending to ``acked`` those that were awaited,
+        in order. Most acks come before the first resend: those are popped from the first
+        level in C loops (``map``), the others looked for one by one."""
+        popped = list(map(self._levels[0].pop, acks, repeat(None)))
+        if None not in popped:
+            entries = cast(list[tuple[bytes, float]], popped)
+            self._unacked_bytes -= sum(map(len, map(itemgetter(0), entries)))
+            acked += acks
+            return
+        forget = self._forget
+        for message_id, entry in zip(acks, popped, strict=True):
+            if entry is not None:
+                self._unacked_bytes -= len(entry[0])
+                acked.append(message_id)
+            elif forget(message_id):
+                acked.append(message_id)
 
     def next_event(self) -> Event | None:
         """The next event, or ``None`` until more bytes come (or once closed)."""
