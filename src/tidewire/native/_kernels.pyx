@@ -397,6 +397,7 @@ def id_range(uint64_t first, Py_ssize_t n):
 
 
 include "_seguro.pxi"  # Seguro's SAVE MANY events (a file of its own: this one stays short)
+include "_log.pxi"  # the log's commit groups: a run of small batches into one record
 
 
 # ------------------------------------------------------- RS.io: envelope elements, decoded
