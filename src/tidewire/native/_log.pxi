@@ -4,7 +4,6 @@
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_Check, PyMemoryView_GET_BUFFER
-from cpython.object cimport PyObject_GenericSetAttr
 from cpython.ref cimport Py_DECREF
 from libc.string cimport memset
 
@@ -60,10 +59,13 @@ cdef Py_ssize_t[8] batch_slots  # where each field's slot sits in a Batch (0: no
 
 cdef bint find_batch_slots():
     """Where ``Batch``'s slots are, for :func:`fast_batch`: the offsets its member descriptors
-    (``__slots__``) store their values at. False (and :func:`fast_batch` sets the fields
-    through ``PyObject_GenericSetAttr``) if a field is not such a slot."""
+    (``__slots__``) store their values at. False (and :func:`fast_batch` calls ``Batch``
+    itself) if its fields are not exactly these, or one is not such a slot."""
+    if tuple(getattr(Batch, "__dataclass_fields__", ())) != BATCH_FIELDS:
+        return False
     member = type(Batch.__dict__["ids"])
-    if member.__name__ != "member_descriptor" or Batch.__dictoffset__ or Batch.__new__ is not object.__new__:
+    if (member.__name__ != "member_descriptor" or Batch.__dictoffset__
+            or Batch.__new__ is not object.__new__):
         return False
     for i, name in enumerate(BATCH_FIELDS):
         descr = Batch.__dict__.get(name)
@@ -86,12 +88,8 @@ cdef object fast_batch(str stream, object ids, object stamps, object offs, objec
     """A :class:`Batch` of views already checked (a record's, as ``decode_body`` builds it, or
     a slice of one), without ``__post_init__``, as ``Batch.slice`` makes one: its slots are set
     where its member descriptors would set them (a new object's slots are empty)."""
-    if not BATCH_SLOTS:
-        batch = Batch.__new__(Batch)
-        for name, value in zip(BATCH_FIELDS, (stream, ids, stamps, offs, vals, kflags, koffs,
-                                              keys)):
-            PyObject_GenericSetAttr(batch, name, value)
-        return batch
+    if not BATCH_SLOTS:  # (a Batch this kernel does not know: built and checked as usual)
+        return Batch(stream, ids, stamps, offs, vals, kflags, koffs, keys)
     batch = <object>PyType_GenericAlloc(<PyTypeObject*>Batch, 0)  # (Batch's tp_alloc: a heap type's)
     Py_DECREF(batch)  # (tp_alloc's reference: ``batch`` holds one of its own)
     put_slot(batch, 0, stream)
