@@ -251,10 +251,19 @@ def test_a_failed_journal_fsync_fails_every_stream(
                     raise OSError(errno.EIO, "injected")
                 real(fd)
 
+            def failing_synced_write(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+                """A round's write with ``RWF_DSYNC`` is its fdatasync too (docs/log.md)."""
+                if flags and os.fstat(fd).st_ino == ring_inode:
+                    raise OSError(errno.EIO, "injected")
+                return real_pwritev(fd, buffers, offset, flags)
+
+            real_pwritev = os.pwritev
             monkeypatch.setattr("tidewire.log.journal.os.fdatasync", failing)
+            monkeypatch.setattr("tidewire.log.journal.os.pwritev", failing_synced_write)
             with pytest.raises(LogClosedError):
                 await log.append(Batch.build("a", [b"lost"]), assign_ids=True)
             monkeypatch.setattr("tidewire.log.journal.os.fdatasync", real)
+            monkeypatch.setattr("tidewire.log.journal.os.pwritev", real_pwritev)
             for stream in ("a", "b", "c"):  # every stream, a new one too: one disk
                 with pytest.raises(LogClosedError):
                     await log.append(Batch.build(stream, [b"refused"]), assign_ids=True)

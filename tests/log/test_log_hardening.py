@@ -436,15 +436,16 @@ class HeldPwritev:
         self.release = threading.Event()
         self.done = threading.Event()
 
-    def __call__(self, fd: int, buffers: Any, offset: int) -> int:
+    def __call__(self, fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+        # (flags: the journal's round writes with RWF_DSYNC through the same os.pwritev)
         if not any(self.marker in bytes(b) for b in buffers):
-            return self.real(fd, buffers, offset)
+            return self.real(fd, buffers, offset, flags)
         own = os.dup(fd)
         try:
             self.entered.set()
             if not self.release.wait(HOLD):
                 raise OSError("the test never released the held pwritev")
-            return self.real(own, buffers, offset)
+            return self.real(own, buffers, offset, flags)
         finally:
             os.close(own)
             self.done.set()

@@ -97,6 +97,8 @@ class Committer:
         if queue.busy:
             return  # (its round takes it back when it ends)
         if self._alone(queue):
+            # (out of the next shared round if it was waiting for it: one group at a time)
+            self._ready.pop(queue.stream.name, None)
             queue.busy = True
             queue.task = asyncio.create_task(self._round([queue]))
             self.solo.add(queue.task)
@@ -161,20 +163,16 @@ class Committer:
             total += queue.inflight_bytes
         jobs = [(q.stream, [(p.batch, p.first_id) for p in group])
                 for q, group in zip(queues, groups, strict=True)]  # fmt: skip
-        loop = asyncio.get_running_loop()
-        if total <= log.config.inline_commit_bytes:  # small: on this thread
-            write: asyncio.Future[list[Outcome]] = loop.create_future()
-            try:
-                write.set_result(self._write_all(jobs))
-            except BaseException as exc:  # (settled below, with the streams failed)
-                write.set_exception(exc)
-        else:
-            write = loop.run_in_executor(None, self._write_all, jobs)
-        for queue in queues:
-            queue.writing = write
+        write: asyncio.Future[list[Outcome]] | None = None
         try:
-            # Shielded: the thread writes whatever happens to this task, which must know it.
-            outcomes = await asyncio.shield(write)
+            if total <= log.config.inline_commit_bytes:  # small: on this thread, no future
+                outcomes = self._write_all(jobs)
+            else:
+                write = asyncio.get_running_loop().run_in_executor(None, self._write_all, jobs)
+                for queue in queues:
+                    queue.writing = write
+                # Shielded: the thread writes whatever happens to this task, which must know.
+                outcomes = await asyncio.shield(write)
             await self._durable([q.stream for q in queues], outcomes)
         except BaseException as exc:  # (cancelled mid-write: every stream of the round fails)
             for queue, group in zip(queues, groups, strict=True):
@@ -214,8 +212,12 @@ class Committer:
         lsns = [o[1].lsn for o in outcomes if isinstance(o, tuple) and o[1] is not None]
         if journal is None or not lsns:
             return
+        last = max(lsns)
         try:  # (not shielded: the future is this round's alone, and a shield costs a turn)
-            seconds: float | None = await journal.durable(max(lsns))
+            # A round the loop's thread led is durable already (a lone stream's): no future.
+            seconds = journal.durable_now(last)
+            if seconds is None:
+                seconds = await journal.durable(last)
         except Exception as exc:
             for i, (stream, outcome) in enumerate(zip(streams, outcomes, strict=True)):
                 if isinstance(outcome, tuple) and outcome[1] is not None:

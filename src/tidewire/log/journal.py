@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..model import LogClosedError
@@ -131,6 +131,8 @@ class Journal:
         self.checkpoints = 0
         self._seq = 0  # the last checkpoint's
         self._kick_pending = False  # a _kick is scheduled on a loop
+        # Rounds write with pwritev(RWF_DSYNC) while the kernel takes it (None: it did not).
+        self._dsync: int | None = getattr(os, "RWF_DSYNC", None)
         self._round_lock = threading.Lock()  # one round at a time (syncer or a leader)
         self._local = threading.local()  # .deferred: in a batch() on this thread
 
@@ -216,12 +218,9 @@ class Journal:
         Raises :class:`LogClosedError` once the journal has failed."""
         raw = key.encode()
         deferred = getattr(self._local, "deferred", False)  # (in a batch: it leads at its end)
-        try:  # on an event loop's thread, the syncer is woken once per loop iteration
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if deferred:
-            loop = None
+        loop: asyncio.AbstractEventLoop | None = None
+        if not deferred:  # on an event loop's thread, the syncer is woken once per iteration
+            loop = _running_loop()
         with self._lock:
             s = self._s
             if s.failed is not None:
@@ -242,27 +241,28 @@ class Journal:
                 self._cond.notify_all()  # a round is in progress: the syncer takes the rest
         return lsn
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Within the block, :meth:`submit` on this thread only queues; at its end one round
-        takes everything queued (on this thread, unless one is in progress: then the syncer
-        does, after it). The log's committer submits a whole round of streams this way, so
-        that they share one fdatasync instead of the first of them leading a round alone.
+    def batch(self) -> _Batch:
+        """A context manager: within the block, :meth:`submit` on this thread only queues; at
+        its end one round takes everything queued (on this thread, unless one is in progress:
+        then the syncer does, after it). The log's committer submits a whole round of streams
+        this way, so that they share one fdatasync instead of the first of them leading a
+        round alone.
 
         On an event loop's thread, a round of several entries goes to the syncer thread: the
         loop then reads, parses and writes the next commits while the disk flushes (measured
         with 16 Seguro points: about +14%); one entry alone (one stream: a lone ``SAVE``)
-        is still flushed on the loop, which spares it the hand-off (docs/log.md)."""
-        self._local.deferred = True
-        try:
-            yield
-        finally:
-            self._local.deferred = False
-            with self._lock:  # (see the docstring: several streams on a loop's thread)
-                handoff = len(self._s.pending) > 1 and _on_a_loop()
-            if handoff or not self._lead():
-                with self._lock:
-                    self._cond.notify_all()
+        is still flushed on the loop, which spares it the hand-off (docs/log.md). (A class,
+        not a generator: it runs once per commit round.)"""
+        return _Batch(self)
+
+    def end_batch(self) -> None:
+        """What the end of a :meth:`batch` does (see there)."""
+        self._local.deferred = False
+        with self._lock:  # (see batch(): several streams on a loop's thread)
+            handoff = len(self._s.pending) > 1 and _running_loop() is not None
+        if handoff or not self._lead():
+            with self._lock:
+                self._cond.notify_all()
 
     def _kick(self) -> None:
         """Run a round for the entries submitted from the loop during its last iteration: the
@@ -302,6 +302,13 @@ class Journal:
             if self._s.pending:  # (submitted during the round: the syncer takes them)
                 self._cond.notify_all()
         return True
+
+    def durable_now(self, lsn: int) -> float | None:
+        """What :meth:`durable`'s future would carry if entry ``lsn`` is durable already (a
+        round led on this thread), else ``None``: no future for a commit that needs no wait."""
+        with self._lock:
+            s = self._s
+            return s.durable_seconds if s.durable_lsn >= lsn else None
 
     def durable(self, lsn: int) -> asyncio.Future[float]:
         """A future (of the running loop) done once entry ``lsn`` is durable, with the seconds
@@ -370,15 +377,26 @@ class Journal:
 
     def _round(self, runs: list[tuple[int, list[bytes | bytearray | memoryview]]],
                last: int) -> None:  # fmt: skip
-        """Write ``runs``, fdatasync, and wake the waiters of entries up to ``last``."""
-        for at, parts in runs:
-            data = b"".join(parts)
-            view = memoryview(data)
-            while view:
-                n = os.pwrite(self._fd, view, at)
-                view, at = view[n:], at + n
+        """Write ``runs`` durably (each with :meth:`_write_synced`, or where that is refused
+        ``pwrite`` then one ``fdatasync``); wake the waiters of entries up to ``last``."""
         started = time.perf_counter()
-        os.fdatasync(self._fd)
+        if self._dsync:
+            try:
+                for at, parts in runs:
+                    self._write_synced(b"".join(parts), at)
+            except OSError as exc:  # (refused before anything is written: see _write_synced)
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                log.info("journal: pwritev(RWF_DSYNC) refused (%s): pwrite + fdatasync", exc)
+                self._dsync = None
+        if not self._dsync:
+            for at, parts in runs:
+                view = memoryview(b"".join(parts))
+                while view:
+                    n = os.pwrite(self._fd, view, at)
+                    view, at = view[n:], at + n
+            started = time.perf_counter()
+            os.fdatasync(self._fd)
         seconds = time.perf_counter() - started
         self.fsyncs += 1
         with self._lock:
@@ -390,6 +408,15 @@ class Journal:
             if (s.total - s.checkpoint_total) * 2 > self.ring_bytes:
                 self._wake_checkpointer.set()  # half full: free room before it is needed
         _wake(ready, seconds, None)
+
+    def _write_synced(self, data: bytes, at: int) -> None:
+        """``data`` at ``at``, durable on return: ``pwritev(RWF_DSYNC)``, an fdatasync of the
+        range written, in one call (docs/log.md, "Fixed cost per commit"). Without the flag the
+        kernel refuses before writing (``EOPNOTSUPP``, ``EINVAL``: the caller falls back)."""
+        view = memoryview(data)
+        while view:  # (a short write is durable as far as it went)
+            n = os.pwritev(self._fd, [view], at, self._dsync or 0)
+            view, at = view[n:], at + n
 
     def _reserve(self, size: int, *, wait: bool) -> int | None:
         """Where the next entry of ``size`` bytes goes. Without room in the ring (it would
@@ -515,12 +542,25 @@ class Journal:
         _wake(waiters, None, LogClosedError(f"the journal failed: {exc!r}"))
 
 
-def _on_a_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+class _Batch:
+    """:meth:`Journal.batch`'s context manager."""
+
+    __slots__ = ("_journal",)
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def __enter__(self) -> None:
+        self._journal._local.deferred = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._journal.end_batch()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """This thread's running loop, if any (``asyncio._get_running_loop``, exported for this use:
+    no exception raised and caught on the threads without one, the syncer's each round)."""
+    return asyncio._get_running_loop()
 
 
 def sync_dir(path: str) -> None:
@@ -537,10 +577,7 @@ def _wake(waiters: list[_Waiter], seconds: float | None, error: BaseException | 
     none for the loop running on this thread (a round led by ``_kick``): its futures are set
     here, which spares the self-pipe write and the loop iteration that reads it (profiled:
     docs/log.md, "Fixed cost per commit")."""
-    try:
-        here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        here = None
+    here = _running_loop()
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[float]]] = {}
     for w in waiters:
         by_loop.setdefault(w.loop, []).append(w.future)

@@ -256,10 +256,14 @@ class Segment:
         total = sum(r.length for r in records)
         try:
             offset = self.size
+            left = total
             while pending:  # pwritev may write less than asked: resume where it stopped
                 n = os.pwritev(self.fd, pending[:_IOV_MAX], offset)
                 if n <= 0:
                     raise OSError("pwritev wrote nothing")
+                left -= n
+                if not left:  # (the common case: all of it at once)
+                    break
                 offset += n
                 pending = _skip(pending, n)
         except BaseException:

@@ -52,7 +52,7 @@ from ..model import (
 from ..record import HEADER_SIZE
 from .committer import Committer, GroupItems, GroupWriter, GroupWritten, Pending, StreamQueue
 from .config import LogConfig
-from .grouping import encode_group
+from .grouping import encode_group, owned_valid
 from .journal import Journal, JournalState
 from .journal_replay import recover, remove_journal
 from .segment import ReadBudget
@@ -334,8 +334,9 @@ class Log:
         estimate = batch.nbytes + HEADER_SIZE
         if estimate > self.config.max_record_bytes:
             raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
-        batch = batch.owned().validate()
-        self._check_fence(batch.stream, fence)
+        batch = owned_valid(batch)  # (batch.owned().validate(), in C when it can be)
+        if fence is not None:
+            self._check_fence(batch.stream, fence)
         writer = self._writers.get(batch.stream)
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)
@@ -371,13 +372,15 @@ class Log:
         is the id order. Returns the future of the stored batch."""
         if writer.stream.failed is not None:
             raise LogClosedError(f"stream {batch.stream!r} failed: {writer.stream.failed}")
-        self._check_fence(batch.stream, fence)
+        if fence is not None:
+            self._check_fence(batch.stream, fence)
         first_id: int | None = None
         if assign_ids:
-            if writer.latest + len(batch) > MAX_ID:
+            n = len(batch.ids)
+            if writer.latest + n > MAX_ID:
                 raise InvalidBatch(f"stream {batch.stream!r} has run out of ids")
             first_id = writer.latest + 1
-            writer.latest += len(batch)
+            writer.latest += n
         elif batch.first_id <= writer.latest:
             raise IdOrderError(batch.stream, batch.first_id, writer.latest)
         else:

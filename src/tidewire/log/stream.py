@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -261,8 +261,12 @@ class StreamLog:
 
         Only one thread writes at a time (the group committer guarantees it).
         """
-        with self._failing(records):
+        self._check_open()
+        try:
             active, _, fsync_seconds = self._put(records, lambda _: fsync)
+        except BaseException as exc:
+            self._failed_write(exc, records)
+            raise
         self._commit(active, records)
         return fsync_seconds
 
@@ -273,10 +277,14 @@ class StreamLog:
         (``journal.max_payload``) is fdatasynced in its segment here and journaled without its
         bytes. Errors as :meth:`write` (out of space: refused, the stream stays open). Also
         sets :attr:`unpublished`."""
-        with self._failing(records):
+        self._check_open()
+        try:
             active, incoming, seconds = self._put(records, lambda n: n > journal.max_payload)
             lsn = journal.submit(self.key, active, active.size, [r.data for r in records],
                                  incoming, synced=seconds is not None)  # fmt: skip
+        except BaseException as exc:
+            self._failed_write(exc, records)
+            raise
         self.unpublished = Unpublished(active, records, lsn)
         return self.unpublished
 
@@ -295,22 +303,21 @@ class StreamLog:
                     self.name, self._refusals)  # fmt: skip
             self._refusals, self._warned = 0, False
 
-    @contextlib.contextmanager
-    def _failing(self, records: Sequence[EncodedRecord]) -> Iterator[None]:
-        """A write's errors: out of space, refused (logged, the stream stays open); anything
-        else fails the stream until a restart. Refuses at once if it failed earlier."""
+    def _check_open(self) -> None:
+        """Refuse a write at once if the stream failed earlier."""
         if self.failed is not None:
             raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
-        try:
-            yield
-        except StorageFullError as exc:
+
+    def _failed_write(self, exc: BaseException, records: Sequence[EncodedRecord]) -> None:
+        """A write's error: out of space, refused (logged, the stream stays open); anything
+        else fails the stream until a restart. (A ``try`` in each writer, not a context
+        manager: this runs once per commit.)"""
+        if isinstance(exc, StorageFullError):
             self._refused(exc, records)
-            raise
-        except BaseException as exc:
-            self.failed = exc
-            log.error("stream %r: write failed, the stream is closed until restart: %s",
-                      self.name, exc)  # fmt: skip
-            raise
+            return
+        self.failed = exc
+        log.error("stream %r: write failed, the stream is closed until restart: %s",
+                  self.name, exc)  # fmt: skip
 
     def _put(self, records: Sequence[EncodedRecord], sync: Callable[[int], bool]
              ) -> tuple[Segment, int, float | None]:  # fmt: skip

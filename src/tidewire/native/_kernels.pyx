@@ -399,6 +399,7 @@ def id_range(uint64_t first, Py_ssize_t n):
 include "_seguro.pxi"  # Seguro's SAVE MANY events (a file of its own: this one stays short)
 include "_tube.pxi"  # Tube: a message of several fragments put together in one buffer
 include "_tolliver.pxi"  # Tolliver's runs of message and ack frames (protocols/tolliver/runs.py)
+include "_log.pxi"  # the log's commit groups: a run of small batches into one record
 
 
 # ------------------------------------------------------- RS.io: envelope elements, decoded
