@@ -43,6 +43,7 @@ refusal is a 401/403 onError: :class:`HttpRsioError`); ``ssl=`` is the TLS conte
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import ssl as _ssl
@@ -53,17 +54,24 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ..model import Batch, TidewireError, validate_stream_name
+from ..model import Batch, RemoteProtocolError, TidewireError, validate_stream_name
 from ..protocols.rsio.envelopes import envelopes_to_batch
 from ..protocols.rsio.names import PublisherName, PublisherNameError
 from ..protocols.rsio.varint import NeedData, pull_varint
 from ..protocols.rsio_http import (
     ERROR_HEADER,
+    FIXED_SIZE,
+    LENGTH_PREFIXED,
     SEQUENCE_HEADER,
     ClientSubscription,
     decode_body,
+    decode_fixed_size,
 )
-from ..protocols.rsio_http.codec import MAX_DEMAND
+from ..protocols.rsio_http.codec import (
+    MAX_DEMAND,
+    count_length_prefixed,
+    length_prefixed_envelopes_batch,
+)
 from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
 from .reconnect import Reconnector, gateway_urls
@@ -178,13 +186,22 @@ class HttpHub:
         """Batches of ``stream`` (the envelope format: ids, keys, timestamps), from
         ``from_id`` ("earliest", "latest" or an id), live or up to ``until_id``."""
         validate_stream_name(stream)
-        name = PublisherName(stream, start_position(from_id), until_id, key)
-        async for elements in self.elements(str(name), demand=demand):
-            try:
-                yield envelopes_to_batch(stream, elements)
-            except (ValueError, TidewireError) as exc:
-                raise HttpRsioError(0, f"a malformed envelope on {stream!r}: {exc}",
-                                    rsio=False) from None  # fmt: skip
+        name = str(PublisherName(stream, start_position(from_id), until_id, key))
+        if not 1 <= demand <= MAX_DEMAND:
+            raise ValueError("demand is 1 to 2^63-1")
+        resume = _Resume.of(name) if self.reconnecting else None
+        responses = self._responses(name, demand, resume)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                try:  # (a length-prefixed body: parsed in place, each value copied once)
+                    batch: Batch | None = response.batch(stream)
+                except (ValueError, TidewireError) as exc:
+                    raise HttpRsioError(0, f"a malformed envelope on {stream!r}: {exc}",
+                                        rsio=False) from None  # fmt: skip
+                if resume is not None and batch is not None:
+                    batch = resume.take_batch(batch)
+                if batch is not None:
+                    yield batch
 
     async def subscribe_values(
         self, stream: str, *, size: int = 0, from_id: int | str = "earliest",
@@ -222,6 +239,21 @@ class HttpHub:
         if not 1 <= demand <= MAX_DEMAND:
             raise ValueError("demand is 1 to 2^63-1")
         resume = _Resume.of(publisher) if self.reconnecting else None
+        responses = self._responses(publisher, demand, resume)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                fresh = response.elements()
+                if resume is not None:
+                    fresh = resume.take(fresh)
+                if fresh:
+                    yield fresh
+
+    async def _responses(self, publisher: str, demand: int, resume: _Resume | None
+                         ) -> AsyncGenerator[_Response, None]:  # fmt: skip
+        """The 200 responses of ``publisher``'s subscription with elements not received
+        before, each counted (not decoded: the caller decodes it as it needs, after the next
+        fetch is on its way). ``resume``: where a subscription made again starts (with
+        ``retry=``), kept up to date by the caller before it asks for the next response."""
         if resume is not None and resume.name.start == "latest":
             resume.name = await self._resolve_latest(resume.name)
         what = f"RS.io over HTTP {publisher!r} at {self.base_url}"
@@ -271,12 +303,10 @@ class HttpHub:
                 if response.status == 200:
                     pacing.reset()
                     first = response.headers.get(SEQUENCE_HEADER)
-                    elements = decode_body(response.headers.get("Content-Encoding"),
-                                           response.body)  # fmt: skip
-                    fresh = state.received(int(first) if first is not None else None, elements)
-                    if resume is not None:
-                        fresh = resume.take(fresh)
-                    if fresh:
+                    body = _Response(response.headers.get("Content-Encoding"), response.body)
+                    body.skip = state.received_count(int(first) if first is not None else None,
+                                                     body.count)  # fmt: skip
+                    if body.skip < body.count:
                         # The next fetch goes out as these are handed over (as RS.io/TCP's
                         # client sends its Request before it yields): the very request the
                         # loop would make once the application is back, so the hub answers
@@ -286,7 +316,7 @@ class HttpHub:
                         ahead = fetch(sub_url)
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
-                        yield fresh
+                        yield body
                 elif response.status == 204:
                     pacing.reset()
                     delay = _retry_after(response.headers.get("Retry-After"))
@@ -460,6 +490,18 @@ class _Resume:
             raise HttpRsioError(0, f"an element of {self.name.stream!r} without an id: {exc}",
                                 rsio=False) from None  # fmt: skip
 
+    def take_batch(self, batch: Batch) -> Batch | None:
+        """:meth:`take` for a batch of envelopes (its ids increase): ``None`` when nothing
+        of it is past the last id handed over."""
+        ids = batch.ids
+        if self.last is not None and ids[0] <= self.last:
+            keep = bisect.bisect_right(ids, self.last)
+            if keep == len(batch):
+                return None
+            batch = batch.slice(keep, len(batch))
+        self.last = batch.ids[-1]
+        return batch
+
     def take(self, elements: list[bytes]) -> list[bytes]:
         """``elements`` without those at or below the last id handed over (there are none
         unless the hub started below ``from=``); the last id moves on."""
@@ -472,6 +514,40 @@ class _Resume:
                 return elements
         self.last = self._ids(elements[-1])[1]
         return elements
+
+
+class _Response:
+    """A 200's body: its ``Content-Encoding`` (``None``: one element), how many elements it
+    holds (counted at once: the framing is checked then) and how many of the first to leave
+    out (received before: a resend)."""
+
+    __slots__ = ("body", "count", "encoding", "skip")
+
+    def __init__(self, encoding: str | None, body: bytes) -> None:
+        self.encoding = encoding
+        self.body = body
+        self.skip = 0
+        if not encoding:
+            self.count = 1
+        elif encoding.lower() == LENGTH_PREFIXED.lower():
+            self.count = count_length_prefixed(body)
+        elif encoding.lower() == FIXED_SIZE.lower():
+            size, packed = decode_fixed_size(body)
+            self.count = len(packed) // size
+        else:
+            raise RemoteProtocolError(f"unknown Content-Encoding {encoding!r}")
+
+    def elements(self) -> list[bytes]:
+        """The elements not received before, one ``bytes`` each."""
+        elements = decode_body(self.encoding, self.body)
+        return elements[self.skip :] if self.skip else elements
+
+    def batch(self, stream: str) -> Batch:
+        """The envelopes not received before, as one batch of ``stream``."""
+        encoding = self.encoding
+        if encoding and encoding.lower() == LENGTH_PREFIXED.lower():
+            return length_prefixed_envelopes_batch(stream, self.body, self.skip)
+        return envelopes_to_batch(stream, self.elements())
 
 
 class _Answer:
