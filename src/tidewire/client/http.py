@@ -53,6 +53,7 @@ from typing import Any
 
 import aiohttp
 import yarl
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..model import Batch, RemoteProtocolError, TidewireError, validate_stream_name
 from ..protocols.rsio.envelopes import envelopes_to_batch
@@ -76,6 +77,7 @@ from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
 from .reconnect import Reconnector, gateway_urls
 from .rsio import start_position
+from .rsio_http_fetch import FetchPool, Unsupported
 
 __all__ = ["HttpHub", "HttpRsioError"]
 
@@ -119,6 +121,8 @@ class HttpHub:
         self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True  # True: verify
         self._own_session = session is None
         self._session = session
+        # fetches on http:// of its own session: the lean path (rsio_http_fetch)
+        self._lean = FetchPool(poll_timeout) if session is None else None
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -173,6 +177,8 @@ class HttpHub:
         return self._session
 
     async def close(self) -> None:
+        if self._lean is not None:
+            self._lean.close()
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -271,7 +277,8 @@ class HttpHub:
             target = f"{url}?request={more}" if more else url
             answer = self._put(target, pacing, what, headers={SEQUENCE_HEADER: str(state.next_seq)},
                                lost=(404, 503) if resume is not None else (),
-                               lost_after=LOST_AFTER if resume is not None else None)  # fmt: skip
+                               lost_after=LOST_AFTER if resume is not None else None,
+                               lean=True)  # fmt: skip
             return asyncio.ensure_future(_with(answer, more))
 
         try:
@@ -382,10 +389,20 @@ class HttpHub:
                                         ssl=self._ssl) as response:  # fmt: skip
                 await response.read()
 
-    async def _request(self, url: str, headers: dict[str, str] | None) -> _Answer:
-        """One ``PUT``; a failed connection is status 0."""
+    async def _request(self, url: str, headers: dict[str, str] | None, *,
+                       lean: bool = False) -> _Answer:  # fmt: skip
+        """One ``PUT``; a failed connection is status 0. ``lean``: a fetch, sent on the lean
+        path when it applies (:mod:`.rsio_http_fetch`)."""
+        target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
+        if lean and self._lean is not None and target.scheme == "http":
+            try:
+                status, raw, got = await self._lean.put(target, {**self._auth, **(headers or {})})
+                return _Answer(status, CIMultiDictProxy(CIMultiDict(raw)), got)
+            except Unsupported:
+                pass  # (an answer it does not read: the same request through aiohttp)
+            except (OSError, TimeoutError) as exc:
+                return _Answer(0, {}, str(exc).encode() or type(exc).__name__.encode())
         try:
-            target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
             async with self.session.put(target, headers={**self._auth, **(headers or {})},
                                         ssl=self._ssl) as response:  # fmt: skip
                 body = await response.read()
@@ -398,8 +415,8 @@ class HttpHub:
     async def _put(self, url: str | Callable[[], str], pacing: Reconnector[_Answer] | None = None,
                    what: str = "",
                    *, headers: dict[str, str] | None = None, again: tuple[int, ...] = (),
-                   lost: tuple[int, ...] = (), lost_after: int | None = None
-                   ) -> _Answer:  # fmt: skip
+                   lost: tuple[int, ...] = (), lost_after: int | None = None,
+                   lean: bool = False) -> _Answer:  # fmt: skip
         """One request, retried (paced by ``pacing``, the one reconnect helper; a fresh one
         with a fresh :class:`Backoff` if none) on a
         5xx without ``X-Rsio-Error``, a failed connection, and the ``again`` statuses with it;
@@ -414,7 +431,7 @@ class HttpHub:
         failed = 0  # connections in a row
         while True:
             target = url() if callable(url) else url
-            answer = await self._request(target, headers)
+            answer = await self._request(target, headers, lean=lean)
             if 0 < answer.status < 400 or answer.status == 410:  # (410: onComplete)
                 return answer
             message = answer.body.decode("utf-8", "replace").strip()[:500]
@@ -523,7 +540,7 @@ class _Response:
 
     __slots__ = ("body", "count", "encoding", "skip")
 
-    def __init__(self, encoding: str | None, body: bytes) -> None:
+    def __init__(self, encoding: str | None, body: bytes | bytearray) -> None:
         self.encoding = encoding
         self.body = body
         self.skip = 0
@@ -539,6 +556,8 @@ class _Response:
 
     def elements(self) -> list[bytes]:
         """The elements not received before, one ``bytes`` each."""
+        if not self.encoding:
+            return [bytes(self.body)]  # (no copy of a bytes body; the lean path's bytearray)
         elements = decode_body(self.encoding, self.body)
         return elements[self.skip :] if self.skip else elements
 
@@ -553,7 +572,7 @@ class _Response:
 class _Answer:
     __slots__ = ("body", "headers", "status")
 
-    def __init__(self, status: int, headers: Any, body: bytes) -> None:
+    def __init__(self, status: int, headers: Any, body: bytes | bytearray) -> None:
         self.status = status
         self.headers = headers
         self.body = body

@@ -124,7 +124,7 @@ def encode_fixed_size(size: int, packed: bytes | bytearray | memoryview) -> byte
     return _U32.pack(size) + bytes(packed)
 
 
-def decode_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+def decode_length_prefixed_py(body: bytes | bytearray, max_elements: int = 2**32) -> list[bytes]:
     """The elements of a length-prefixed body, one ``bytes`` each; ``RemoteProtocolError``
     for a body cut inside a length or an element, or with more than ``max_elements``."""
     view = memoryview(body)
@@ -144,7 +144,7 @@ def decode_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> list[by
     return out
 
 
-def count_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> int:
+def count_length_prefixed_py(body: bytes | bytearray, max_elements: int = 2**32) -> int:
     """How many elements a length-prefixed body holds: ``len(decode_length_prefixed_py(body,
     max_elements))``, with its errors, without copying an element (the client counts a
     response before it asks for the next one, and decodes it after)."""
@@ -163,7 +163,8 @@ def count_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> int:
     return count
 
 
-def length_prefixed_envelopes_batch_py(stream: str, body: bytes, skip: int = 0) -> Batch:
+def length_prefixed_envelopes_batch_py(stream: str, body: bytes | bytearray,
+                                       skip: int = 0) -> Batch:  # fmt: skip
     """The batch of the envelopes in a length-prefixed body (the default format's response),
     without its first ``skip`` elements (received before: a resend): the body split as
     :func:`decode_length_prefixed_py` splits it (its errors first), then
@@ -174,7 +175,7 @@ def length_prefixed_envelopes_batch_py(stream: str, body: bytes, skip: int = 0) 
     return envelopes_to_batch_py(stream, decode_length_prefixed_py(body)[skip:])
 
 
-def decode_fixed_size(body: bytes) -> tuple[int, memoryview]:
+def decode_fixed_size(body: bytes | bytearray) -> tuple[int, memoryview]:
     """``(N, packed)``: the element size and the elements back to back."""
     if len(body) < 4:
         raise RemoteProtocolError("a fixed-size body without its size")
@@ -185,10 +186,10 @@ def decode_fixed_size(body: bytes) -> tuple[int, memoryview]:
     return size, packed
 
 
-def decode_body(content_encoding: str | None, body: bytes) -> list[bytes]:
+def decode_body(content_encoding: str | None, body: bytes | bytearray) -> list[bytes]:
     """The elements of a 200 response (one, when it has no ``Content-Encoding``)."""
     if not content_encoding:
-        return [body]
+        return [bytes(body)]  # (the same object when it is bytes)
     if content_encoding.lower() == LENGTH_PREFIXED.lower():
         return decode_length_prefixed(body)
     if content_encoding.lower() == FIXED_SIZE.lower():
