@@ -157,3 +157,25 @@ def test_the_body_read_ahead_is_encoded_ahead_and_used_only_whole(
             assert sub.prebuilt is None
 
     run(main())
+
+
+def test_what_a_read_left_over_is_read_ahead_too(tmp_path: Path, run: Runner) -> None:
+    """A demand of 64 or more reads the log a megabyte at a time (``hub.subscription``'s
+    read-ahead): what one delivery did not take waits in the hub subscription's carry. The
+    next request's worth is taken from there ahead of the fetch (and encoded), as from the
+    log."""
+
+    async def main() -> None:
+        async with http_hub(tmp_path) as served:
+            await append(served.hub, "s", [b"v%d" % i for i in range(1, 301)])  # one record
+            sub_url = await served.subscribe("s", 100)
+            assert len((await served.fetch(sub_url)).elements) == 100
+            sub = served.rsio.subs[sid_of(sub_url)]
+            await until(lambda: ready_ids(served, sub_url) == list(range(101, 201)),
+                        "read ahead from the carry")  # fmt: skip
+            await until(lambda: sub.prebuilt is not None, "encoded ahead")
+            second = await served.fetch(sub_url, 100)
+            assert second.seq == 100
+            assert envelopes_to_batch("s", second.elements).ids.tolist() == list(range(101, 201))
+
+    run(main())

@@ -266,9 +266,9 @@ class RsioHttp:
                 if sub.ready and not sub.topup:
                     await sub.drained.wait()  # a fetch took it (or wants it topped up)
                     continue
-                if not source.held_bytes and not hub_sub.done and source.demand <= 0 and (
+                if not hub_sub.done and source.demand <= 0 and (
                         sub.ready or not sub.read_ahead()):  # (else: read the next one ahead)
-                    await sub.drained.wait()  # demand came
+                    await sub.drained.wait()  # demand came (a carry, if any, waits for it too)
                     continue
                 if not (source.held_bytes or hub_sub.done or hub_sub.poll_ready()):
                     await self.hub.wait_for(hub_sub.stream, hub_sub.next_id - 1)
