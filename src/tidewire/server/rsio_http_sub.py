@@ -124,16 +124,23 @@ class HttpSubscription:
         while the last response is on its way, so that the fetch only writes it. The fetch
         uses it only if it takes exactly these batches (``rsio_http.RsioHttp._take``); a
         body that cannot be encoded (a value that is not ``size=N`` bytes) is left to the
-        fetch, which refuses it."""
+        fetch, which refuses it. The body is charged to the ``readahead`` gauge; when the
+        share has no room for it, nothing is encoded ahead."""
         if self.name.format == "records":  # (one record per response: nothing to gain)
             return
         batches = tuple(self.ready)
         if self.ready_bytes > max_response_bytes and len(batches) > 1:
             return  # (a response would take only part of it)
         count = sum(len(b) for b in batches)
+        # The body's bytes are granted by the share first, as a read is (an envelope and its
+        # length take at most 16 bytes more than the event's columns): no room, no body.
+        held = self.ready_bytes + self.source.held_bytes
+        if not self.share.try_hold("readahead", held + self.ready_bytes + 16 * count):
+            return
         with contextlib.suppress(TidewireError, ValueError):
             body, encoding = response_body(self.name, list(batches), count)
             self.prebuilt = Prebuilt(batches, count, body, encoding)
+        self.account()  # (the exact bytes now; or none, when nothing could be encoded)
 
     def touch(self) -> None:
         self.changed.set()
