@@ -140,7 +140,7 @@ class HttpSubscription:
         with contextlib.suppress(TidewireError, ValueError):
             body, encoding = response_body(self.name, list(batches), count)
             self.prebuilt = Prebuilt(batches, count, body, encoding)
-        self.account()  # (the exact bytes now; or none, when nothing could be encoded)
+        # (the caller, the pump, sets the gauges to the exact bytes next: account)
 
     def touch(self) -> None:
         self.changed.set()
