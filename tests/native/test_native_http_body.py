@@ -22,6 +22,7 @@ from tidewire.protocols.rsio_http.codec import (
     length_prefixed_envelopes_batch_py,
     length_prefixed_envelopes_py,
 )
+from tidewire.protocols.rsio_http.http11 import body_buffer_py
 
 try:
     K: ModuleType = importlib.import_module("tidewire.native._kernels")
@@ -131,3 +132,16 @@ def test_the_refusals_are_the_twins() -> None:
         assert layout(fn("s", good + good, 3)) == layout(
             Batch.build("s", [b"b"], ids=[6], timestamps=[8])
         )
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 1 << 20])
+def test_a_body_buffer_is_the_twins_but_for_its_unwritten_bytes(size: int) -> None:
+    """The receive buffer: a ``bytearray`` of the size asked (its bytes are unspecified until
+    the receive writes them: the kernel does not zero them), writable, the same refusal."""
+    got, want = K.body_buffer(size), body_buffer_py(size)
+    assert (type(got), len(got)) == (type(want), len(want)) == (bytearray, size)
+    memoryview(got)[:] = b"\x07" * size  # (what the receive does)
+    assert got == b"\x07" * size
+    for fn in (K.body_buffer, body_buffer_py):
+        with pytest.raises(ValueError, match="negative count"):
+            fn(-1)

@@ -32,6 +32,7 @@ from ..protocols.rsio_http.http11 import (
     MAX_HEAD_BYTES,
     ResponseHead,
     Unsupported,
+    body_buffer,
     parse_head,
     request_bytes,
 )
@@ -103,7 +104,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._fail(exc)
             return
         self._parsed = head
-        self._body = bytearray(head.length)
+        self._body = body_buffer(head.length)  # (not zeroed: the receive fills all of it)
         self._view = memoryview(self._body)
         extra = self._head_len - (end + 4)
         if extra > head.length:

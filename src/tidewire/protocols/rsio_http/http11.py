@@ -13,8 +13,17 @@ import re
 from dataclasses import dataclass
 
 from ...model import RemoteProtocolError
+from ...native import kernel
 
-__all__ = ["MAX_HEAD_BYTES", "ResponseHead", "Unsupported", "parse_head", "request_bytes"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "ResponseHead",
+    "Unsupported",
+    "body_buffer",
+    "body_buffer_py",
+    "parse_head",
+    "request_bytes",
+]
 
 MAX_HEAD_BYTES = 65_536  # a response's status line and headers (aiohttp's own bounds are lower)
 
@@ -89,3 +98,12 @@ def parse_head(head: bytes | bytearray | memoryview) -> ResponseHead:
             raise Unsupported("a body without a Content-Length")
         length = 0
     return ResponseHead(code, headers, length, not close)
+
+
+def body_buffer_py(size: int) -> bytearray:
+    """A buffer of ``size`` bytes for a response's body to be received into (the compiled
+    twin leaves it unzeroed: the receive writes every byte before anything reads one)."""
+    return bytearray(size)
+
+
+body_buffer = kernel("body_buffer", body_buffer_py)
