@@ -16,7 +16,7 @@ from yarl import URL
 
 from loops import Run
 from tidewire.client.http import HttpHub
-from tidewire.client.rsio_http_fetch import FetchPool
+from tidewire.client.rsio_http_fetch import MAX_BODY_BYTES, FetchPool, Unsupported
 from tidewire.protocols.rsio_http import encode_length_prefixed
 
 Answer = Callable[[asyncio.StreamWriter], Awaitable[bool]]  # True: keep the connection
@@ -170,5 +170,21 @@ def test_an_answer_it_does_not_read_goes_through_aiohttp(run: Run) -> None:
             fetches = [r for r in hub.requests if r.startswith(b"PUT /rsio/sub/abc")]
             assert fetches[0].split(b"\r\n")[0] == fetches[1].split(b"\r\n")[0]  # the same one
             assert all(b"X-Tidewire-Sequence: 0\r\n" in r for r in fetches[:2])
+
+    run(main())
+
+
+def test_a_body_over_the_bound_is_left_to_aiohttp(run: Run) -> None:
+    """No buffer is made on a header's word past ``MAX_BODY_BYTES``: such an answer is
+    ``Unsupported`` (and its connection closed), so aiohttp reads it, a chunk at a time."""
+    huge = b"HTTP/1.1 200 OK\r\nContent-Length: %d" % (MAX_BODY_BYTES + 1)
+
+    async def main() -> None:
+        async with scripted([answer(huge, b"x" * 10, keep=False)]) as hub:
+            pool = FetchPool(read_timeout=10)
+            url = URL(f"http://127.0.0.1:{hub.port}/rsio/sub/abc", encoded=True)
+            with pytest.raises(Unsupported, match="a body of"):
+                await pool.put(url, {})
+            pool.close()
 
     run(main())

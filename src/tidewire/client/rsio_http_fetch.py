@@ -37,9 +37,10 @@ from ..protocols.rsio_http.http11 import (
     request_bytes,
 )
 
-__all__ = ["IDLE_PER_HOST", "FetchPool", "Unsupported"]
+__all__ = ["IDLE_PER_HOST", "MAX_BODY_BYTES", "FetchPool", "Unsupported"]
 
 IDLE_PER_HOST = 4  # kept connections per host:port (each subscription uses one at a time)
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a longer body is read by aiohttp, a chunk at a time
 HEAD_CHUNK = 4096  # the first read of a response: its head and the start of its body
 
 
@@ -102,6 +103,9 @@ class _Connection(asyncio.BufferedProtocol):
             head = parse_head(memoryview(self._head)[:end])
         except Unsupported as exc:
             self._fail(exc)
+            return
+        if head.length > MAX_BODY_BYTES:  # (no buffer that size on a header's word)
+            self._fail(Unsupported(f"a body of {head.length} bytes"))
             return
         self._parsed = head
         self._body = body_buffer(head.length)  # (not zeroed: the receive fills all of it)
@@ -168,7 +172,8 @@ class FetchPool:
         answer in full; :class:`Unsupported` for an answer to read through aiohttp."""
         host, port = url.raw_host or "", url.port or 80
         key = (host, port)
-        request = request_bytes(url.raw_path_qs, url.raw_authority, headers)
+        host_header = url.host_port_subcomponent or host  # (no userinfo; a default port left out)
+        request = request_bytes(url.raw_path_qs, host_header, headers)
         kept = self._idle.get(key)
         while kept:  # a kept one first; if the hub closed it meanwhile, once more anew
             conn = kept.pop()
