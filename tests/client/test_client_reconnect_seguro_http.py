@@ -235,7 +235,10 @@ def test_ship_and_subscriber_survive_restarts(tmp_path: Path, run: Run) -> None:
                     mark, seen = (n + 1) * rounds // (restarts + 1), len(got)
 
                     def going() -> bool:  # both clients work again, on their new connections
-                        return finished >= mark and len(got) > seen  # noqa: B023
+                        # (the ship's reconnect counted: a subscriber that catches up fast must
+                        # not let the next restart come before the ship is back)
+                        return (finished >= mark and len(got) > seen  # noqa: B023
+                                and ship.reconnects >= n)  # noqa: B023  # fmt: skip
 
                     await until(going, "the ship saved more, the subscriber got more")
                     assert not writer.done()

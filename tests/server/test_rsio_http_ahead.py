@@ -24,6 +24,8 @@ from test_rsio_http import Runner, Served, append, http_hub, sid_of
 
 from helpers import until
 from tidewire.client.http import HttpHub
+from tidewire.protocols.rsio.envelopes import envelopes_to_batch
+from tidewire.protocols.rsio_http import length_prefixed_envelopes
 
 
 def ready_ids(served: Served, sub_url: str) -> list[int]:
@@ -117,5 +119,63 @@ def test_stopping_while_the_next_fetch_waits_cancels_it_and_the_subscription(
                 await append(served.hub, "s", [b"c"])
                 again = client.subscribe("s", from_id=3, until_id=3)
                 assert [list(b.ids) async for b in again] == [[3]]
+
+    run(main())
+
+
+def test_the_body_read_ahead_is_encoded_ahead_and_used_only_whole(
+    tmp_path: Path, run: Runner
+) -> None:
+    """The pump encodes the next response's body as it reads it ahead; a fetch that takes
+    exactly that sends it as it is (the same bytes a fresh encoding gives), a fetch that
+    takes less encodes what it takes."""
+
+    async def main() -> None:
+        async with http_hub(tmp_path) as served:
+            await append(served.hub, "s", [b"v%d" % i for i in range(1, 11)], [b"k"] * 10)
+            sub_url = await served.subscribe("s", 3)
+            assert len((await served.fetch(sub_url)).elements) == 3
+            sub = served.rsio.subs[sid_of(sub_url)]
+            await until(lambda: sub.prebuilt is not None, "encoded ahead")
+            prebuilt = sub.prebuilt
+            assert prebuilt is not None
+            assert prebuilt.count == 3
+            assert prebuilt.body == b"".join(length_prefixed_envelopes(b) for b in sub.ready)
+            second = await served.fetch(sub_url, 3)
+            assert second.body == prebuilt.body  # what went out is what was encoded ahead
+            assert sub.state.last is not None
+            assert sub.state.last.body is prebuilt.body
+            batch = envelopes_to_batch("s", second.elements)
+            assert (list(batch.ids), batch.value(0), batch.key(0)) == ([4, 5, 6], b"v4", b"k")
+            await until(lambda: sub.prebuilt is not None, "encoded ahead again")
+            assert sub.prebuilt is not None
+            assert sub.prebuilt.count == 3
+            third = await served.fetch(sub_url, 1)  # takes less: encoded afresh, one element
+            assert (third.seq, third.headers.get("Content-Encoding")) == (6, None)
+            assert envelopes_to_batch("s", third.elements).ids.tolist() == [7]
+            assert ready_ids(served, sub_url) == [8, 9]
+            assert sub.prebuilt is None
+
+    run(main())
+
+
+def test_what_a_read_left_over_is_read_ahead_too(tmp_path: Path, run: Runner) -> None:
+    """A demand of 64 or more reads the log a megabyte at a time (``hub.subscription``'s
+    read-ahead): what one delivery did not take waits in the hub subscription's carry. The
+    next request's worth is taken from there ahead of the fetch (and encoded), as from the
+    log."""
+
+    async def main() -> None:
+        async with http_hub(tmp_path) as served:
+            await append(served.hub, "s", [b"v%d" % i for i in range(1, 301)])  # one record
+            sub_url = await served.subscribe("s", 100)
+            assert len((await served.fetch(sub_url)).elements) == 100
+            sub = served.rsio.subs[sid_of(sub_url)]
+            await until(lambda: ready_ids(served, sub_url) == list(range(101, 201)),
+                        "read ahead from the carry")  # fmt: skip
+            await until(lambda: sub.prebuilt is not None, "encoded ahead")
+            second = await served.fetch(sub_url, 100)
+            assert second.seq == 100
+            assert envelopes_to_batch("s", second.elements).ids.tolist() == list(range(101, 201))
 
     run(main())

@@ -43,6 +43,7 @@ refusal is a 401/403 onError: :class:`HttpRsioError`); ``ssl=`` is the TLS conte
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import ssl as _ssl
@@ -52,22 +53,31 @@ from typing import Any
 
 import aiohttp
 import yarl
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from ..model import Batch, TidewireError, validate_stream_name
+from ..model import Batch, RemoteProtocolError, TidewireError, validate_stream_name
 from ..protocols.rsio.envelopes import envelopes_to_batch
 from ..protocols.rsio.names import PublisherName, PublisherNameError
 from ..protocols.rsio.varint import NeedData, pull_varint
 from ..protocols.rsio_http import (
     ERROR_HEADER,
+    FIXED_SIZE,
+    LENGTH_PREFIXED,
     SEQUENCE_HEADER,
     ClientSubscription,
     decode_body,
+    decode_fixed_size,
 )
-from ..protocols.rsio_http.codec import MAX_DEMAND
+from ..protocols.rsio_http.codec import (
+    MAX_DEMAND,
+    count_length_prefixed,
+    length_prefixed_envelopes_batch,
+)
 from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
 from .reconnect import Reconnector, gateway_urls
 from .rsio import start_position
+from .rsio_http_fetch import FetchPool, Unsupported
 
 __all__ = ["HttpHub", "HttpRsioError"]
 
@@ -111,6 +121,8 @@ class HttpHub:
         self._ssl: _ssl.SSLContext | bool = ssl if ssl is not None else True  # True: verify
         self._own_session = session is None
         self._session = session
+        # fetches on http:// of its own session: the lean path (rsio_http_fetch)
+        self._lean = FetchPool(poll_timeout) if session is None else None
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -165,6 +177,8 @@ class HttpHub:
         return self._session
 
     async def close(self) -> None:
+        if self._lean is not None:
+            self._lean.close()
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -178,13 +192,22 @@ class HttpHub:
         """Batches of ``stream`` (the envelope format: ids, keys, timestamps), from
         ``from_id`` ("earliest", "latest" or an id), live or up to ``until_id``."""
         validate_stream_name(stream)
-        name = PublisherName(stream, start_position(from_id), until_id, key)
-        async for elements in self.elements(str(name), demand=demand):
-            try:
-                yield envelopes_to_batch(stream, elements)
-            except (ValueError, TidewireError) as exc:
-                raise HttpRsioError(0, f"a malformed envelope on {stream!r}: {exc}",
-                                    rsio=False) from None  # fmt: skip
+        name = str(PublisherName(stream, start_position(from_id), until_id, key))
+        if not 1 <= demand <= MAX_DEMAND:
+            raise ValueError("demand is 1 to 2^63-1")
+        resume = _Resume.of(name) if self.reconnecting else None
+        responses = self._responses(name, demand, resume)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                try:  # (a length-prefixed body: parsed in place, each value copied once)
+                    batch: Batch | None = response.batch(stream)
+                except (ValueError, TidewireError) as exc:
+                    raise HttpRsioError(0, f"a malformed envelope on {stream!r}: {exc}",
+                                        rsio=False) from None  # fmt: skip
+                if resume is not None and batch is not None:
+                    batch = resume.take_batch(batch)
+                if batch is not None:
+                    yield batch
 
     async def subscribe_values(
         self, stream: str, *, size: int = 0, from_id: int | str = "earliest",
@@ -222,6 +245,21 @@ class HttpHub:
         if not 1 <= demand <= MAX_DEMAND:
             raise ValueError("demand is 1 to 2^63-1")
         resume = _Resume.of(publisher) if self.reconnecting else None
+        responses = self._responses(publisher, demand, resume)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                fresh = response.elements()
+                if resume is not None:
+                    fresh = resume.take(fresh)
+                if fresh:
+                    yield fresh
+
+    async def _responses(self, publisher: str, demand: int, resume: _Resume | None
+                         ) -> AsyncGenerator[_Response, None]:  # fmt: skip
+        """The 200 responses of ``publisher``'s subscription with elements not received
+        before, each counted (not decoded: the caller decodes it as it needs, after the next
+        fetch is on its way). ``resume``: where a subscription made again starts (with
+        ``retry=``), kept up to date by the caller before it asks for the next response."""
         if resume is not None and resume.name.start == "latest":
             resume.name = await self._resolve_latest(resume.name)
         what = f"RS.io over HTTP {publisher!r} at {self.base_url}"
@@ -239,7 +277,8 @@ class HttpHub:
             target = f"{url}?request={more}" if more else url
             answer = self._put(target, pacing, what, headers={SEQUENCE_HEADER: str(state.next_seq)},
                                lost=(404, 503) if resume is not None else (),
-                               lost_after=LOST_AFTER if resume is not None else None)  # fmt: skip
+                               lost_after=LOST_AFTER if resume is not None else None,
+                               lean=True)  # fmt: skip
             return asyncio.ensure_future(_with(answer, more))
 
         try:
@@ -271,12 +310,10 @@ class HttpHub:
                 if response.status == 200:
                     pacing.reset()
                     first = response.headers.get(SEQUENCE_HEADER)
-                    elements = decode_body(response.headers.get("Content-Encoding"),
-                                           response.body)  # fmt: skip
-                    fresh = state.received(int(first) if first is not None else None, elements)
-                    if resume is not None:
-                        fresh = resume.take(fresh)
-                    if fresh:
+                    body = _Response(response.headers.get("Content-Encoding"), response.body)
+                    body.skip = state.received_count(int(first) if first is not None else None,
+                                                     body.count)  # fmt: skip
+                    if body.skip < body.count:
                         # The next fetch goes out as these are handed over (as RS.io/TCP's
                         # client sends its Request before it yields): the very request the
                         # loop would make once the application is back, so the hub answers
@@ -286,7 +323,7 @@ class HttpHub:
                         ahead = fetch(sub_url)
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
-                        yield fresh
+                        yield body
                 elif response.status == 204:
                     pacing.reset()
                     delay = _retry_after(response.headers.get("Retry-After"))
@@ -352,10 +389,20 @@ class HttpHub:
                                         ssl=self._ssl) as response:  # fmt: skip
                 await response.read()
 
-    async def _request(self, url: str, headers: dict[str, str] | None) -> _Answer:
-        """One ``PUT``; a failed connection is status 0."""
+    async def _request(self, url: str, headers: dict[str, str] | None, *,
+                       lean: bool = False) -> _Answer:  # fmt: skip
+        """One ``PUT``; a failed connection is status 0. ``lean``: a fetch, sent on the lean
+        path when it applies (:mod:`.rsio_http_fetch`)."""
+        target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
+        if lean and self._lean is not None and target.scheme == "http":
+            try:
+                status, raw, got = await self._lean.put(target, {**self._auth, **(headers or {})})
+                return _Answer(status, CIMultiDictProxy(CIMultiDict(raw)), got)
+            except Unsupported:
+                pass  # (an answer it does not read: the same request through aiohttp)
+            except (OSError, TimeoutError) as exc:
+                return _Answer(0, {}, str(exc).encode() or type(exc).__name__.encode())
         try:
-            target = yarl.URL(url, encoded=True)  # as written: no dot-segment removal
             async with self.session.put(target, headers={**self._auth, **(headers or {})},
                                         ssl=self._ssl) as response:  # fmt: skip
                 body = await response.read()
@@ -368,8 +415,8 @@ class HttpHub:
     async def _put(self, url: str | Callable[[], str], pacing: Reconnector[_Answer] | None = None,
                    what: str = "",
                    *, headers: dict[str, str] | None = None, again: tuple[int, ...] = (),
-                   lost: tuple[int, ...] = (), lost_after: int | None = None
-                   ) -> _Answer:  # fmt: skip
+                   lost: tuple[int, ...] = (), lost_after: int | None = None,
+                   lean: bool = False) -> _Answer:  # fmt: skip
         """One request, retried (paced by ``pacing``, the one reconnect helper; a fresh one
         with a fresh :class:`Backoff` if none) on a
         5xx without ``X-Rsio-Error``, a failed connection, and the ``again`` statuses with it;
@@ -384,7 +431,7 @@ class HttpHub:
         failed = 0  # connections in a row
         while True:
             target = url() if callable(url) else url
-            answer = await self._request(target, headers)
+            answer = await self._request(target, headers, lean=lean)
             if 0 < answer.status < 400 or answer.status == 410:  # (410: onComplete)
                 return answer
             message = answer.body.decode("utf-8", "replace").strip()[:500]
@@ -460,6 +507,18 @@ class _Resume:
             raise HttpRsioError(0, f"an element of {self.name.stream!r} without an id: {exc}",
                                 rsio=False) from None  # fmt: skip
 
+    def take_batch(self, batch: Batch) -> Batch | None:
+        """:meth:`take` for a batch of envelopes (its ids increase): ``None`` when nothing
+        of it is past the last id handed over."""
+        ids = batch.ids
+        if self.last is not None and ids[0] <= self.last:
+            keep = bisect.bisect_right(ids, self.last)
+            if keep == len(batch):
+                return None
+            batch = batch.slice(keep, len(batch))
+        self.last = batch.ids[-1]
+        return batch
+
     def take(self, elements: list[bytes]) -> list[bytes]:
         """``elements`` without those at or below the last id handed over (there are none
         unless the hub started below ``from=``); the last id moves on."""
@@ -474,10 +533,46 @@ class _Resume:
         return elements
 
 
+class _Response:
+    """A 200's body: its ``Content-Encoding`` (``None``: one element), how many elements it
+    holds (counted at once: the framing is checked then) and how many of the first to leave
+    out (received before: a resend)."""
+
+    __slots__ = ("body", "count", "encoding", "skip")
+
+    def __init__(self, encoding: str | None, body: bytes | bytearray) -> None:
+        self.encoding = encoding
+        self.body = body
+        self.skip = 0
+        if not encoding:
+            self.count = 1
+        elif encoding.lower() == LENGTH_PREFIXED.lower():
+            self.count = count_length_prefixed(body)
+        elif encoding.lower() == FIXED_SIZE.lower():
+            size, packed = decode_fixed_size(body)
+            self.count = len(packed) // size
+        else:
+            raise RemoteProtocolError(f"unknown Content-Encoding {encoding!r}")
+
+    def elements(self) -> list[bytes]:
+        """The elements not received before, one ``bytes`` each."""
+        if not self.encoding:
+            return [bytes(self.body)]  # (no copy of a bytes body; the lean path's bytearray)
+        elements = decode_body(self.encoding, self.body)
+        return elements[self.skip :] if self.skip else elements
+
+    def batch(self, stream: str) -> Batch:
+        """The envelopes not received before, as one batch of ``stream``."""
+        encoding = self.encoding
+        if encoding and encoding.lower() == LENGTH_PREFIXED.lower():
+            return length_prefixed_envelopes_batch(stream, self.body, self.skip)
+        return envelopes_to_batch(stream, self.elements())
+
+
 class _Answer:
     __slots__ = ("body", "headers", "status")
 
-    def __init__(self, status: int, headers: Any, body: bytes) -> None:
+    def __init__(self, status: int, headers: Any, body: bytes | bytearray) -> None:
         self.status = status
         self.headers = headers
         self.body = body

@@ -555,3 +555,4 @@ def decode_length_prefixed(const uint8_t[::1] body, max_elements=2**32):
         if count > limit:
             raise RemoteProtocolError(f"more than {max_elements} elements in one body")
     return out
+include "_http.pxi"  # RS.io over HTTP: a length-prefixed body of envelopes into a batch

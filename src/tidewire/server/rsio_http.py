@@ -51,24 +51,19 @@ from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
 from ..observe.throttle import LogThrottle
-from ..protocols.rsio.envelopes import encode_envelopes, fixed_size_values
 from ..protocols.rsio.names import PublisherName, PublisherNameError
 from ..protocols.rsio_http import (
     ERROR_HEADER,
-    FIXED_SIZE,
-    LENGTH_PREFIXED,
     SEQUENCE_HEADER,
     BadRequest,
     Delivery,
     ServerSubscription,
     State,
-    length_prefixed_envelopes,
-    length_prefixed_values,
     parse_count,
     split_query,
 )
 from ..record import encode as encode_record
-from .rsio_http_sub import HttpSubscription
+from .rsio_http_sub import HttpSubscription, response_body
 
 __all__ = ["PRINCIPAL_KEY", "HttpSettings", "RsioHttp", "escaped", "principal", "publisher_name"]
 
@@ -271,9 +266,9 @@ class RsioHttp:
                 if sub.ready and not sub.topup:
                     await sub.drained.wait()  # a fetch took it (or wants it topped up)
                     continue
-                if not source.held_bytes and not hub_sub.done and source.demand <= 0 and (
+                if not hub_sub.done and source.demand <= 0 and (
                         sub.ready or not sub.read_ahead()):  # (else: read the next one ahead)
-                    await sub.drained.wait()  # demand came
+                    await sub.drained.wait()  # demand came (a carry, if any, waits for it too)
                     continue
                 if not (source.held_bytes or hub_sub.done or hub_sub.poll_ready()):
                     await self.hub.wait_for(hub_sub.stream, hub_sub.next_id - 1)
@@ -294,10 +289,13 @@ class RsioHttp:
                     if source.complete:
                         sub.state.complete()
                     break
-                if not sub.ready:
+                fresh = not sub.ready
+                if fresh:
                     sub.guessed = guessed
                 sub.ready.extend(batches)
                 sub.ready_bytes += sum(b.nbytes for b in batches)
+                if fresh and guessed:  # the client's next response, most likely: encoded now
+                    sub.prebuild(self.settings.max_response_bytes)
                 sub.account()
                 sub.touch()
         except asyncio.CancelledError:
@@ -395,6 +393,15 @@ class RsioHttp:
         ``max_response_bytes`` (at least one element)."""
         state, name = sub.state, sub.name
         room, budget = state.room, self.settings.max_response_bytes
+        pre, sub.prebuilt = sub.prebuilt, None
+        if pre is not None and pre.count <= room and len(pre.batches) == len(sub.ready) and (
+                all(a is b for a, b in zip(pre.batches, sub.ready, strict=True))):  # fmt: skip
+            sub.ready.clear()  # (what the loop below would take: all of it, encoded already)
+            sub.ready_bytes = 0
+            sub.drained.set()
+            delivery = state.prepared(pre.body, pre.count, pre.encoding)
+            sub.account()
+            return delivery
         taken: list[Batch] = []
         count = 0
         while sub.ready and count < room:
@@ -425,23 +432,10 @@ class RsioHttp:
     @staticmethod
     def _encode(state: ServerSubscription, name: PublisherName, batches: list[Batch],
                 count: int) -> Delivery:  # fmt: skip
-        if name.size:  # (one join of the columns' views, the size first: one copy)
-            columns = [fixed_size_values(b, name.size) for b in batches]
-            if count == 1:
-                return state.prepared(bytes(columns[0]), 1, None)
-            body = b"".join([name.size.to_bytes(4, "big"), *columns])
-            return state.prepared(body, count, FIXED_SIZE)
         if name.format == "records":
             return state.prepare([encode_record(b).data for b in batches])
-        if name.format == "value":
-            if count == 1:
-                return state.prepared(batches[0].value(0), 1, None)
-            body = b"".join([length_prefixed_values(b.values, b.value_offsets) for b in batches])
-            return state.prepared(body, count, LENGTH_PREFIXED)
-        if count == 1:
-            return state.prepared(encode_envelopes(batches[0])[0], 1, None)
-        body = b"".join([length_prefixed_envelopes(b) for b in batches])  # (compiled: native)
-        return state.prepared(body, count, LENGTH_PREFIXED)
+        body, encoding = response_body(name, batches, count)
+        return state.prepared(body, count, encoding)
 
     async def _deliver(self, request: web.Request, sub: HttpSubscription,
                        delivery: Delivery) -> web.StreamResponse:  # fmt: skip

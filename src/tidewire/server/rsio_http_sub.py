@@ -18,15 +18,36 @@ followed the demand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from dataclasses import dataclass
 
 from ..hub import RecordSubscription, Share, Subscription
 from ..hub.access import Principal
-from ..model import Batch
+from ..model import Batch, TidewireError
+from ..protocols.rsio.envelopes import encode_envelopes, fixed_size_values
 from ..protocols.rsio.names import PublisherName
-from ..protocols.rsio_http import ServerSubscription
+from ..protocols.rsio_http import (
+    FIXED_SIZE,
+    LENGTH_PREFIXED,
+    ServerSubscription,
+    length_prefixed_envelopes,
+    length_prefixed_values,
+)
 
-__all__ = ["HttpSubscription"]
+__all__ = ["HttpSubscription", "Prebuilt", "response_body"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prebuilt:
+    """A response body encoded ahead, by the pump, from exactly ``batches`` (all of
+    :attr:`HttpSubscription.ready` when it was made): ``count`` elements, its
+    ``Content-Encoding`` (``None``: one element)."""
+
+    batches: tuple[Batch, ...]
+    count: int
+    body: bytes
+    encoding: str | None
 
 
 class HttpSubscription:
@@ -53,6 +74,7 @@ class HttpSubscription:
         self.ahead = 0  # demand the hub subscription was given ahead of the client's
         self.topup = False  # a fetch waits for one more read to fill its response
         self.guessed = False  # what is ready was read ahead of demand (read_ahead)
+        self.prebuilt: Prebuilt | None = None  # the next response's body, encoded ahead
 
     @property
     def hub_sub(self) -> Subscription:
@@ -96,13 +118,59 @@ class HttpSubscription:
         count = len(ready) if self.name.format == "records" else sum(len(b) for b in ready)
         return count < self.state.room and self.ready_bytes < max_response_bytes
 
+    def prebuild(self, max_response_bytes: int) -> None:
+        """Encode what was just read ahead (:attr:`ready`, all of it) as the body of the
+        response the client's next fetch will most likely get (issue 22): the pump does it
+        while the last response is on its way, so that the fetch only writes it. The fetch
+        uses it only if it takes exactly these batches (``rsio_http.RsioHttp._take``); a
+        body that cannot be encoded (a value that is not ``size=N`` bytes) is left to the
+        fetch, which refuses it. The body is charged to the ``readahead`` gauge; when the
+        share has no room for it, nothing is encoded ahead."""
+        if self.name.format == "records":  # (one record per response: nothing to gain)
+            return
+        batches = tuple(self.ready)
+        if self.ready_bytes > max_response_bytes and len(batches) > 1:
+            return  # (a response would take only part of it)
+        count = sum(len(b) for b in batches)
+        # The body's bytes are granted by the share first, as a read is (an envelope and its
+        # length take at most 16 bytes more than the event's columns): no room, no body.
+        held = self.ready_bytes + self.source.held_bytes
+        if not self.share.try_hold("readahead", held + self.ready_bytes + 16 * count):
+            return
+        with contextlib.suppress(TidewireError, ValueError):
+            body, encoding = response_body(self.name, list(batches), count)
+            self.prebuilt = Prebuilt(batches, count, body, encoding)
+        # (the caller, the pump, sets the gauges to the exact bytes next: account)
+
     def touch(self) -> None:
         self.changed.set()
 
     def account(self) -> None:
         """Set the share's gauges to what this subscription holds now (bytes in memory)."""
-        self.share.hold("readahead", self.ready_bytes + self.source.held_bytes)
+        pre = self.prebuilt
+        self.share.hold("readahead", self.ready_bytes + self.source.held_bytes + (
+            len(pre.body) if pre is not None else 0))  # fmt: skip
         state = self.state
         last = state.last
         kept = len(last.body) if last is not None and last is not state.unsent else 0
         self.share.hold("outbound", state.pending + kept)
+
+
+def response_body(name: PublisherName, batches: list[Batch],
+                  count: int) -> tuple[bytes, str | None]:  # fmt: skip
+    """The body of a response of ``count`` elements from ``batches`` (not ``format=records``:
+    one record per response), and its ``Content-Encoding`` (``None``: one element)."""
+    if name.size:  # (one join of the columns' views, the size first: one copy)
+        columns = [fixed_size_values(b, name.size) for b in batches]
+        if count == 1:
+            return bytes(columns[0]), None
+        return b"".join([name.size.to_bytes(4, "big"), *columns]), FIXED_SIZE
+    if name.format == "value":
+        if count == 1:
+            return batches[0].value(0), None
+        body = b"".join([length_prefixed_values(b.values, b.value_offsets) for b in batches])
+        return body, LENGTH_PREFIXED
+    if count == 1:
+        return encode_envelopes(batches[0])[0], None
+    body = b"".join([length_prefixed_envelopes(b) for b in batches])  # (compiled: native)
+    return body, LENGTH_PREFIXED

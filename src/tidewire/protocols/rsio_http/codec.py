@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ...model import Batch, RemoteProtocolError, TidewireError
 from ...native import kernel
-from ..rsio.envelopes import encode_envelopes
+from ..rsio.envelopes import encode_envelopes, envelopes_to_batch_py
 
 __all__ = [
     "ERROR_HEADER",
@@ -24,6 +24,8 @@ __all__ = [
     "MAX_DEMAND",
     "SEQUENCE_HEADER",
     "BadRequest",
+    "count_length_prefixed",
+    "count_length_prefixed_py",
     "decode_body",
     "decode_fixed_size",
     "decode_length_prefixed",
@@ -31,6 +33,8 @@ __all__ = [
     "encode_fixed_size",
     "encode_length_prefixed",
     "length_prefixed_envelopes",
+    "length_prefixed_envelopes_batch",
+    "length_prefixed_envelopes_batch_py",
     "length_prefixed_envelopes_py",
     "length_prefixed_values",
     "parse_count",
@@ -120,7 +124,7 @@ def encode_fixed_size(size: int, packed: bytes | bytearray | memoryview) -> byte
     return _U32.pack(size) + bytes(packed)
 
 
-def decode_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> list[bytes]:
+def decode_length_prefixed_py(body: bytes | bytearray, max_elements: int = 2**32) -> list[bytes]:
     """The elements of a length-prefixed body, one ``bytes`` each; ``RemoteProtocolError``
     for a body cut inside a length or an element, or with more than ``max_elements``."""
     view = memoryview(body)
@@ -140,7 +144,38 @@ def decode_length_prefixed_py(body: bytes, max_elements: int = 2**32) -> list[by
     return out
 
 
-def decode_fixed_size(body: bytes) -> tuple[int, memoryview]:
+def count_length_prefixed_py(body: bytes | bytearray, max_elements: int = 2**32) -> int:
+    """How many elements a length-prefixed body holds: ``len(decode_length_prefixed_py(body,
+    max_elements))``, with its errors, without copying an element (the client counts a
+    response before it asks for the next one, and decodes it after)."""
+    pos, end, count = 0, len(body), 0
+    while pos < end:
+        if end - pos < 4:
+            raise RemoteProtocolError("a length-prefixed body cut inside a length")
+        (size,) = _U32.unpack_from(body, pos)
+        pos += 4
+        if end - pos < size:
+            raise RemoteProtocolError(f"a length-prefixed element of {size} bytes cut short")
+        pos += size
+        count += 1
+        if count > max_elements:
+            raise RemoteProtocolError(f"more than {max_elements} elements in one body")
+    return count
+
+
+def length_prefixed_envelopes_batch_py(stream: str, body: bytes | bytearray,
+                                       skip: int = 0) -> Batch:  # fmt: skip
+    """The batch of the envelopes in a length-prefixed body (the default format's response),
+    without its first ``skip`` elements (received before: a resend): the body split as
+    :func:`decode_length_prefixed_py` splits it (its errors first), then
+    ``envelopes_to_batch`` (its errors: ``ValueError`` when no envelope is left). The
+    compiled twin parses the body in place and copies each value once."""
+    if skip < 0:
+        raise ValueError("skip is never negative")
+    return envelopes_to_batch_py(stream, decode_length_prefixed_py(body)[skip:])
+
+
+def decode_fixed_size(body: bytes | bytearray) -> tuple[int, memoryview]:
     """``(N, packed)``: the element size and the elements back to back."""
     if len(body) < 4:
         raise RemoteProtocolError("a fixed-size body without its size")
@@ -151,10 +186,10 @@ def decode_fixed_size(body: bytes) -> tuple[int, memoryview]:
     return size, packed
 
 
-def decode_body(content_encoding: str | None, body: bytes) -> list[bytes]:
+def decode_body(content_encoding: str | None, body: bytes | bytearray) -> list[bytes]:
     """The elements of a 200 response (one, when it has no ``Content-Encoding``)."""
     if not content_encoding:
-        return [body]
+        return [bytes(body)]  # (the same object when it is bytes)
     if content_encoding.lower() == LENGTH_PREFIXED.lower():
         return decode_length_prefixed(body)
     if content_encoding.lower() == FIXED_SIZE.lower():
@@ -167,3 +202,6 @@ def decode_body(content_encoding: str | None, body: bytes) -> list[bytes]:
 # function above, its specification.
 length_prefixed_envelopes = kernel("length_prefixed_envelopes", length_prefixed_envelopes_py)
 decode_length_prefixed = kernel("decode_length_prefixed", decode_length_prefixed_py)
+count_length_prefixed = kernel("count_length_prefixed", count_length_prefixed_py)
+length_prefixed_envelopes_batch = kernel("length_prefixed_envelopes_batch",
+                                         length_prefixed_envelopes_batch_py)  # fmt: skip

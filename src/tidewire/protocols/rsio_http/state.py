@@ -157,14 +157,21 @@ class ClientSubscription:
     def received(self, first: int | None, elements: list[bytes]) -> list[bytes]:
         """The new ones among ``elements`` (from sequence ``first``; ``None``: the server does
         not number them, so all are new)."""
-        if first is None:
-            fresh = elements
-        else:
+        return elements[self.received_count(first, len(elements)) :]
+
+    def received_count(self, first: int | None, count: int) -> int:
+        """A response of ``count`` elements from sequence ``first`` (``None``: not numbered,
+        all new) arrived: how many of its first elements were received before (a resend) and
+        are to be dropped. The elements after those count as received (a client that counts
+        a body before it decodes it asks for more first)."""
+        skip = 0
+        if first is not None:
             if not 0 <= first <= self.next_seq:  # (numbers start at 0: the header is the peer's)
                 raise RemoteProtocolError(
                     f"elements from {first}, but {self.next_seq} was the next expected"
                 )
-            fresh = elements[self.next_seq - first :]
-        self.next_seq += len(fresh)
-        self.outstanding = max(0, self.outstanding - len(fresh))
-        return fresh
+            skip = min(count, self.next_seq - first)
+        fresh = count - skip
+        self.next_seq += fresh
+        self.outstanding = max(0, self.outstanding - fresh)
+        return skip
