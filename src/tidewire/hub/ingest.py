@@ -177,7 +177,7 @@ class _Item:
     batch: Batch
     assign_ids: bool
     held: int
-    receipt: asyncio.Future[Batch]
+    receipt: asyncio.Future[Batch] | None  # (None: started by :meth:`Pipeline.begin`)
     append: asyncio.Future[Batch] | None = field(default=None)
 
 
@@ -235,14 +235,20 @@ class Pipeline:
             return await self.submit(batch, assign_ids=assign_ids, held=held)
         loop = asyncio.get_running_loop()
         item = _Item(batch, assign_ids, held, loop.create_future(), loop.create_future())
-        item.receipt.add_done_callback(_retrieved)  # (an error is raised here, not there)
+        receipt = item.receipt
+        assert receipt is not None
+        receipt.add_done_callback(_retrieved)  # (an error is raised here, not there)
         self._items.append(item)
         fence = self._begin(item)
         done = item.append
         assert done is not None
+        hub, via = self.ingest.hub, self.ingest.via
         try:
-            stored = await self.ingest.hub.append(
-                batch, assign_ids=assign_ids, via=self.ingest.via, fence=fence)  # fmt: skip
+            # The storage's own future when it can queue at once (no coroutine per layer).
+            queued = hub.submit(batch, assign_ids=assign_ids, via=via, fence=fence)
+            stored = await (queued if queued is not None else
+                            hub.append(batch, assign_ids=assign_ids, via=via,
+                                       fence=fence))  # fmt: skip
         except asyncio.CancelledError:
             done.cancel()  # (the storage still finishes the write: as with submit)
             self._advance()
@@ -253,7 +259,33 @@ class Pipeline:
             raise
         done.set_result(stored)
         self._advance()
-        return stored if item.receipt.done() else await item.receipt
+        return stored if receipt.done() else await receipt
+
+    def begin(self, batch: Batch, *, assign_ids: bool = False,
+              held: int = 0) -> asyncio.Future[Batch] | None:  # fmt: skip
+        """Hand ``batch`` to the storage at once, with no task and no receipt of its own, when
+        nothing of this pipeline is in flight or waiting and the storage can queue it so
+        (:meth:`Hub.submit <tidewire.hub.Hub.submit>`): the append's own future, which
+        resolves once the batch is stored, or fails. The pipeline's bookkeeping (the ``held``
+        bytes, the fence, the order of what is submitted after it) runs in a callback added
+        before the caller's, so a callback the caller adds sees it done. ``None``: nothing was
+        done (use :meth:`append` or :meth:`submit`). The caller retrieves the future's
+        outcome (a lone Seguro ``SAVE`` answers in its callback)."""
+        if self._closed or self._items or not self._may_start(assign_ids):
+            return None
+        ingest = self.ingest
+        hub = ingest.hub
+        fence = hub.fence()  # (nothing in flight: as :meth:`_begin` takes it)
+        queued = hub.submit(batch, assign_ids=assign_ids, via=ingest.via, fence=fence)
+        if queued is None:
+            return None
+        item = _Item(batch, assign_ids, held, None, queued)
+        self._items.append(item)
+        self._fence = fence
+        self._started += 1
+        self._explicit = self.serial_own_ids and not assign_ids
+        queued.add_done_callback(self._advance)
+        return queued
 
     def close(self) -> None:
         """The flow is over (its connection went): batches not handed to the storage yet are
@@ -262,7 +294,8 @@ class Pipeline:
         while self._items and self._items[-1].append is None:
             item = self._items.pop()
             self.ingest.release(item.held)
-            item.receipt.cancel()
+            if item.receipt is not None:
+                item.receipt.cancel()
 
     # ------------------------------------------------------------------ internals
 
@@ -278,14 +311,16 @@ class Pipeline:
                 self._explicit = False
             self.ingest.release(item.held)
             failure = None if append.cancelled() else append.exception()
+            receipt = item.receipt
             if append.cancelled():
-                item.receipt.cancel()
+                if receipt is not None:
+                    receipt.cancel()
             elif failure is not None:
-                if not item.receipt.done():
-                    item.receipt.set_exception(failure)
+                if receipt is not None and not receipt.done():
+                    receipt.set_exception(failure)
                 self._fail_waiting(failure)
-            elif not item.receipt.done():
-                item.receipt.set_result(append.result())
+            elif receipt is not None and not receipt.done():
+                receipt.set_result(append.result())
         for item in items:
             if item.append is not None:
                 continue
@@ -309,10 +344,21 @@ class Pipeline:
 
     def _start(self, item: _Item) -> None:
         ingest = self.ingest
+        hub = ingest.hub
         fence = self._begin(item)
-        item.append = asyncio.ensure_future(ingest.hub.append(
-            item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=fence))  # fmt: skip
-        item.append.add_done_callback(self._advance)
+        # The storage's own future when it can queue at once: no task per append (a task
+        # when it must wait for room, as every append had before).
+        try:
+            queued = hub.submit(item.batch, assign_ids=item.assign_ids, via=ingest.via,
+                                fence=fence)  # fmt: skip
+        except Exception as exc:  # (what the append's task would have failed with)
+            queued = asyncio.get_running_loop().create_future()
+            queued.set_exception(exc)
+        if queued is None:
+            queued = asyncio.ensure_future(hub.append(
+                item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=fence))  # fmt: skip
+        item.append = queued
+        queued.add_done_callback(self._advance)
 
     def _fail_waiting(self, failure: BaseException) -> None:
         """An append failed: what waits behind it is refused with the same error (as the
@@ -320,5 +366,5 @@ class Pipeline:
         while self._items and self._items[-1].append is None:
             item = self._items.pop()
             self.ingest.release(item.held)
-            if not item.receipt.done():
+            if item.receipt is not None and not item.receipt.done():
                 item.receipt.set_exception(failure)

@@ -246,6 +246,8 @@ class ServerSession(Session):
     # ---------------------------------------------------------------- input
 
     def _step(self) -> bool:
+        if self.state is State.IDLE and self.may_write and self._whole_save():
+            return True
         if self.bulk and self.state is State.MANY and self._pending_block is None:
             run = self._many_run()
             if run is not None:
@@ -298,6 +300,30 @@ class ServerSession(Session):
         else:
             raise RemoteProtocolError(f"{line[:40]!r} before the reply to the previous command "
                                       f"({self.state.value})")  # fmt: skip
+        return True
+
+    def _whole_save(self) -> bool:
+        """A whole ``SAVE <id> <len>\\n<data>\\n\\n`` at the read position, parsed in one pass
+        (the commonest frame of a hub with many points, each saving one event at a time) and
+        its :class:`Save` queued. False, nothing consumed, when the bytes there are not one
+        whole and valid ``SAVE``: the line by line parse then takes them, breaches included
+        (so this pass only needs to recognise what that parse accepts, never to refuse)."""
+        data, pos = self._rx.view()
+        if not data.startswith(b"SAVE ", pos):
+            return False
+        nl = data.find(b"\n", pos + 5, pos + self.limits.max_line_bytes + 1)
+        fields = data[pos + 5 : nl].split(b" ") if nl > 0 else ()
+        if len(fields) != 2 or not all(0 < len(f) < 20 and f.isdigit() for f in fields):
+            return False  # (bytes.isdigit: ASCII digits only; < 20 digits fit in 64 bits)
+        event_id, size = int(fields[0]), int(fields[1])
+        end = nl + 1 + size
+        if (not self.latest < event_id <= MAX_ID or size > self.limits.max_event_bytes
+                or data[end : end + 2] != b"\n\n"):  # fmt: skip
+            return False  # (not whole yet, or a breach: said by the line by line parse)
+        self._save = Save(event_id, bytes(memoryview(data)[nl + 1 : end]))
+        self._rx.advance_to(end + 2)
+        self.state = State.SAVE
+        self._events.append(self._save)
         return True
 
     def _refuse(self, command: str) -> None:
