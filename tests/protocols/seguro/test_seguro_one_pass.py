@@ -1,17 +1,23 @@
-"""The hub's one-pass parse of a whole ``SAVE`` frame (``ServerSession``, issue 22 round 3)
-against the line by line parse it stands in for: for any bytes that look like a ``SAVE``
-(valid or not: numbers with leading zeros, too big, not digits, ids at or below the latest,
+"""The one-pass parses of issue 22 round 3 against the line by line parses they stand in for.
+
+The hub's parse of a whole ``SAVE`` frame (``ServerSession``): for any bytes that look like a
+``SAVE`` (valid or not: numbers with leading zeros, too big, not digits, ids at or below the latest,
 lengths that do not match the data, missing or wrong terminators, ``SAVE MANY``, bytes after
 the frame), the events fed all at once (the one-pass parse takes a whole frame) are the events
-fed one byte at a time (it never sees a whole frame: the line by line parse takes every one)."""
+fed one byte at a time (it never sees a whole frame: the line by line parse takes every one).
+A ship's ``COMMITTED`` (``ClientSession``): the hub's own form in one comparison, any other
+form the line by line way, a wrong one a breach."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidewire.protocols.seguro import (
     Breach,
+    ClientSession,
+    Committed,
     Event,
     Hello,
     Limits,
@@ -98,3 +104,40 @@ def test_a_save_at_or_below_the_latest_is_still_a_breach() -> None:
     event = server.next_event()
     assert isinstance(event, Breach)
     assert "not greater than the latest" in event.reason
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [b"COMMITTED 43 1\n", b"COMMITTED 0043 01\n", b"LATEST 42\nCOMMITTED 43 1\n"],
+)
+@pytest.mark.parametrize("by_byte", [False, True])
+def test_a_ship_takes_its_committed_in_any_valid_form(reply: bytes, by_byte: bool) -> None:
+    client = ClientSession("~zod")
+    client.receive_data(b"SEGURO 0\nIDENTIFY 0\nWELCOME ~zod 42\n")
+    while client.next_event() is not None:
+        pass
+    client.data_to_send()
+    client.save(43, b"x")
+    assert client.data_to_send() == b"SAVE 43 1\nx\n\n"
+    events: list[Event] = []
+    for chunk in [reply[i : i + 1] for i in range(len(reply))] if by_byte else [reply]:
+        client.receive_data(chunk)
+        while (event := client.next_event()) is not None:
+            events.append(event)
+    assert events[-1] == Committed(43, 1)
+    assert client.latest == 43
+    assert client.state.value == "idle"
+
+
+@pytest.mark.parametrize(
+    "reply", [b"COMMITTED 43 10\n", b"COMMITTED 430 1\n", b"COMMITTED 43 1 \n"]
+)
+def test_a_ship_refuses_a_committed_that_only_begins_like_its_own(reply: bytes) -> None:
+    client = ClientSession("~zod")
+    client.receive_data(b"SEGURO 0\nIDENTIFY 0\nWELCOME ~zod 42\n")
+    while client.next_event() is not None:
+        pass
+    client.save(43, b"x")
+    client.receive_data(reply)
+    assert isinstance(client.next_event(), Breach)
+    assert client.closed
