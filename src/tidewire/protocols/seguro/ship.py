@@ -55,13 +55,7 @@ class ClientSession(Session):
             # The reply as the hub writes it (no leading zeros), taken in one comparison: the
             # line by line parse below accepts it too, and takes every other form.
             self._rx.advance_to(pos + len(self._committed))
-            save = self._expect
-            assert isinstance(save, Save)
-            self._notified(save.id, "COMMITTED")
-            self._expect = None
-            self.state = State.IDLE
-            self._events.append(Committed(save.id, len(save.data)))
-            return True
+            return self._saved()
         if self._pending_block is not None:
             data = self._block()
             if data is None:
@@ -120,13 +114,9 @@ class ClientSession(Session):
         elif line.startswith(b"COMMITTED ") and isinstance(self._expect, Save):
             parts = split_fields(line, 3, "COMMITTED")
             got2 = (parse_number(parts[1], 64, "id"), parse_number(parts[2], 64, "length"))
-            save = self._expect
-            if got2 != (save.id, len(save.data)):
+            if got2 != (self._expect.id, len(self._expect.data)):
                 raise RemoteProtocolError(f"COMMITTED {got2} does not match SAVE")
-            self._notified(save.id, "COMMITTED")
-            self._expect = None
-            self.state = State.IDLE
-            self._events.append(Committed(*got2))
+            self._saved()
         elif self.state is State.READ and line.startswith(b"EVENT "):
             event_id, size = self._event_header(line, "EVENT")
             assert isinstance(self._expect, Read)
@@ -153,6 +143,16 @@ class ClientSession(Session):
             self._events.append(got3)
         else:
             raise RemoteProtocolError(f"unexpected {line[:60]!r} in state {self.state.value}")
+        return True
+
+    def _saved(self) -> bool:
+        """The SAVE's COMMITTED came (checked): the flow is over."""
+        save = self._expect
+        assert isinstance(save, Save)
+        self._notified(save.id, "COMMITTED")
+        self._expect = None
+        self.state = State.IDLE
+        self._events.append(Committed(save.id, len(save.data)))
         return True
 
     def _notified(self, committed: int, what: str) -> None:
