@@ -12,8 +12,9 @@ import pytest
 from helpers import run
 from memory_storage import MemoryStorage
 from tidewire.hub import Hub, IngestLimits
+from tidewire.hub.ingest import one_event
 from tidewire.log import Log, LogConfig
-from tidewire.model import Batch, IdOrderError
+from tidewire.model import MAX_ID, Batch, IdOrderError, InvalidBatch
 
 
 def one(event_id: int, value: bytes = b"v", stream: str = "s") -> Batch:
@@ -111,3 +112,18 @@ def test_pipeline_submit_over_the_embedded_log_resolves_in_order(tmp_path: Path)
             await hub.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("value", [b"", b"x", bytes(range(256)) * 4])
+@pytest.mark.parametrize("event_id", [1, 42, MAX_ID])
+def test_one_event_is_the_batch_the_builder_makes(event_id: int, value: bytes) -> None:
+    made = one_event("~zod", event_id, value, timestamp=1234)
+    assert made == Batch.build("~zod", [value], ids=[event_id], timestamps=1234)
+    assert made.owned() is made  # (immutable buffers: the log takes it without a copy)
+    assert made.validate() is made
+
+
+@pytest.mark.parametrize("event_id", [0, -1, MAX_ID + 1])
+def test_one_event_refuses_an_id_out_of_range(event_id: int) -> None:
+    with pytest.raises(InvalidBatch):
+        one_event("~zod", event_id, b"x")

@@ -36,12 +36,13 @@ future callbacks), so an abandoned pipeline costs nothing once its appends are d
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..model import Batch
+from ..model import MAX_ID, Batch, InvalidBatch, now_ms
 from ..registry import PROTOCOLS
 from .txn import TxnReceipt
 
@@ -49,7 +50,14 @@ if TYPE_CHECKING:
     from .budget import Share
     from .hub import Hub
 
-__all__ = ["INGEST_DEFAULTS", "Ingest", "IngestLimits", "Pipeline", "abandon"]
+__all__ = [
+    "INGEST_DEFAULTS",
+    "Ingest",
+    "IngestLimits",
+    "Pipeline",
+    "abandon",
+    "one_event",
+]
 
 MiB = 1024 * 1024
 
@@ -159,6 +167,23 @@ class Ingest:
         its stream (:meth:`Hub.commit <tidewire.hub.Hub.commit>`): a replay returns where the
         first commit put it."""
         return await self.hub.commit(txn, batch, via=self.via, principal=self.principal)
+
+
+_ONE = struct.Struct("=QqII")  # one event's id, timestamp and value offsets (array's Q, q, I)
+
+
+def one_event(stream: str, event_id: int, value: bytes, timestamp: int | None = None) -> Batch:
+    """The batch ``Batch.build(stream, [value], ids=[event_id], timestamps=timestamp)`` makes
+    (stamped now by default), for a fifth of its cost: its id, timestamp and offsets packed in
+    one ``bytes`` (a lone Seguro ``SAVE``'s batch; the builder's general path cost about 8 µs of
+    a SAVE's ~80 µs on the hub, benchmarks/README.md, round 3). The stream's name is checked
+    by the hub's append, as for every batch; the id here (1..2**63-1)."""
+    if not 0 < event_id <= MAX_ID:
+        raise InvalidBatch("ids must be within 1..2**63-1")
+    packed = memoryview(_ONE.pack(event_id, now_ms() if timestamp is None else timestamp, 0,
+                                  len(value)))  # fmt: skip
+    return Batch(stream, packed[:8].cast("Q"), packed[8:16].cast("q"), packed[16:].cast("I"),
+                 memoryview(value))  # fmt: skip
 
 
 def _retrieved(future: asyncio.Future[Batch]) -> None:

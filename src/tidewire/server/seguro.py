@@ -50,6 +50,7 @@ from typing import cast
 
 from ..hub import INGEST_DEFAULTS, Hub, abandon
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
+from ..hub.ingest import one_event
 from ..model import Batch, TidewireError
 from ..observe.logs import connection_log
 from ..observe.throttle import LogThrottle
@@ -310,7 +311,7 @@ class _Protocol(asyncio.Protocol):
         """``save`` to the log with no task (``Pipeline.begin``); False: the task's way."""
         data = save.data
         try:
-            appended = self.pipeline.begin(Batch.build(self.point or "", [data], ids=[save.id]),
+            appended = self.pipeline.begin(one_event(self.point or "", save.id, data),
                                            held=len(data))  # fmt: skip
         except TidewireError as exc:  # (the log's checks, raised at once)
             self.drop(f"the hub failed: {exc}", refusal=False)
@@ -406,7 +407,7 @@ class _Protocol(asyncio.Protocol):
 
     async def _save(self, event_id: int, data: bytes) -> None:
         assert self.point is not None
-        batch = Batch.build(self.point, [data], ids=[event_id])
+        batch = one_event(self.point, event_id, data)
         self.ingest.hold(len(data))
         await self.pipeline.append(batch, held=len(data))
         if self._waited("COMMITTED"):
