@@ -378,9 +378,10 @@ class Log:
             return None
         started = time.perf_counter()
         future = self._enqueue(writer, batch.owned().validate(), assign_ids, estimate, fence)
-        if self.on_append is not None:
+        if self.on_append is not None:  # (as append: the latency of appends that succeed)
             on_append = self.on_append
-            future.add_done_callback(lambda _: on_append(time.perf_counter() - started))
+            future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else
+                                     on_append(time.perf_counter() - started))  # fmt: skip
         return future
 
     def _full(self, writer: StreamQueue, size: int) -> bool:
