@@ -369,21 +369,13 @@ class Pipeline:
 
     def _start(self, item: _Item) -> None:
         ingest = self.ingest
-        hub = ingest.hub
         fence = self._begin(item)
-        # The storage's own future when it can queue at once: no task per append (a task
-        # when it must wait for room, as every append had before).
-        try:
-            queued = hub.submit(item.batch, assign_ids=item.assign_ids, via=ingest.via,
-                                fence=fence)  # fmt: skip
-        except Exception as exc:  # (what the append's task would have failed with)
-            queued = asyncio.get_running_loop().create_future()
-            queued.set_exception(exc)
-        if queued is None:
-            queued = asyncio.ensure_future(hub.append(
-                item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=fence))  # fmt: skip
-        item.append = queued
-        queued.add_done_callback(self._advance)
+        # A task, not Hub.submit: the append starts a turn later, when more of the flow may
+        # have come, so that a flow's chunks share one commit round (measured: queued at once,
+        # a SAVE MANY of 1000 x 1 KiB cost the hub 10% more CPU per flow, and fewer flows/s).
+        item.append = asyncio.ensure_future(ingest.hub.append(
+            item.batch, assign_ids=item.assign_ids, via=ingest.via, fence=fence))  # fmt: skip
+        item.append.add_done_callback(self._advance)
 
     def _fail_waiting(self, failure: BaseException) -> None:
         """An append failed: what waits behind it is refused with the same error (as the
