@@ -1,7 +1,7 @@
 """Appends without a coroutine (issue 22, round 3): ``Log.submit``, ``Hub.submit`` and
-``Pipeline.begin`` on the embedded log (a real one, in a temporary directory), and the
-pipeline's ``submit`` over it: the same checks, order, durability and metrics as ``append``,
-or ``None`` (nothing queued) where the caller must take the coroutine's way."""
+``Pipeline.begin`` on the embedded log (a real one, in a temporary directory): the same checks,
+order, durability and metrics as ``append``, or ``None`` (nothing queued) where the caller must
+take the coroutine's way; the pipeline's ``submit`` beside them; ``one_event``."""
 
 from __future__ import annotations
 
