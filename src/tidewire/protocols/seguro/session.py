@@ -312,10 +312,14 @@ class ServerSession(Session):
         if not data.startswith(b"SAVE ", pos):
             return False
         nl = data.find(b"\n", pos + 5, pos + self.limits.max_line_bytes + 1)
-        fields = data[pos + 5 : nl].split(b" ") if nl > 0 else ()
-        if len(fields) != 2 or not all(0 < len(f) < 20 and f.isdigit() for f in fields):
-            return False  # (bytes.isdigit: ASCII digits only; < 20 digits fit in 64 bits)
-        event_id, size = int(fields[0]), int(fields[1])
+        sp = data.find(b" ", pos + 5, nl) if nl > 0 else -1
+        if sp < 0:
+            return False
+        id_text, size_text = data[pos + 5 : sp], data[sp + 1 : nl]
+        if not (0 < len(id_text) < 20 and 0 < len(size_text) < 20 and id_text.isdigit()
+                and size_text.isdigit()):  # fmt: skip
+            return False  # (isdigit: ASCII digits only, no second space; < 20 digits: 64 bits)
+        event_id, size = int(id_text), int(size_text)
         end = nl + 1 + size
         if (not self.latest < event_id <= MAX_ID or size > self.limits.max_event_bytes
                 or data[end : end + 2] != b"\n\n"):  # fmt: skip
@@ -457,7 +461,7 @@ class ServerSession(Session):
             raise LocalProtocolError("committed() answers a SAVE whose data arrived")
         save, self._save = self._save, None
         self._advance(save.id, "COMMITTED")
-        self._says(f"COMMITTED {save.id} {len(save.data)}")
+        self._out += b"COMMITTED %d %d\n" % (save.id, len(save.data))
         self.state = State.IDLE
 
     def latest_committed(self, event_id: int) -> None:
