@@ -107,19 +107,22 @@ class SeguroClient:
             self._flush()
             event = self.session.next_event()
             if event is None:
-                try:
-                    data = await self.reader.read(1 << 20)
-                except OSError as exc:  # (ConnectionError, ssl.SSLError)
-                    raise SeguroConnectionLost(f"the connection failed: {exc}") from None
-                if not data:  # (what arrived whole was taken above: nothing is lost here)
-                    raise SeguroConnectionLost("the hub closed the connection (a breach, the "
-                                               "point has a session already, or this peer was "
-                                               "refused)")  # fmt: skip
-                self.session.receive_data(data)
+                await self._receive()
                 continue
             if isinstance(event, Breach):
                 raise SeguroError(f"the hub broke the protocol: {event.reason}")
             return event
+
+    async def _receive(self) -> None:
+        """Read what the hub sent into the session (the session has no whole event)."""
+        try:
+            data = await self.reader.read(1 << 20)
+        except OSError as exc:  # (ConnectionError, ssl.SSLError)
+            raise SeguroConnectionLost(f"the connection failed: {exc}") from None
+        if not data:  # (what arrived whole was taken before: nothing is lost here)
+            raise SeguroConnectionLost("the hub closed the connection (a breach, the point has "
+                                       "a session already, or this peer was refused)")  # fmt: skip
+        self.session.receive_data(data)
 
     async def _until(self, kinds: tuple[type, ...]) -> list[Any]:
         """Events until one of ``kinds`` (inclusive)."""
@@ -142,8 +145,19 @@ class SeguroClient:
         return welcome  # type: ignore[no-any-return]
 
     async def save(self, event_id: int, data: bytes) -> None:
-        self.session.save(event_id, data)
-        await self._until((Committed,))
+        # (what _until((Committed,)) does, with one write and no generic loop: a point saving
+        # one event at a time spends most of its Python here; benchmarks/README.md, round 3)
+        session = self.session
+        session.save(event_id, data)
+        self._flush()
+        while True:
+            event = session.next_event()
+            if event is None:
+                await self._receive()
+            elif type(event) is Committed:
+                return
+            elif isinstance(event, Breach):
+                raise SeguroError(f"the hub broke the protocol: {event.reason}")
 
     async def save_many(self, events: Sequence[tuple[int, bytes]]) -> None:
         self.session.save_many(events)

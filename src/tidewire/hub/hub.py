@@ -14,6 +14,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 from ..log import Log, LogConfig
@@ -62,6 +63,8 @@ class Hub:
         self.storage: Storage = (
             EmbeddedStorage(storage) if isinstance(storage, Log) else storage
         )
+        # (the embedded log queues an append without a coroutine: :meth:`submit`)
+        self._log = self.storage.log if isinstance(self.storage, EmbeddedStorage) else None
         self.retention_interval_s = retention_interval_s
         self.clock = clock
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
@@ -210,6 +213,27 @@ class Hub:
         stored = await self.storage.append(batch, assign_ids=assign_ids, fence=fence)
         self.metrics.received(via, stored.stream, len(stored), stored.nbytes)
         return stored
+
+    def submit(self, batch: Batch, *, assign_ids: bool = False, via: str = "api",
+               fence: int | None = None) -> asyncio.Future[Batch] | None:  # fmt: skip
+        """:meth:`append` without a coroutine, where the storage can (the embedded log's
+        :meth:`~tidewire.log.Log.submit`): the future of the batch as stored, or ``None`` when
+        it cannot be queued at once (or the storage has no such path): then :meth:`append`.
+        The same checks (raised here), order, durability and metrics; an adapter that ends a
+        flow in a callback needs no task for it (:class:`~.ingest.Pipeline`)."""
+        log = self._log
+        if log is None:
+            return None
+        _writable(batch.stream)
+        future = log.submit(batch, assign_ids=assign_ids, fence=fence)
+        if future is not None:
+            future.add_done_callback(partial(self._received, via))
+        return future
+
+    def _received(self, via: str, future: asyncio.Future[Batch]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            stored = future.result()
+            self.metrics.received(via, stored.stream, len(stored), stored.nbytes)
 
     def ingest(
         self,

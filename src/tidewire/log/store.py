@@ -361,6 +361,30 @@ class Log:
             self.on_append(time.perf_counter() - started)
         return stored
 
+    def submit(
+        self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
+    ) -> asyncio.Future[Batch] | None:
+        """:meth:`append` without a coroutine, for callers that finish in a callback (a lone
+        Seguro ``SAVE``: no task, no turn of the loop before the batch is queued): the future
+        of the stored batch, or ``None`` when the stream's queue has no room now or others
+        wait for it (nothing is queued then: call :meth:`append`). The same checks, raised
+        here; the same order, durability and metrics."""
+        if self._closed or self.read_only:
+            return None  # (append raises what it always did)
+        estimate = batch.nbytes + HEADER_SIZE
+        writer = self._writers.get(batch.stream)
+        if estimate > self.config.max_record_bytes or writer is None or writer.waiting or (
+            self._full(writer, estimate)
+        ):
+            return None
+        started = time.perf_counter()
+        future = self._enqueue(writer, batch.owned().validate(), assign_ids, estimate, fence)
+        if self.on_append is not None:  # (as append: the latency of appends that succeed)
+            on_append = self.on_append
+            future.add_done_callback(lambda f: None if f.cancelled() or f.exception() else
+                                     on_append(time.perf_counter() - started))  # fmt: skip
+        return future
+
     def _full(self, writer: StreamQueue, size: int) -> bool:
         pending = writer.queued_bytes + writer.inflight_bytes
         return pending > 0 and pending + size > self.config.max_pending_bytes

@@ -3,7 +3,8 @@ sans-IO :class:`~tidewire.protocols.seguro.ServerSession` and the :class:`~tidew
 
 A point's events are the stream named by its ``@p`` (``~sampel-palnet``), so what a ship saves
 can be tailed over RS.io and read by Spark. Per connection, one task takes the session's events
-in order: ``SAVE`` appends the event and answers ``COMMITTED`` once it is durable; ``SAVE MANY``
+in order (a ``SAVE`` that comes while it waits is taken with no task: :meth:`_Protocol._take`):
+``SAVE`` appends the event and answers ``COMMITTED`` once it is durable; ``SAVE MANY``
 streams its events into the log as they arrive, in chunks of about ``commit_bytes`` with
 several appends in flight (they share group commits), says ``LATEST`` as chunks become durable
 and ``COMMITTED MANY`` once all are; ``READ`` reads the log in batches. Both writes go through
@@ -25,10 +26,9 @@ the session holds or was promised (:attr:`ServerSession.inbound_bytes`) is its `
 gauge, checked with ``try_hold`` when a header declares an event's length, before the data is
 read: a declaration that does not fit is refused like a breach (the connection dropped). Bytes
 already read that do not fit (a ``SAVE MANY`` streaming while the log is slow) pause reading
-instead. What waits for the log is the ``"ingest"`` gauge (the ingest path keeps it); while a
-``READ`` is answered, its output not yet written is the ``"outbound"`` gauge (after it, what is
-left is under the high-water mark and drains by itself; a gauge nothing refreshes would
-otherwise keep the principal's share taken). An event begun and not finished has a deadline
+instead. What waits for the log is the ``"ingest"`` gauge (the ingest path keeps it); a
+``READ``'s output not yet written, the ``"outbound"`` gauge while it is answered (what is left
+after it drains by itself). An event begun and not finished has a deadline
 (:meth:`_Protocol.receiving_since`, the guard's ``limits.message_seconds``).
 
 Security (docs/protocols/seguro.md, "Security and limits"): the socket is a
@@ -50,6 +50,7 @@ from typing import cast
 
 from ..hub import INGEST_DEFAULTS, Hub, abandon
 from ..hub.access import ANONYMOUS, Access, certificate_name, certificate_principal
+from ..hub.ingest import one_event
 from ..model import Batch, TidewireError
 from ..observe.logs import connection_log
 from ..observe.throttle import LogThrottle
@@ -113,6 +114,11 @@ class _Protocol(asyncio.Protocol):
         self.pipeline = self.ingest.pipeline()  # SAVE and SAVE MANY, in order
         self._reading = True
         self._quiet = False  # shutting down: never read again
+        # A lone SAVE wakes no task (:meth:`_take`; ``_inflight`` meanwhile); other events
+        # taken there are ``_handed`` to the flow's task, which waits (``_parked``) for bytes.
+        self._parked = False
+        self._inflight = False
+        self._handed: object = None
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -134,7 +140,6 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         session = self.session
         session.receive_data(data)  # (a view for the call only: Listener(buffered=True))
-        self._wake.set()
         if self._since is None and session.receiving:
             self._since = asyncio.get_running_loop().time()
         # Bytes already here: recorded whatever the shares; past them (or past what the session
@@ -144,6 +149,12 @@ class _Protocol(asyncio.Protocol):
             self.share.hold("inbound", session.inbound_bytes)
         if (not fits or session.buffered > MAX_PENDING_BYTES) and self._reading:
             self._pause()
+        if self._inflight:
+            return  # (bytes before its COMMITTED: a breach, seen once it is answered)
+        if self._parked and self._reading and self._handed is None:
+            self._take()
+        else:
+            self._wake.set()
 
     def eof_received(self) -> bool | None:
         self.session.receive_data(b"")
@@ -268,14 +279,63 @@ class _Protocol(asyncio.Protocol):
 
     async def _next(self) -> object:
         while True:
-            event = self._event()
-            if event is not None:
-                return event
-            if self.session.closed:
-                return None
-            self._may_resume()
+            handed, self._handed = self._handed, None
+            if handed is not None:
+                return handed
+            if not self._inflight:  # (else the SAVE's callback wakes the task once answered)
+                event = self._event()
+                if event is not None:
+                    return event
+                if self.session.closed:
+                    return None
+                self._may_resume()
             self._wake.clear()
+            self._parked = True  # (cancelled only when the connection is gone)
             await self._wake.wait()
+            self._parked = False
+
+    def _take(self) -> None:
+        """The flow's task waits for bytes and some came: take the next event on the read's
+        callback. A ``SAVE`` goes to the log at once and is answered from its append's callback
+        (:meth:`_saved`): no task wakes, no turn of the loop passes before the log has it
+        (benchmarks/README.md, "Issue 22, round 3"). Anything else, and a ``SAVE`` the log
+        cannot queue at once, goes to the task, as every event did before."""
+        event = self._event()
+        if event is None:
+            return self._wake.set() if self.session.closed else None
+        if type(event) is not Save or not self._start_save(event):
+            self._handed = event
+            self._wake.set()
+
+    def _start_save(self, save: Save) -> bool:
+        """``save`` to the log with no task (``Pipeline.begin``); False: the task's way."""
+        data = save.data
+        try:
+            appended = self.pipeline.begin(one_event(self.point or "", save.id, data),
+                                           held=len(data))  # fmt: skip
+        except TidewireError as exc:  # (the log's checks, raised at once)
+            self.drop(f"the hub failed: {exc}", refusal=False)
+            return True
+        if appended is None:
+            return False
+        self.ingest.hold(len(data))  # (released by the pipeline's callback, which runs first)
+        self._inflight = True
+        appended.add_done_callback(self._saved)
+        return True
+
+    def _saved(self, appended: asyncio.Future[Batch]) -> None:
+        """A ``SAVE`` of :meth:`_take` is durable (or failed): as :meth:`_save` ends it."""
+        self._inflight = False
+        if self.transport is None or self.transport.is_closing():
+            return  # (the connection went: the append completed all the same)
+        failure = "cancelled" if appended.cancelled() else appended.exception()
+        if failure is not None:
+            return self.drop(f"the hub failed: {failure}", refusal=False)
+        if not self.session.closed and self._waited("COMMITTED"):
+            self.session.committed()
+            self._flush()
+        if self.session.buffered or self.session.closed or not self._reading:
+            self._wake.set()  # (a breach to drop for, or reading to resume)
 
     async def _run(self) -> None:
         try:
@@ -347,7 +407,7 @@ class _Protocol(asyncio.Protocol):
 
     async def _save(self, event_id: int, data: bytes) -> None:
         assert self.point is not None
-        batch = Batch.build(self.point, [data], ids=[event_id])
+        batch = one_event(self.point, event_id, data)
         self.ingest.hold(len(data))
         await self.pipeline.append(batch, held=len(data))
         if self._waited("COMMITTED"):
