@@ -94,8 +94,8 @@ class Committer:
 
     def ready(self, queue: StreamQueue) -> None:
         """``queue`` has appends waiting: commit them in the next round (or on their own)."""
-        if queue.busy or queue.stream.name in self._ready:
-            return  # (its round takes it back when it ends; or the next round has it)
+        if queue.busy:
+            return  # (its round takes it back when it ends)
         if self._alone(queue):
             # (out of the next shared round if it was waiting for it: one group at a time)
             self._ready.pop(queue.stream.name, None)
