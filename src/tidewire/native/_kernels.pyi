@@ -27,3 +27,13 @@ def seguro_many_run(
 def length_prefixed_envelopes(batch: Batch) -> bytes: ...
 def envelopes_to_batch(stream: str, elements: list[bytes]) -> Batch: ...
 def decode_length_prefixed(body: bytes, max_elements: int = ...) -> list[bytes]: ...
+def arrow_group(
+    batches: list[Batch],
+    ids_out: memoryview,
+    stamps_out: memoryview,
+    voffs_out: memoryview,
+    vals_out: memoryview,
+    valid_out: memoryview,
+    koffs_out: memoryview,
+    keys_out: memoryview,
+) -> int: ...

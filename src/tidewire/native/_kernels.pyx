@@ -397,6 +397,7 @@ def id_range(uint64_t first, Py_ssize_t n):
 
 
 include "_seguro.pxi"  # Seguro's SAVE MANY events (a file of its own: this one stays short)
+include "_arrow_group.pxi"  # Spark: a group of batches as Arrow columns (spark.arrow)
 
 
 # ------------------------------------------------------- RS.io: envelope elements, decoded

@@ -49,7 +49,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .arrow import SCHEMA_DDL, from_arrow, to_arrow
+from .arrow import SCHEMA_DDL, from_arrow, group_to_arrow
 from .hubs import HubError, HubSession, locate, locate_any
 from .planning import (
     BATCH_ROWS,
@@ -131,13 +131,6 @@ def _partitions(ranges: Sequence[Range], options: Options) -> list[InputPartitio
 ARROW_BATCH_ROWS = BATCH_ROWS  # (the name benchmarks/spark_read.py imports)
 
 
-def _combined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return batches[0]
-    (combined,) = pa.Table.from_batches(batches).combine_chunks().to_batches()
-    return combined
-
-
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """The record batches of one partition, read over its own connection (opened here: a
     reader is pickled to the executors, connections are not)."""
@@ -153,7 +146,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
                 for group in hub.read_groups(r.stream, next_id, r.end, partition.prefetch,
                                              rows=partition.batch_rows):  # fmt: skip
                     next_id = group[-1].last_id + 1
-                    yield _combined([to_arrow(batch) for batch in group])
+                    yield group_to_arrow(group)  # (each column copied once, in a kernel)
                 return
             except HubError as exc:
                 if "retention" not in str(exc):
