@@ -78,6 +78,7 @@ def test_group_to_arrow_is_to_arrow_of_each_concatenated(group: list[Batch]) -> 
     (expected,) = pa.Table.from_batches([to_arrow(b) for b in group]).combine_chunks().to_batches()
     assert whole.equals(expected)
     assert whole.column("key").null_count == expected.column("key").null_count
+    assert group_to_arrow(group, pa.system_memory_pool()).equals(expected)  # (the reader's)
 
 
 @pytest.mark.parametrize("fill", [K.arrow_group, arrow_group_py], ids=["kernel", "pure"])

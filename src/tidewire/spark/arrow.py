@@ -204,27 +204,28 @@ def arrow_group_py(
 arrow_group = kernel("arrow_group", arrow_group_py)
 
 
-def _allocate(size: int) -> tuple[pa.Buffer, memoryview]:
-    buffer = pa.allocate_buffer(size)
+def _allocate(size: int, pool: pa.MemoryPool | None) -> tuple[pa.Buffer, memoryview]:
+    buffer = pa.allocate_buffer(size, memory_pool=pool)
     return buffer, memoryview(buffer).cast("B")
 
 
-def group_to_arrow(batches: Sequence[Batch]) -> pa.RecordBatch:
+def group_to_arrow(batches: Sequence[Batch], pool: pa.MemoryPool | None = None) -> pa.RecordBatch:
     """``batches`` (one stream's, in order) as one record batch of :data:`SCHEMA`: the rows
     ``to_arrow`` of each, concatenated, would give, each column written once into a buffer
-    of the group's size (:func:`arrow_group`; one batch alone: :func:`to_arrow`, views)."""
+    of the group's size (:func:`arrow_group`; one batch alone: :func:`to_arrow`, views),
+    allocated from ``pool`` (default: Arrow's default pool)."""
     if len(batches) == 1:
         return to_arrow(batches[0])
     group = list(batches)
     rows = sum(len(b) for b in group)
     keyed = any(b.key_flags is not None for b in group)
-    ids, ids_view = _allocate(8 * rows)
-    stamps, stamps_view = _allocate(8 * rows)
-    voffs, voffs_view = _allocate(4 * (rows + 1))
-    values, values_view = _allocate(sum(b.values.nbytes for b in group))
-    valid, valid_view = _allocate((rows + 7) // 8 if keyed else 0)
-    koffs, koffs_view = _allocate(4 * (rows + 1) if keyed else 0)
-    keys, keys_view = _allocate(sum(b.keys.nbytes for b in group if b.keys is not None))
+    ids, ids_view = _allocate(8 * rows, pool)
+    stamps, stamps_view = _allocate(8 * rows, pool)
+    voffs, voffs_view = _allocate(4 * (rows + 1), pool)
+    values, values_view = _allocate(sum(b.values.nbytes for b in group), pool)
+    valid, valid_view = _allocate((rows + 7) // 8 if keyed else 0, pool)
+    koffs, koffs_view = _allocate(4 * (rows + 1) if keyed else 0, pool)
+    keys, keys_view = _allocate(sum(b.keys.nbytes for b in group if b.keys is not None), pool)
     nulls = arrow_group(group, ids_view, stamps_view, voffs_view, values_view, valid_view,
                         koffs_view, keys_view)  # fmt: skip
     key_column = (
