@@ -514,6 +514,7 @@ def test_a_partition_hands_spark_whole_records_gathered_to_batch_rows(tmp_path: 
             options = parse_options({"url": url, "streams": "a", "batchRows": rows},
                                     streaming=False)  # fmt: skip
             reader = TidewireReader(options)
+            assert all(p.tune_allocator for p in reader.partitions())  # type: ignore[attr-defined]
             batches = [rb for p in reader.partitions() for rb in reader.read(p)]
             assert [rb.num_rows for rb in batches] == sizes
             got = [v for rb in batches for v in rb.column("value").to_pylist()]

@@ -963,3 +963,11 @@ def test_from_arrow_property(rows: list[tuple[str, bytes, bytes | None, int | No
             else:
                 assert event.timestamp == t // 1000
         assert _columns(to_arrow(batch))["value"] == [v for v, _, _ in mine]
+
+
+@pytest.mark.parametrize(("text", "tuned"), [(None, True), ("true", True), ("FALSE", False)])
+def test_tune_allocator_is_a_boolean_that_defaults_to_true(text: str | None, tuned: bool) -> None:
+    given = {"url": URL, "streams": "a"} | ({} if text is None else {"tuneAllocator": text})
+    assert parse_options(given, streaming=False).tune_allocator is tuned
+    message = _error({"url": URL, "streams": "a", "tuneAllocator": "yes"}, streaming=False)
+    assert "'tuneAllocator'" in message

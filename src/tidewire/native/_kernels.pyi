@@ -77,3 +77,13 @@ def length_prefixed_envelopes_batch(
     stream: str, body: bytes | bytearray, skip: int = ...
 ) -> Batch: ...
 def body_buffer(size: int) -> bytearray: ...
+def arrow_group(
+    batches: list[Batch],
+    ids_out: memoryview,
+    stamps_out: memoryview,
+    voffs_out: memoryview,
+    vals_out: memoryview,
+    valid_out: memoryview,
+    koffs_out: memoryview,
+    keys_out: memoryview,
+) -> int: ...

@@ -400,6 +400,7 @@ include "_seguro.pxi"  # Seguro's SAVE MANY events (a file of its own: this one 
 include "_tube.pxi"  # Tube: a message of several fragments put together in one buffer
 include "_tolliver.pxi"  # Tolliver's runs of message and ack frames (protocols/tolliver/runs.py)
 include "_log.pxi"  # the log's commit groups: a run of small batches into one record
+include "_arrow_group.pxi"  # Spark: a group of batches as Arrow columns (spark.arrow)
 
 
 # ------------------------------------------------------- RS.io: envelope elements, decoded

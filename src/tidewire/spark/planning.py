@@ -100,12 +100,13 @@ class Options:
     prefetch: int
     gateways: bool = False  # every URL serves every stream (option 'gateways'), not one hub each
     batch_rows: int = BATCH_ROWS  # reading: the hub's records gathered into Arrow batches
+    tune_allocator: bool = True  # reading: glibc's malloc keeps big buffers (docs/spark.md)
 
 
 _KNOWN = {
     "url", "gateways", "streams", "stream", "startingoffsets", "endingoffsets",
     "maxeventspertrigger", "failondataloss", "eventsperpartition", "minpartitions", "prefetch",
-    "batchrows",
+    "batchrows", "tuneallocator",
 }  # fmt: skip
 _SPARKS = {"path", "checkpointlocation", "queryname"}  # Spark's own, passed to every source
 
@@ -156,6 +157,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
         stream=stream,
         prefetch=_positive(lowered.get("prefetch", "16"), "prefetch"),
         batch_rows=_positive(lowered.get("batchrows", str(BATCH_ROWS)), "batchRows"),
+        tune_allocator=_boolean(lowered.get("tuneallocator", "true"), "tuneAllocator"),
     )  # fmt: skip
 
 

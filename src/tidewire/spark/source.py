@@ -49,7 +49,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .arrow import SCHEMA_DDL, from_arrow, to_arrow
+from ..native import tune_allocator
+from .arrow import SCHEMA_DDL, from_arrow, group_to_arrow
 from .hubs import HubError, HubSession, locate, locate_any
 from .planning import (
     BATCH_ROWS,
@@ -107,41 +108,56 @@ class TidewireDataSource(DataSource):
 
 class _Partition(InputPartition):
     def __init__(self, range_: Range, prefetch: int, fail_on_data_loss: bool,
-                 gateways: Sequence[str] = (), batch_rows: int = BATCH_ROWS) -> None:  # fmt: skip
+                 gateways: Sequence[str] = (), batch_rows: int = BATCH_ROWS,
+                 tune_allocator: bool = True) -> None:  # fmt: skip
         super().__init__(range_)
         self.range = range_
         self.prefetch = prefetch
         self.fail_on_data_loss = fail_on_data_loss
         self.gateways = tuple(gateways)  # this partition's order: its own gateway first
         self.batch_rows = batch_rows
+        self.tune_allocator = tune_allocator
 
 
 def _partitions(ranges: Sequence[Range], options: Options) -> list[InputPartition]:
     if not options.gateways:
         return [_Partition(r, options.prefetch, options.fail_on_data_loss,
-                           batch_rows=options.batch_rows) for r in ranges]  # fmt: skip
+                           batch_rows=options.batch_rows, tune_allocator=options.tune_allocator)
+                for r in ranges]  # fmt: skip
     urls = options.urls
     return [
         _Partition(r, options.prefetch, options.fail_on_data_loss,
-                   urls[i % len(urls):] + urls[: i % len(urls)], options.batch_rows)
+                   urls[i % len(urls):] + urls[: i % len(urls)], options.batch_rows,
+                   options.tune_allocator)
         for i, r in enumerate(spread(ranges, urls))
     ]  # fmt: skip
 
 
+_tuned: bool | None = None  # this executor process's allocator: tuned (once), or not yet asked
+
+
+def _tune_allocator() -> bool:
+    """``tidewire.native.tune_allocator`` once per Python worker process (option
+    ``tuneAllocator``): glibc's malloc then serves the receive path's transient buffers (a
+    read of 1 MiB, a record of 1.3 MB) and the Arrow batches handed to Spark from its heap
+    instead of mapping and page-faulting each anew (docs/spark.md). Whether it applied."""
+    global _tuned
+    if _tuned is None:
+        _tuned = tune_allocator()
+    return _tuned
+
+
 ARROW_BATCH_ROWS = BATCH_ROWS  # (the name benchmarks/spark_read.py imports)
-
-
-def _combined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return batches[0]
-    (combined,) = pa.Table.from_batches(batches).combine_chunks().to_batches()
-    return combined
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """The record batches of one partition, read over its own connection (opened here: a
     reader is pickled to the executors, connections are not)."""
     assert isinstance(partition, _Partition)
+    # With the worker's malloc tuned, the Arrow batches come from it too (Arrow's system pool):
+    # Arrow's default pool gave each batch's ~9 MB back to the kernel and page-faulted it in
+    # again for the next, about a fifth of the workers' CPU inside Spark (docs/spark.md).
+    pool = pa.system_memory_pool() if partition.tune_allocator and _tune_allocator() else None
     r = partition.range
     next_id = r.start
     with HubSession(r.url, gateways=partition.gateways) as hub:
@@ -153,7 +169,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
                 for group in hub.read_groups(r.stream, next_id, r.end, partition.prefetch,
                                              rows=partition.batch_rows):  # fmt: skip
                     next_id = group[-1].last_id + 1
-                    yield _combined([to_arrow(batch) for batch in group])
+                    yield group_to_arrow(group, pool)  # (each column copied once, in a kernel)
                 return
             except HubError as exc:
                 if "retention" not in str(exc):

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ...model import Batch, LocalProtocolError
-from ...record import encode as encode_record
 from .codec import encode
 from .envelopes import fixed_size_values
 from .messages import MessageType, OnNext, OnNextPacked
 from .names import PublisherName
 from .output import BIG_ELEMENT, SendQueue
+from .records import record_parts
 from .runs import envelope_frames
 from .subscriptions import UNBOUNDED, Kind, Subscription, Subscriptions, element_count
 from .varint import varint_bytes
@@ -92,8 +92,12 @@ class Delivery:
         if name.size:
             packed = fixed_size_values(batch, name.size)
             self.message(OnNextPacked(subscriber, len(batch), bytes(packed)))
-        elif name.format == "records":  # one log record per batch (docs/log.md)
-            self.elements(subscriber, [memoryview(encode_record(batch).data)])
+        elif name.format == "records":  # one log record per batch (docs/log.md), uncopied
+            sub = self._variable_size(subscriber, "send_elements")
+            parts = record_parts(batch)
+            self._take_demand(sub, subscriber, 1)
+            prefix = varint_bytes(MessageType.ON_NEXT) + varint_bytes(subscriber)
+            self._out.write_element_parts(prefix, parts)
         elif name.format == "value":
             self.elements(subscriber, [batch.value(i) for i in range(len(batch))])
         elif batch.values.nbytes >= len(batch) * BIG_ELEMENT:  # big values: never copied

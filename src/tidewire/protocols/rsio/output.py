@@ -104,6 +104,22 @@ class SendQueue:
         if parts:
             self.tail += b"".join(parts)
 
+    def write_element_parts(self, prefix: bytes, parts: Sequence[bytes | memoryview]) -> None:
+        """Queue one variable-size ``onNext`` frame whose element is ``parts`` back to back
+        (format ``B`` views or bytes, e.g. ``records.record_parts``): parts of ``BIG_ELEMENT``
+        bytes or more by reference, smaller ones copied into the tail, never joined."""
+        size = 0
+        for part in parts:
+            size += len(part)
+        head = bytearray(prefix)
+        push_varint(head, size)
+        self.tail += head
+        for part in parts:
+            if len(part) >= BIG_ELEMENT:
+                self._chunk(part)
+            else:
+                self.tail += part
+
     def write_envelopes(self, prefix: bytes, batch: Batch) -> None:
         """Queue one ``onNext`` frame per event of ``batch`` carrying its envelope (``id |
         timestamp | key | value``), the bytes :meth:`write_elements` gives for
