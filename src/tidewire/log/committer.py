@@ -92,6 +92,15 @@ class Committer:
         """The tasks committing now (a round that ends may start another: wait in a loop)."""
         return [*self.solo, *([self.task] if self.task is not None else [])]
 
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running event loop (call it from the loop's thread only): that of the shared
+        task while it has work (the appenders woken by a round enqueue while it waits for
+        them), so that an append asks Python for the running loop only when there is none:
+        on Python 3.11 ``asyncio.get_running_loop`` calls ``getpid()``, a system call
+        (~190 ns on this VM, ~3.5% of an append's CPU with 16 appenders on one stream)."""
+        task = self.task
+        return task.get_loop() if task is not None else asyncio.get_running_loop()
+
     def ready(self, queue: StreamQueue) -> None:
         """``queue`` has appends waiting: commit them in the next round (or on their own)."""
         if queue.busy:

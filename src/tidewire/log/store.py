@@ -330,7 +330,8 @@ class Log:
             raise LogClosedError("the log is closed")
         if self.read_only:
             raise LogClosedError("the log is open read-only")
-        started = time.perf_counter()
+        # (the clock is read only for the metrics: ~50 ns per append when nobody listens)
+        started = time.perf_counter() if self.on_append is not None else 0.0
         estimate = batch.nbytes + HEADER_SIZE
         if estimate > self.config.max_record_bytes:
             raise LimitExceeded("record bytes", self.config.max_record_bytes, estimate)
@@ -357,7 +358,7 @@ class Log:
         else:
             future = self._enqueue(writer, batch, assign_ids, estimate, fence)
         stored = await future
-        if self.on_append is not None:
+        if self.on_append is not None and started:  # (not if it was set while this waited)
             self.on_append(time.perf_counter() - started)
         return stored
 
@@ -411,7 +412,7 @@ class Log:
             writer.latest = batch.last_id
         # No shield on this future: cancelling the caller cancels only its own future; the write
         # goes on, and the committer skips futures that are already done.
-        future: asyncio.Future[Batch] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Batch] = self._committer.loop().create_future()
         writer.queue.append(Pending(batch, first_id, size, future))
         writer.queued_bytes += size
         self._committer.ready(writer)
