@@ -1,8 +1,7 @@
 """The RS.io client's BufferedProtocol carrier (tidewire.client.rsio_wire) on real sockets, on
 asyncio's loop and uvloop: reads of any size (one byte at a time, a few bytes, 8 MiB at once)
 decode to the same elements byte for byte; bytes that arrive before a sink is attached are
-handed over, then EOF; writelines of many chunks arrive byte-exact; reads of a big frame go
-into the view ``reserve`` gives (the connection's store) and are reported to ``filled``."""
+handed over, then EOF; writelines of many chunks arrive byte-exact."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import pytest
 
 from helpers import hub_server
 from tidewire.client.rsio import RsioClient
-from tidewire.client.rsio_wire import AHEAD_BYTES, IN_PLACE_BYTES, READ_BYTES, WireProtocol
+from tidewire.client.rsio_wire import WireProtocol
 
 HOST = "127.0.0.1"
 Run = Callable[[Coroutine[Any, Any, None]], None]
@@ -34,8 +33,6 @@ async def open_wire(port: int, read_bytes: int) -> WireProtocol:
         (1, [0, 1, 127, 128, 3000]),  # every varint and frame split at every byte
         (7, [5, 200, 70_000]),
         (8 * 1024 * 1024, [16, 65_536, 1_000_000, 3]),  # a read holds many whole frames
-        # frames over IN_PLACE_BYTES read into the connection's store, between small ones
-        (READ_BYTES, [300_000, 1_300_000, 7, 2_500_000, 70_000]),
     ],
 )
 def test_reads_of_any_size_decode_byte_exact(
@@ -123,43 +120,5 @@ def test_writelines_of_many_chunks_is_byte_exact(run: Run) -> None:
             assert await asyncio.wait_for(got, 10) == expected
             wire.close()
             await wire.wait_closed()
-
-    run(main())
-
-
-def test_reserved_reads_go_into_the_reserve_and_the_rest_to_the_sink(run: Run) -> None:
-    sent = os.urandom(3 * IN_PLACE_BYTES)
-
-    async def main() -> None:
-        async def serve(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(sent)
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(serve, HOST, 0)
-        async with server:
-            wire = await open_wire(server.sockets[0].getsockname()[1], 4096)
-            store = bytearray(2 * IN_PLACE_BYTES)  # the first 2 x IN_PLACE_BYTES go here
-            filled = 0
-            asked: list[tuple[int, int]] = []
-            received = bytearray()
-            ended = asyncio.Event()
-
-            def reserve(min_bytes: int, ahead: int) -> memoryview | None:
-                asked.append((min_bytes, ahead))
-                return memoryview(store)[filled:] if filled < len(store) else None
-
-            def on_filled(nbytes: int) -> None:
-                nonlocal filled
-                filled += nbytes
-
-            wire.attach(received.extend, lambda exc: ended.set(), reserve, on_filled)
-            await asyncio.wait_for(ended.wait(), 10)
-            assert filled == len(store)
-            assert bytes(store) == sent[: len(store)]
-            assert bytes(received) == sent[len(store) :]  # the rest through the 4 KiB buffer
-            assert set(asked) == {(IN_PLACE_BYTES, AHEAD_BYTES)}
-            with pytest.raises(ValueError, match="together"):
-                wire.attach(received.extend, lambda exc: None, reserve)
 
     run(main())

@@ -71,9 +71,16 @@ from .rsio_publisher import Publisher
 from .rsio_wire import WireProtocol
 
 __all__ = [
-    "ByteReader", "ByteWriter", "ConnectionLost", "Publisher", "Receipt", "RsioClient",
-    "RsioError", "Values", "connect",
-]  # fmt: skip
+    "ByteReader",
+    "ByteWriter",
+    "ConnectionLost",
+    "Publisher",
+    "Receipt",
+    "RsioClient",
+    "RsioError",
+    "Values",
+    "connect",
+]
 
 
 @dataclass(slots=True)
@@ -114,7 +121,7 @@ class RsioClient:
             # Reads are pushed (decoded in the loop's read callback, no reader task); the
             # "task" close() waits for is the end of the connection.
             self._task = asyncio.get_running_loop().create_future()
-            reader.attach(self._received, self._lost, self.conn.reserve, self._filled)
+            reader.attach(self._received, self._lost)
         else:
             self._task = asyncio.create_task(self._read_loop())
         self._flush()
@@ -148,28 +155,20 @@ class RsioClient:
         finally:
             self._end()
 
-    def _received(self, data: memoryview | bytes | None) -> None:
+    def _received(self, data: memoryview | bytes) -> None:
         """A read pushed by the :class:`~.rsio_wire.WireProtocol` (a view valid only during
-        this call: the connection's receive buffer copies what it keeps); ``b""``: EOF;
-        ``None``: the bytes are in the receive buffer already (:meth:`_filled`)."""
+        this call: the connection's receive buffer copies what it keeps); ``b""``: EOF."""
         if self._task.done():
             return
         try:
-            if data is not None:
-                self.conn.receive_data(data)
+            self.conn.receive_data(data)
             self._dispatch()
             self._flush()
         except BaseException:
             self._end()
             raise
-        if (data is not None and not data) or self.conn.closed:
+        if not data or self.conn.closed:
             self._end()
-
-    def _filled(self, nbytes: int) -> None:
-        """A read made into ``conn.reserve``'s view: decoded as :meth:`_received` does."""
-        self.conn.filled(nbytes)
-        if nbytes:
-            self._received(None)
 
     def _lost(self, exc: Exception | None) -> None:
         if exc is not None and self._closed is None:

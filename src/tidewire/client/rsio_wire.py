@@ -17,16 +17,6 @@ attached, so the hub's first bytes wait in the kernel, not in memory (but for on
 was already under way, kept and handed over at ``attach``). Writing is the
 ``ByteWriter`` of :mod:`.rsio_common`: ``write``, ``drain`` (waits while the transport's buffer
 is over its high-water mark), ``close``, ``wait_closed``.
-
-Big frames are read in place: given ``reserve`` and ``filled`` at :meth:`WireProtocol.attach`
-(the RS.io connection's, :class:`~tidewire.protocols.rsio.inplace.ReceiveInPlace`), each read
-first asks ``reserve(IN_PLACE_BYTES)`` for a view of a begun big frame's missing bytes inside
-the receive buffer's store; if it gives one, the socket's ``recv_into`` writes there and
-``filled(nbytes)`` is called instead of the sink. The view also has room for
-:data:`AHEAD_BYTES` past the frame, so the read that ends a frame brings the next one's head
-(and a little of its body, copied once into that frame's store): a stream of 1 MiB
-``format=records`` elements is copied from the socket straight into each frame's store, not
-into this buffer, then into a store, then moved within it as the next read is joined.
 """
 
 from __future__ import annotations
@@ -35,9 +25,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-__all__ = [
-    "AHEAD_BYTES", "IN_PLACE_BYTES", "READ_BYTES", "Filled", "Reserve", "Sink", "WireProtocol",
-]  # fmt: skip
+__all__ = ["READ_BYTES", "Sink", "WireProtocol"]
 
 READ_BYTES = 1024 * 1024
 """The reused receive buffer's size: the most one read hands over. Allocated once per
@@ -46,21 +34,7 @@ connection. 1 MiB, not uvloop's 256 KiB: a ``format=records`` element is a whole
 took about a quarter less CPU per row (134-157 -> 100-119 ns, three alternated scratch
 rounds, docs/spark.md); a read of a few bytes still hands over only those."""
 
-IN_PLACE_BYTES = 128 * 1024
-"""A begun frame of at least this many bytes (as its head declares) is read in place (see
-above). Below it, the reused buffer's read, which may bring the frames behind it in the same call,
-costs less than a store made for the frame (RS.io's 64 KiB values stay on that path)."""
-
-AHEAD_BYTES = 64 * 1024
-"""Room past a big frame in its store: the next frame's head and the start of its body come
-with the read that ends the frame (one read per frame, not two: a read of only the next head
-cost more in reads and callbacks than the copy it saved, measured in docs/spark.md)."""
-
 Sink = Callable[[memoryview | bytes], None]
-Reserve = Callable[[int, int], memoryview | None]
-"""``reserve(min_bytes, ahead)``: a view to read into, or ``None`` (then read as usual)."""
-Filled = Callable[[int], None]
-"""``filled(nbytes)``: that many bytes were written at the start of ``reserve``'s view."""
 
 
 class WireProtocol(asyncio.BufferedProtocol):
@@ -73,9 +47,6 @@ class WireProtocol(asyncio.BufferedProtocol):
         self._view = memoryview(self.buffer)
         self.transport: asyncio.Transport | None = None
         self._sink: Sink | None = None
-        self._reserve: Reserve | None = None
-        self._filled: Filled | None = None
-        self._in_place = False  # the read under way goes into a view reserve() gave
         self._lost: Callable[[Exception | None], None] | None = None
         self._gone: Exception | None = None
         self._closed = False
@@ -87,20 +58,10 @@ class WireProtocol(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ the client's side
 
-    def attach(
-        self,
-        sink: Sink,
-        lost: Callable[[Exception | None], None],
-        reserve: Reserve | None = None,
-        filled: Filled | None = None,
-    ) -> None:
-        """Start reading: each read goes to ``sink`` (or, when ``reserve`` gives a view, is
-        made into it and reported to ``filled``: both or neither); ``lost`` is called once at
-        the end (at once if the connection is already gone)."""
-        if (reserve is None) != (filled is None):
-            raise ValueError("reserve and filled go together")
+    def attach(self, sink: Sink, lost: Callable[[Exception | None], None]) -> None:
+        """Start reading: each read goes to ``sink``; ``lost`` is called once at the end (at
+        once if the connection is already gone)."""
         self._sink, self._lost = sink, lost
-        self._reserve, self._filled = reserve, filled
         if self._early:
             early, self._early = self._early, bytearray()
             sink(memoryview(early))
@@ -151,22 +112,10 @@ class WireProtocol(asyncio.BufferedProtocol):
             self.transport.pause_reading()  # until attach()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        reserve = self._reserve
-        if reserve is not None:
-            view = reserve(IN_PLACE_BYTES, AHEAD_BYTES)
-            # (the loop calls buffer_updated next, or get_buffer again)
-            self._in_place = view is not None
-            if view is not None:
-                return view
         # (the same buffer every time: the sink copies what it keeps before the next read)
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._in_place:
-            self._in_place = False
-            assert self._filled is not None
-            self._filled(nbytes)
-            return
         sink = self._sink
         if sink is None:
             # A read already under way when connection_made paused reading (uvloop): kept

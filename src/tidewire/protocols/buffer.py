@@ -14,11 +14,6 @@ Strategy (h11's ``ReceiveBuffer``, wsproto's ``Buffer``, asyncpg's chunk list):
 * **Transactions.** :meth:`rollback` moves the read position back to the last :meth:`commit`,
   so a parser that finds half a frame gives back what it took: a partial frame is never
   half-consumed.
-* **Large frames read in place.** A reader that knows a frame's size (the decoder's
-  ``awaiting``) asks :meth:`reserve` for a writable view of the frame's missing bytes *in the
-  store itself* (a ``bytearray`` of the frame's size, the frame's head copied in once) and
-  reports what it wrote with :meth:`filled`: a socket's ``recv_into`` then fills the store
-  directly, with no copy from a read buffer into the store (the RS.io client's 1 MiB records).
 * **Linear search.** :meth:`find` remembers how far it scanned for a delimiter, so a line that
   arrives one byte at a time is scanned once, not once per byte.
 * **Bounded.** More than ``limit`` unparsed bytes is the peer's breach (:class:`BufferFull`, a
@@ -36,7 +31,6 @@ from ..model import RemoteProtocolError
 __all__ = ["BufferFull", "ReceiveBuffer"]
 
 _COMPACT_BYTES = 65536  # drop the consumed prefix only past this (and past half the store)
-_EMPTY_SIZE = bytearray().__sizeof__()  # a bytearray's size without its allocation
 
 
 class BufferFull(RemoteProtocolError):
@@ -57,8 +51,8 @@ class ReceiveBuffer:
     are the unparsed bytes (from the read position to the end)."""
 
     __slots__ = (
-        "_data", "_hole", "_mark", "_pos", "_scan", "_scan_from", "_scanned", "_spares",
-        "_streaming", "_tail", "_tail_bytes", "limit",
+        "_data", "_mark", "_pos", "_scan", "_scan_from", "_scanned", "_streaming", "_tail",
+        "_tail_bytes", "limit",
     )  # fmt: skip
 
     def __init__(self, limit: int, *, streaming: bool = False) -> None:
@@ -76,10 +70,6 @@ class ReceiveBuffer:
         self._mark = 0  # the read position at the last commit (rollback returns here)
         self._tail: list[bytes] = []  # chunks after _data, not joined to it yet
         self._tail_bytes = 0
-        # reserve(): bytes at the end of _data reserved for a reader and not written yet
-        # (they are not buffered; every method but reserve/filled settles them first)
-        self._hole = 0
-        self._spares: list[bytearray] = []  # the last two reserves' stores, for the next ones
         # find(): the delimiter last searched for, and the stretch of _data (absolute) known
         # not to hold it
         self._scan = b""
@@ -89,96 +79,15 @@ class ReceiveBuffer:
     # ------------------------------------------------------------------ size
 
     def __len__(self) -> int:
-        return len(self._data) - self._hole - self._pos + self._tail_bytes
+        return len(self._data) - self._pos + self._tail_bytes
 
     def __bool__(self) -> bool:
-        return len(self._data) - self._hole - self._pos + self._tail_bytes > 0
+        return len(self._data) - self._pos + self._tail_bytes > 0
 
     @property
     def buffered(self) -> int:
         """Bytes received and not parsed (the same as ``len(buffer)``)."""
-        return len(self._data) - self._hole - self._pos + self._tail_bytes
-
-    # ------------------------------------------------------------------ large frames
-
-    def reserve(self, size: int, ahead: int = 0) -> memoryview | None:
-        """A writable view of at least ``size`` bytes that continue the buffered bytes, inside
-        the store: write the bytes received there, then call :meth:`filled` with how many
-        (before any other method; the view is valid only until then). ``None`` when ``size``
-        more bytes would pass :attr:`limit` (then read as usual: :meth:`append` refuses).
-
-        The store is made for the unparsed bytes (copied in once), ``size`` and up to
-        ``ahead`` more (what follows a frame: the next frame's head, so the read that ends
-        one frame can begin the next); while at least ``size`` of it is still unwritten, the
-        next call hands back the rest of that same store (a frame's bytes arrive over several
-        reads). Commits, as :meth:`append` does."""
-        if self._hole >= size > 0:
-            store = self._data
-            return memoryview(store)[len(store) - self._hole :]
-        if self._hole:
-            self._settle()
-        unparsed = len(self._data) - self._pos + self._tail_bytes
-        if size < 1 or unparsed + size > self.limit:
-            return None
-        hole = size + max(0, min(ahead, self.limit - unparsed - size))
-        store = self._store_for(unparsed + hole)
-        at = 0
-        for chunk in (memoryview(self._data)[self._pos :], *self._tail):
-            store[at : at + len(chunk)] = chunk
-            at += len(chunk)
-        self._tail.clear()
-        self._tail_bytes = 0
-        self._data = store
-        self._pos = self._mark = self._scan_from = self._scanned = 0
-        self._hole = hole
-        return memoryview(store)[unparsed:]
-
-    def _store_for(self, size: int) -> bytearray:
-        """A store of ``size`` bytes: one of the last two reserves' again when it is free (not
-        the store in use, not exported) and its allocation fits (no allocation, no
-        zero-filling, no page faults per big frame: two, as a frame's head and the next
-        frame's beginning sit in the previous frame's store), else a new one."""
-        for spare in self._spares:
-            if spare is self._data:
-                continue
-            # Its allocation (CPython's bytearray keeps it through a resize that stays above
-            # half of it; a much smaller store is made apart, so the spare keeps its size).
-            room = spare.__sizeof__() - _EMPTY_SIZE - 1
-            if not room // 2 <= size <= room:
-                continue
-            try:  # (a resize fails while the old store is exported: then it is not free)
-                if size <= len(spare):  # (resized even at the same size: that checks)
-                    del spare[size - 1 :]
-                    spare.append(0)
-                else:
-                    spare += bytes(size - len(spare))
-                return spare
-            except BufferError:
-                continue
-        # An eighth more allocated than asked (kept through the resize: a minor downsize), so
-        # the next frame of about this size fits although its head's share differs a little.
-        store = bytearray(size + size // 8)
-        del store[size:]
-        self._spares = [store, *self._spares[:1]]
-        return store
-
-    def filled(self, nbytes: int) -> None:
-        """``nbytes`` were written at the start of the view :meth:`reserve` gave: they are
-        buffered now."""
-        if not 0 <= nbytes <= self._hole:
-            raise ValueError(f"{nbytes} bytes filled in a reserve of {self._hole}")
-        self._hole -= nbytes
-
-    def _settle(self) -> None:
-        """Drop the unwritten end of a reserved store (a parser or an append is coming)."""
-        store = self._data
-        assert isinstance(store, bytearray)
-        end = len(store) - self._hole
-        self._hole = 0
-        try:
-            del store[end:]
-        except BufferError:  # a view of the reserve was kept: leave that one alone
-            self._data = bytearray(memoryview(store)[:end])
+        return len(self._data) - self._pos + self._tail_bytes
 
     # ------------------------------------------------------------------ input
 
@@ -189,8 +98,6 @@ class ReceiveBuffer:
         size = len(data)
         if not size:
             return
-        if self._hole:
-            self._settle()
         unparsed = len(self._data) - self._pos + self._tail_bytes
         if unparsed + size > self.limit:
             raise BufferFull(self.limit, unparsed + size)
@@ -246,8 +153,6 @@ class ReceiveBuffer:
     def clear(self) -> None:
         """Forget everything buffered (a machine that closed keeps no bytes)."""
         self._data = b""
-        self._hole = 0
-        self._spares = []
         self._pos = self._mark = self._scan_from = self._scanned = 0
         self._tail.clear()
         self._tail_bytes = 0
@@ -268,8 +173,6 @@ class ReceiveBuffer:
     def data(self) -> bytes | bytearray:
         """The store, for parsers that read in place from :attr:`pos` (read-only; valid until
         the next :meth:`append`)."""
-        if self._hole:
-            self._settle()
         if self._tail:
             self._join()
         return self._data
@@ -277,16 +180,12 @@ class ReceiveBuffer:
     @property
     def pos(self) -> int:
         """The read position in :attr:`data`."""
-        if self._hole:
-            self._settle()
         if self._tail:
             self._join()
         return self._pos
 
     def view(self) -> tuple[bytes | bytearray, int]:
         """``(data, pos)`` in one call (the hot decoders' way in)."""
-        if self._hole:
-            self._settle()
         if self._tail:
             self._join()
         return self._data, self._pos
@@ -300,8 +199,6 @@ class ReceiveBuffer:
 
     def skip(self, size: int) -> None:
         """Consume ``size`` bytes (there must be that many)."""
-        if self._hole:
-            self._settle()
         if self._tail:
             self._join()
         self.advance_to(self._pos + size)
@@ -309,8 +206,6 @@ class ReceiveBuffer:
     def take(self, size: int) -> bytes | None:
         """The next ``size`` bytes, consumed, or ``None`` (nothing consumed) when fewer are
         buffered. A whole chunk kept as it came is handed back uncopied."""
-        if self._hole:
-            self._settle()
         pos, data = self._pos, self._data
         end = pos + size
         if end > len(data):
@@ -326,8 +221,6 @@ class ReceiveBuffer:
 
     def take_all(self) -> bytes:
         """Everything buffered, consumed (waiting chunks are joined straight into it)."""
-        if self._hole:
-            self._settle()
         if not self._tail:
             taken = self.take(len(self._data) - self._pos)
             assert taken is not None
@@ -342,8 +235,6 @@ class ReceiveBuffer:
         within the first ``max_bytes + len(delimiter)`` bytes buffered (nothing consumed).
         Searching again for the same delimiter resumes where the last search stopped, so
         bytes are scanned once however thinly they arrive."""
-        if self._hole:
-            self._settle()
         if self._tail:
             self._join()
         data, pos = self._data, self._pos

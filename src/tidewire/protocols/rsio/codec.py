@@ -331,19 +331,6 @@ class Decoder:
             self._dead = exc
             raise
 
-    def reserve(self, min_bytes: int, ahead: int = 0) -> memoryview | None:
-        """A view to receive the begun frame's missing bytes (and up to ``ahead`` more) into,
-        in place (the receive buffer's :meth:`~tidewire.protocols.buffer.ReceiveBuffer.reserve`;
-        report them with :meth:`filled`), or ``None`` when no frame of at least ``min_bytes``
-        (from its start, as far as its head declares) awaits bytes."""
-        awaiting = self._need - self._buf.buffered
-        if self._dead is not None or awaiting < 1 or self._need < min_bytes:
-            return None
-        return self._buf.reserve(awaiting, ahead)
-
-    def filled(self, nbytes: int) -> None:
-        self._buf.filled(nbytes)
-
     def next_message(self) -> Decoded | None:
         if self._dead is not None:
             raise self._dead

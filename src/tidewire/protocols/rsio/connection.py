@@ -45,7 +45,6 @@ from .events import (
     OfferRefused,
     SubscriptionErrored,
 )
-from .inplace import ReceiveInPlace
 from .messages import (
     EXT_AUTH,
     EXT_PUBLISH,
@@ -114,12 +113,11 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class Connection(ReceiveInPlace):
+class Connection:
     """One RS.io connection, from one side. Create, then send the hello with
     :meth:`initiate` (either role may do so at once: the handshake is loose).
 
-    The machine contract: :meth:`receive_data` (``b""``: the transport closed; or, for a big
-    frame, :meth:`reserve` and :meth:`filled`),
+    The machine contract: :meth:`receive_data` (``b""``: the transport closed),
     :meth:`next_event`, :meth:`data_to_send` / :meth:`chunks_to_send`, and the bounds
     :attr:`buffered` (received, not yet decoded: a partial frame once the events are
     drained; more than ``limits.max_buffered_bytes`` is the peer's breach, answered with
@@ -127,9 +125,13 @@ class Connection(ReceiveInPlace):
     ``next_deadline`` / ``handle_timer``."""
 
     def __init__(
-        self, role: Role, *, extensions: Iterable[int] = (), limits: Limits | None = None,
+        self,
+        role: Role,
+        *,
+        extensions: Iterable[int] = (),
+        limits: Limits | None = None,
         runs: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``runs=True``: consecutive variable-size ``onNext`` frames of one subscription come
         out as one :class:`OnNextRun` event."""
         self.role = role
