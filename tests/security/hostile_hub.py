@@ -5,9 +5,12 @@ filled by a principal of their own (``filler``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from harness import RealHub
 
 import tidewire
+from tidewire.client.rsio_common import ConnectionLost
 
 __all__ = ["BUDGET", "FLOOD", "SETTINGS", "fill", "fill_flood"]
 
@@ -37,9 +40,21 @@ async def fill(hub: RealHub) -> None:
                                          for i in range(16)])  # fmt: skip
 
 
-async def fill_flood(hub: RealHub) -> None:
-    """4 MiB into each of the never-acking remote's channels."""
-    async with await tidewire.connect(hub.rsio_url, token=hub.tokens["filler"]) as client:
-        for channel in FLOOD:
-            for _ in range(4):
-                await client.publish(channel, [bytes(64 * 1024)] * 16)
+async def fill_flood(hub: RealHub, tries: int = 100) -> None:
+    """4 MiB into each of the never-acking remote's channels. It runs while the other attacks
+    do, and they are meant to take the hub's whole budget: a publish the hub refuses for want of
+    memory (RS.io's protocol error, the connection closed) is made again on a new connection, a
+    little later, at most ``tries`` times in all (a well-behaved publisher's answer to it)."""
+    for channel in FLOOD:
+        for _ in range(4):
+            for left in range(tries - 1, -1, -1):
+                try:
+                    async with await tidewire.connect(
+                        hub.rsio_url, token=hub.tokens["filler"]
+                    ) as client:
+                        await client.publish(channel, [bytes(64 * 1024)] * 16)
+                    break
+                except ConnectionLost as e:
+                    if "memory budget" not in str(e) or left == 0:
+                        raise
+                    await asyncio.sleep(0.05)  # (memory is given back as the attacks go on)
