@@ -91,6 +91,21 @@ def own_rss() -> int:
     raise AssertionError("no VmRSS")
 
 
+def loopback_buffer_bytes() -> int:
+    """The most one TCP connection's kernel buffers can hold on this machine: the largest
+    receive buffer autotuning may grow to plus the largest send buffer (``tcp_rmem`` and
+    ``tcp_wmem``'s maxima; 64 MiB where they cannot be read). A test that needs a peer that
+    never reads to push bytes back into the hub sends more than this."""
+    total = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        try:
+            with open(f"/proc/sys/net/ipv4/{name}") as f:
+                total += int(f.read().split()[-1])
+        except (OSError, ValueError, IndexError):
+            return 64 * 1024 * 1024
+    return total
+
+
 @asynccontextmanager
 async def hub_server(
     path: Path,

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from helpers import until
+from helpers import loopback_buffer_bytes, until
 from loops import Run
 from raw_wire import tube_close_code, tube_opened
 from tidewire.client.tube import TubeStream, connect
@@ -288,7 +288,11 @@ def test_a_subscriber_that_does_not_read_is_charged_what_waits(
 
     async def main() -> None:
         async with tube_hub(tmp_path) as served, aiohttp.ClientSession() as session:
-            values = [random.randbytes(MiB) for _ in range(40)]  # (incompressible)
+            # (incompressible; more than the kernel's buffers, which autotuning may grow to
+            # tens of MiB on loopback, and the high-water mark can take together: else the
+            # whole stream may fit in the kernel and nothing waits in the hub)
+            count = (loopback_buffer_bytes() + WRITE_HIGH_WATER) // MiB + 8
+            values = [random.randbytes(MiB) for _ in range(count)]
             await served.hub.append(Batch.build("s", values), assign_ids=True)
             ws = await tube_opened(session, served.url, push_varint(0))
             hello = encode(ClientHello()) + b"".join(
@@ -297,7 +301,8 @@ def test_a_subscriber_that_does_not_read_is_charged_what_waits(
             await ws.send_bytes(encode_header(CODE_PLAIN, 1) + hello)
             (carrier,) = await until_carriers(served)
             await until(lambda: carrier.get_write_buffer_size() > WRITE_HIGH_WATER,
-                        "past the high-water mark")  # fmt: skip
+                        "past the high-water mark",
+                        details=carrier.get_write_buffer_size)  # fmt: skip
             await asyncio.sleep(0.2)  # (what more the hub would write, if it did)
             assert carrier.share.gauge("outbound") == carrier.get_write_buffer_size()
             assert carrier.get_write_buffer_size() <= WRITE_HIGH_WATER + 2 * MiB
