@@ -255,6 +255,13 @@ class TubeCarrier:
             return 0
         return int(size())
 
+    @property
+    def writing_paused(self) -> bool:
+        """Whether the session is paused for want of the peer's reading: set once more than
+        the high-water mark is queued, cleared once the queue is below the low-water mark
+        again (what the transport holds meanwhile is not counted: it waits there)."""
+        return self._paused
+
     def receiving_since(self) -> float | None:
         """``loop.time()`` when the unfinished inbound message's header came (None: none)."""
         return self.tube.receiving_since
