@@ -22,7 +22,7 @@ from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_st
 from .budget import Budget, Share
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
-from .storage import EmbeddedStorage, Storage, StreamStats
+from .storage import ClusterStatus, EmbeddedStorage, Storage, StreamStats
 from .subscription import Subscription
 from .traffic import Metrics
 from .txn import Transactions, TxnReceipt
@@ -152,6 +152,10 @@ class Hub:
     def describe(self) -> str:
         """Where the storage keeps the data, for people (``serve``, the admin API)."""
         return self.storage.describe()
+
+    def cluster_status(self) -> ClusterStatus | None:
+        """The cluster the storage is replicated on, as it last saw it (``None``: embedded)."""
+        return self.storage.cluster()
 
     def streams(self) -> list[StreamStats]:
         """Every stream's statistics, sorted by name (the hub's own included)."""

@@ -1,7 +1,7 @@
 """The operators' side of the HTTP app: ``/metrics`` (Prometheus), the JSON admin API
 (``/api/...``, docs/observability.md) and the dashboard page at ``/``. On a gateway of a
 cluster (``storage.url``), ``/api/cluster`` and ``/api/stats``' ``cluster`` show the cluster as
-the storage last saw it (:meth:`~tidewire.hub.storage.Storage.cluster`); on an embedded hub
+the storage last saw it (:meth:`~tidewire.hub.Hub.cluster_status`); on an embedded hub
 ``/api/cluster`` is ``null`` and ``/api/stats`` has no ``cluster``.
 
 Every figure is read from the hub when asked (:mod:`tidewire.observe.metrics`): the API costs
@@ -123,7 +123,7 @@ def cluster(hub: Hub, now: float | None = None) -> Json | None:
     last saw it (``at_ms``; ``age_seconds`` before ``now``, the wall clock in seconds);
     ``None`` (JSON ``null``) on an embedded hub. ``servers`` are client URLs, a group's
     ``leader`` and replicas' ``name`` server names; ``nodes`` sums the groups up by server."""
-    status = hub.storage.cluster()
+    status = hub.cluster_status()
     if status is None:
         return None
     now = time.time() if now is None else now
