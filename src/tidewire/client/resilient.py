@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import dataclasses
 import ssl
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import aiohttp
@@ -347,6 +347,17 @@ class ReconnectingClient:
         async with contextlib.aclosing(self._follow(stream, from_id, until_id, open_sub)) as it:
             async for batch in it:
                 yield _values(batch, size)
+
+    async def ids_at(self, times: Mapping[str, int]) -> dict[str, int | None]:
+        """:meth:`RsioClient.ids_at <tidewire.client.rsio.RsioClient.ids_at>`, asked again on
+        a new connection if the answer was lost."""
+        while True:
+            client = await self.connection()
+            try:
+                return await client.ids_at(times)
+            except (ConnectionLost, LogClosedError):
+                if client.closed is None:
+                    raise
 
     async def streams(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """:meth:`RsioClient.streams <tidewire.client.rsio.RsioClient.streams>`, asked again
