@@ -17,6 +17,7 @@ from tidewire.cluster.local import LocalCluster
 from tidewire.hub import EmbeddedStorage, Storage
 from tidewire.log import LogConfig, StreamSettings
 from tidewire.model import Batch
+from tidewire.record import encode
 
 KINDS = ["memory", "embedded", "jetstream"]
 
@@ -79,21 +80,22 @@ def test_find_time_on_jetstream_after_retention_purged_the_newest_timestamps(
     from tidewire.cluster.jetstream import JetStreamStorage
 
     stream = name("purged")
-    config = LogConfig(streams={stream: StreamSettings(retention_bytes=1)})  # the last record
+    stamps = [50_000, 10, 20, 40_000, 30]  # one event per record, all of one size
+    size = encode(Batch.build(stream, [b"x"], timestamps=[0])).length
+    config = LogConfig(streams={stream: StreamSettings(retention_bytes=3 * size)})  # 3 records
 
     async def main() -> None:
         storage = await JetStreamStorage.connect(cluster.urls, config=config)
         try:
-            for ts in (50_000, 10, 20):  # the first record holds the largest timestamp
+            for ts in stamps:
                 await storage.append(Batch.build(stream, [b"x"], timestamps=[ts]),
                                      assign_ids=True)  # fmt: skip
-            await storage.append(Batch.build(stream, [b"y", b"z"], timestamps=[40_000, 30]),
-                                 assign_ids=True)  # fmt: skip
-            assert await storage.retention_pass(now=0) == 3
-            assert storage.start_id(stream) == 4
-            # Every retained record's running maximum is 50 000 (id 1's): the lookup must
-            # scan on to the record that really holds a timestamp that new.
-            await check(storage, stream, [(4, 40_000), (5, 30)])
+            assert await storage.retention_pass(now=0) == 2
+            assert storage.start_id(stream) == 3
+            # Every retained record's running maximum is 50 000 (id 1's): the bisection
+            # lands on the first retained record, and the lookup scans on to the record
+            # that really holds a timestamp that new.
+            await check(storage, stream, [(3, 20), (4, 40_000), (5, 30)])
             assert await storage.find_time(stream, 40_001) is None
         finally:
             await storage.close()
