@@ -19,7 +19,9 @@ from aiohttp import web
 
 from raw_wire import RSIO_HELLO, decode_rsio, varint
 from tidewire.client import tube
+from tidewire.client.backoff import Retry
 from tidewire.client.http import HttpHub
+from tidewire.client.resilient import ReconnectingClient
 from tidewire.client.rsio import RsioClient, connect
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl
@@ -230,5 +232,21 @@ def test_ids_at_leaves_out_streams_the_principal_may_not_read(tmp_path: Path, ru
             assert await client.ids_at({STREAM: 1000}) == {STREAM: 10}
             with pytest.raises(TidewireError, match="'secret'"):
                 await client.ids_at({STREAM: 0, "secret": 0})
+
+    run(main())
+
+
+def test_the_reconnecting_client_starts_by_time_and_asks_ids_at(tmp_path: Path, run: Run) -> None:
+    async def main() -> None:
+        async with served(tmp_path) as urls:
+            pairs = await fill(urls.hub)
+            last = pairs[-1][0]
+            async with await connect(urls.rsio, retry=Retry(attempts=3)) as client:
+                assert isinstance(client, ReconnectingClient)
+                start = first_at(pairs, 650)
+                assert start is not None
+                got = await ids_of(client.subscribe(STREAM, from_id=FromTime(650), until_id=last))
+                assert got == list(range(start, last + 1))
+                assert await client.ids_at({STREAM: 650}) == {STREAM: start}
 
     run(main())
