@@ -177,6 +177,12 @@ class MemoryStorage:
                 break
         return out
 
+    async def find_time(self, stream: str, ms: int) -> int | None:
+        """By brute force: the first retained event whose timestamp is at least ``ms``."""
+        start = self.start_id(stream)
+        return next((event.id for batch in self.committed.get(stream, []) for event in batch
+                     if event.id >= start and event.timestamp >= ms), None)  # fmt: skip
+
     async def wait_for(self, stream: str, after_id: int) -> None:
         while self.latest(stream) <= after_id:
             if self.closed:
@@ -302,6 +308,10 @@ class Gateway:
         self._alive()
         self.reads[stream] = self.reads.get(stream, 0) + 1
         return await self.shared.read(stream, from_id, max_bytes, max_events)
+
+    async def find_time(self, stream: str, ms: int) -> int | None:
+        self._alive()
+        return await self.shared.find_time(stream, ms)
 
     async def wait_for(self, stream: str, after_id: int) -> None:
         self._alive()

@@ -36,6 +36,8 @@ from .cli_options import (
 )
 from .cli_rsio import bench, publish, tail
 from .cli_seguro import seguro
+from .cli_time import HELP as TIME_HELP
+from .cli_time import TIME
 from .cli_views import (
     make_console,
     progress_bars,
@@ -238,20 +240,29 @@ def stats(url: str, as_json: bool, watch: float | None, count: int | None,
 @main.command()
 @click.argument("stream")
 @click.option("--data-dir", help=DATA_DIR_HELP)
-@click.option("--from", "from_id", type=click.IntRange(min=0), default=0, help="first id")
+@click.option("--from", "from_id", type=click.IntRange(min=0), default=None,
+              help="first id")  # fmt: skip
+@click.option("--from-time", type=TIME, default=None,
+              help=f"from the first event this new: {TIME_HELP}")  # fmt: skip
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="at most N events")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines; key and value in base64")
 @PROGRESS
-def dump(stream: str, data_dir: str | None, from_id: int, limit: int | None, as_json: bool,
-         progress: bool | None) -> None:  # fmt: skip
-    """Print the events of STREAM: id, timestamp (ms), key, value. The progress bar (stderr)
+def dump(stream: str, data_dir: str | None, from_id: int | None, from_time: int | None,
+         limit: int | None, as_json: bool, progress: bool | None) -> None:  # fmt: skip
+    """Print the events of STREAM: id, timestamp (ms), key, value, from --from or from the
+    first event at or after --from-time (the log's time index). The progress bar (stderr)
     shows by default when stderr is a terminal and stdout is not."""
+    if from_id is not None and from_time is not None:
+        raise click.UsageError("--from and --from-time exclude each other")
     log = open_read_only(offline_data_dir(data_dir))  # (not with storage.url: a gateway's)
     try:
         if stream not in log:
             raise click.ClickException(str(UnknownStream(stream)))
         remaining = sys.maxsize if limit is None else limit
-        next_id = max(from_id, 1)
+        if from_time is not None:  # (no event that new: nothing to print)
+            found = log.find_time(stream, from_time)
+            from_id, remaining = (0, 0) if found is None else (found, remaining)
+        next_id = max(from_id or 0, 1)
         total = max(0, log.latest(stream) - max(next_id, log.start_id(stream)) + 1)
         with progress_bars(progress, stdout_too=True) as bars:
             task = bars.add_task(f"dump {stream}", total=min(total, remaining))

@@ -19,6 +19,8 @@ from .cli_options import (
     credential_options,
     print_event,
 )
+from .cli_time import HELP as TIME_HELP
+from .cli_time import TIME
 from .cli_views import (
     make_console,
     make_table,
@@ -33,20 +35,28 @@ __all__ = ["bench", "publish", "tail"]
 @click.command()
 @click.argument("stream")
 @RSIO_URL
-@click.option("--from", "from_id", default="earliest", show_default=True,
-              help="an id, earliest or latest")  # fmt: skip
+@click.option("--from", "from_id", default=None, help="an id, earliest (default) or latest")
+@click.option("--from-time", type=TIME, default=None,
+              help=f"start at the first event this new: {TIME_HELP}")  # fmt: skip
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="stop after N events")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines; key and value in base64")
 @credential_options
-def tail(stream: str, url: str, from_id: str, limit: int | None, as_json: bool,
-         **credentials: Any) -> None:  # fmt: skip
-    """Follow STREAM over RS.io: history from --from, then live (Ctrl-C stops)."""
+def tail(stream: str, url: str, from_id: str | None, from_time: int | None, limit: int | None,
+         as_json: bool, **credentials: Any) -> None:  # fmt: skip
+    """Follow STREAM over RS.io: history from --from (or --from-time), then live (Ctrl-C
+    stops)."""
     import asyncio
 
     from .client.rsio import RsioError, connect
+    from .protocols.rsio.names import FromTime
 
-    start: int | str = int(from_id) if from_id.isdigit() else from_id
-    if start not in ("earliest", "latest") and not isinstance(start, int):
+    if from_id is not None and from_time is not None:
+        raise click.UsageError("--from and --from-time exclude each other")
+    from_id = from_id or "earliest"
+    start: int | str | FromTime = int(from_id) if from_id.isdigit() else from_id
+    if from_time is not None:
+        start = FromTime(from_time)
+    elif start not in ("earliest", "latest") and not isinstance(start, int):
         raise click.BadParameter("an id, earliest or latest", param_hint="--from")
 
     async def follow() -> None:

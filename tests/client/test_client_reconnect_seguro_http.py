@@ -656,7 +656,7 @@ def test_subscribe_values_and_records_resume_too(tmp_path: Path, run: Run) -> No
             await append(s, "v", [b"%03d" % i for i in range(1, 51)])
             values = http.subscribe_values("v", size=3, demand=8)
             got: list[bytes] = []
-            starts: list[int | str] = []  # where the new subscription began
+            starts: list[object] = []  # where the new subscription began
             first = 0  # the first id handed over from it
             async with contextlib.aclosing(values):
                 async for vs in values:

@@ -24,6 +24,7 @@ from tidewire.record import HEADER_SIZE, encode, parse_header
 STREAM = "events"
 CONFIG = LogConfig(defaults=StreamSettings(segment_bytes=4096, index_interval_bytes=64))
 NO_LIMIT = 2**63 - 1
+ENTRY = 24  # bytes per index entry (version 3: base id, position, ts_before)
 COUNT = 15  # batches of 3 events: 11 records in the first segment, 4 in the active one
 
 
@@ -496,12 +497,12 @@ def _index_path(rec: Rec) -> str:
 
 
 def _damage_index(path: str, entries: int, how: str) -> None:
-    """Damage the index file at ``path``, which holds ``entries`` entries of 16 bytes at its end
+    """Damage the index file at ``path``, which holds ``entries`` entries of ENTRY bytes at its end
     (after a header that starts: magic u32, version u32, segment size u64, last id u64)."""
     with open(path, "rb") as f:
         data = bytearray(f.read())
     assert data[:4] == b"TWIX"
-    header = len(data) - 16 * entries
+    header = len(data) - ENTRY * entries
     assert header >= 40
     assert entries >= 3
     if how == "missing":
@@ -510,7 +511,7 @@ def _damage_index(path: str, entries: int, how: str) -> None:
     if how == "empty":
         data = bytearray()
     elif how == "truncated":
-        data = data[: header + 16 * 2 + 5]
+        data = data[: header + ENTRY * 2 + 5]
     elif how == "header only":
         data = data[:header]
     elif how == "garbage":
@@ -525,22 +526,22 @@ def _damage_index(path: str, entries: int, how: str) -> None:
         struct.pack_into("<Q", data, header + 8, 8)
     elif how == "position past the end":
         size = struct.unpack_from("<Q", data, 8)[0]
-        struct.pack_into("<Q", data, len(data) - 8, size + 64)
+        struct.pack_into("<Q", data, len(data) - ENTRY + 8, size + 64)
     elif how == "entry id flipped":
         # One flipped bit in the base id of the third entry: it becomes smaller, so a read from
         # the ids it now claims would start at the wrong record.
-        at = header + 16 * 2
+        at = header + ENTRY * 2
         assert data[at] & 0x02
         data[at] ^= 0x02
     elif how == "entry position flipped":
-        at = header + 16 * 2 + 8
+        at = header + ENTRY * 2 + 8
         data[at] ^= 0x08
     elif how == "header last id":
         struct.pack_into("<Q", data, 16, 5)
     elif how == "header events":
         data[32] ^= 0x01
     elif how == "extra entry":
-        data += struct.pack("<QQ", 10**6, 0)
+        data += struct.pack("<QQq", 10**6, 0, 0)
     else:  # pragma: no cover
         raise AssertionError(how)
     with open(path, "wb") as f:

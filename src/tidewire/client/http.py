@@ -57,7 +57,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..model import Batch, RemoteProtocolError, TidewireError, validate_stream_name
 from ..protocols.rsio.envelopes import envelopes_to_batch
-from ..protocols.rsio.names import PublisherName, PublisherNameError
+from ..protocols.rsio.names import FromTime, PublisherName, PublisherNameError, start_position
 from ..protocols.rsio.varint import NeedData, pull_varint
 from ..protocols.rsio_http import (
     ERROR_HEADER,
@@ -76,7 +76,6 @@ from ..protocols.rsio_http.codec import (
 from ..record import parse_header
 from .backoff import Backoff, GaveUp, Retry
 from .reconnect import Reconnector, gateway_urls
-from .rsio import start_position
 from .rsio_http_fetch import FetchPool, Unsupported
 
 __all__ = ["HttpHub", "HttpRsioError"]
@@ -186,8 +185,8 @@ class HttpHub:
     # ------------------------------------------------------------------ typed subscriptions
 
     async def subscribe(
-        self, stream: str, *, from_id: int | str = "earliest", until_id: int | None = None,
-        key: bytes | None = None, demand: int = 1000,
+        self, stream: str, *, from_id: int | str | FromTime = "earliest",
+        until_id: int | None = None, key: bytes | None = None, demand: int = 1000,
     ) -> AsyncGenerator[Batch, None]:  # fmt: skip
         """Batches of ``stream`` (the envelope format: ids, keys, timestamps), from
         ``from_id`` ("earliest", "latest" or an id), live or up to ``until_id``."""
@@ -210,7 +209,7 @@ class HttpHub:
                     yield batch
 
     async def subscribe_values(
-        self, stream: str, *, size: int = 0, from_id: int | str = "earliest",
+        self, stream: str, *, size: int = 0, from_id: int | str | FromTime = "earliest",
         until_id: int | None = None, key: bytes | None = None, demand: int = 1000,
     ) -> AsyncGenerator[list[bytes], None]:  # fmt: skip
         """Values only (``format=value``; ``size=N``: fixed-size elements). With ``retry=``,

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import dataclasses
 import ssl
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import aiohttp
@@ -50,6 +50,7 @@ from ..model import (
     Unauthenticated,
 )
 from ..protocols.rsio import ConnectionClosed
+from ..protocols.rsio.names import FromTime, start_position
 from .backoff import Backoff
 from .opening import Opening
 from .reconnect import Reconnector
@@ -63,6 +64,9 @@ Opener = Callable[[], Awaitable[RsioClient]]
 
 UrlOpener = Callable[[str], Awaitable[RsioClient]]
 """Opens one new connection to the gateway at the URL it is given (several gateways)."""
+
+Start = int | str | FromTime
+"""Where a subscription starts: an id, "earliest", "latest" or a time."""
 
 
 
@@ -250,14 +254,13 @@ class ReconnectingClient:
     async def _follow(
         self,
         stream: str,
-        from_id: int | str,
+        from_id: Start,
         until_id: int | None,
-        open_sub: Callable[[RsioClient, int | str], AsyncGenerator[Batch, None]],
+        open_sub: Callable[[RsioClient, Start], AsyncGenerator[Batch, None]],
     ) -> AsyncGenerator[Batch, None]:
-        """Batches of ``open_sub``, resumed after the last id handed out on each connection."""
-        if not isinstance(from_id, int) and from_id not in ("earliest", "latest"):
-            raise ValueError(f"from_id must be an id, 'earliest' or 'latest', not {from_id!r}")
-        start: int | str = from_id
+        """Batches of ``open_sub``, resumed after the last id handed out on each connection
+        (a ``FromTime`` is asked again on a new connection until an event was handed out)."""
+        start: Start = start_position(from_id)
         last: int | None = None
         while True:
             client = await self.connection()
@@ -289,7 +292,7 @@ class ReconnectingClient:
         self,
         stream: str,
         *,
-        from_id: int | str = "earliest",
+        from_id: int | str | FromTime = "earliest",
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 4096,
@@ -297,7 +300,7 @@ class ReconnectingClient:
         """:meth:`RsioClient.subscribe <tidewire.client.rsio.RsioClient.subscribe>`, resumed
         across reconnects: every event once, in order."""
 
-        def open_sub(client: RsioClient, start: int | str) -> AsyncGenerator[Batch, None]:
+        def open_sub(client: RsioClient, start: Start) -> AsyncGenerator[Batch, None]:
             return client.subscribe(stream, from_id=start, until_id=until_id, key=key,
                                     prefetch=prefetch)  # fmt: skip
 
@@ -307,7 +310,7 @@ class ReconnectingClient:
         self,
         stream: str,
         *,
-        from_id: int | str = "earliest",
+        from_id: int | str | FromTime = "earliest",
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 16,
@@ -315,7 +318,7 @@ class ReconnectingClient:
         """:meth:`RsioClient.subscribe_records <tidewire.client.rsio.RsioClient.
         subscribe_records>` (whole log records, CRC-checked), resumed across reconnects."""
 
-        def open_sub(client: RsioClient, start: int | str) -> AsyncGenerator[Batch, None]:
+        def open_sub(client: RsioClient, start: Start) -> AsyncGenerator[Batch, None]:
             return client.subscribe_records(stream, from_id=start, until_id=until_id, key=key,
                                             prefetch=prefetch)  # fmt: skip
 
@@ -326,7 +329,7 @@ class ReconnectingClient:
         stream: str,
         *,
         size: int = 0,
-        from_id: int | str = "earliest",
+        from_id: int | str | FromTime = "earliest",
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 65536,
@@ -340,13 +343,24 @@ class ReconnectingClient:
         if size < 0:
             raise ValueError("size is 0 (variable) or the fixed size of every value")
 
-        def open_sub(client: RsioClient, start: int | str) -> AsyncGenerator[Batch, None]:
+        def open_sub(client: RsioClient, start: Start) -> AsyncGenerator[Batch, None]:
             return client.subscribe(stream, from_id=start, until_id=until_id, key=key,
                                     prefetch=prefetch)  # fmt: skip
 
         async with contextlib.aclosing(self._follow(stream, from_id, until_id, open_sub)) as it:
             async for batch in it:
                 yield _values(batch, size)
+
+    async def ids_at(self, times: Mapping[str, int]) -> dict[str, int | None]:
+        """:meth:`RsioClient.ids_at <tidewire.client.rsio.RsioClient.ids_at>`, asked again on
+        a new connection if the answer was lost."""
+        while True:
+            client = await self.connection()
+            try:
+                return await client.ids_at(times)
+            except (ConnectionLost, LogClosedError):
+                if client.closed is None:
+                    raise
 
     async def streams(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """:meth:`RsioClient.streams <tidewire.client.rsio.RsioClient.streams>`, asked again

@@ -21,11 +21,11 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from ssl import SSLCertVerificationError, SSLContext, create_default_context
 from typing import TYPE_CHECKING, Any, Literal, overload
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from ..model import Batch, LogClosedError, TidewireError, validate_stream_name
 from ..protocols.rsio import (
@@ -50,7 +50,13 @@ from ..protocols.rsio import (
     Subscribe,
 )
 from ..protocols.rsio.codec import OnNextDecoded, OnNextRun
-from ..protocols.rsio.names import OfferName, PublisherName
+from ..protocols.rsio.names import (
+    FromTime,
+    HubPublisher,
+    OfferName,
+    PublisherName,
+    start_position,
+)
 from ..protocols.rsio.runs import RunDecoder, envelope_run_decoder
 
 if TYPE_CHECKING:
@@ -68,6 +74,7 @@ from .rsio_common import (
     record_to_batch,
 )
 from .rsio_publisher import Publisher
+from .rsio_times import ids_from_rows, times_publisher
 from .rsio_wire import WireProtocol
 
 __all__ = [
@@ -85,7 +92,7 @@ __all__ = [
 
 @dataclass(slots=True)
 class _Inbox:
-    name: PublisherName | _Raw
+    name: PublisherName | HubPublisher
     elements: list[bytes] = field(default_factory=list)
     count: int = 0  # elements received, not yet handed out (a packed run counts each)
     done: str | None = None  # "complete", or the error
@@ -273,7 +280,7 @@ class RsioClient:
     # ------------------------------------------------------------------ subscribing
 
     async def _elements(
-        self, name: PublisherName | _Raw, prefetch: int, decoder: RunDecoder | None = None,
+        self, name: PublisherName | HubPublisher, prefetch: int, decoder: RunDecoder | None = None,
         refill: int = 1,
     ) -> AsyncGenerator[tuple[list[bytes], int], None]:
         """The subscription's deliveries as ``(elements, count)``; demand is given back in
@@ -319,13 +326,14 @@ class RsioClient:
         self,
         stream: str,
         *,
-        from_id: int | str = "earliest",
+        from_id: int | str | FromTime = "earliest",
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 4096,
     ) -> AsyncGenerator[Batch, None]:
-        """Batches of ``stream`` from ``from_id`` (an id, "earliest" or "latest"), then live
-        (or up to ``until_id``), with ids, keys and timestamps (the envelope format)."""
+        """Batches of ``stream`` from ``from_id`` (an id, "earliest", "latest" or
+        ``FromTime(ms)``: the first event whose timestamp is at least ``ms``), then live (or up
+        to ``until_id``), with ids, keys and timestamps (the envelope format)."""
         name = PublisherName(stream, start_position(from_id), until_id, key)
         decoder = envelope_run_decoder(stream)
         async for items, _ in self._elements(name, prefetch, decoder):
@@ -346,7 +354,7 @@ class RsioClient:
         self,
         stream: str,
         *,
-        from_id: int | str = "earliest",
+        from_id: int | str | FromTime = "earliest",
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 16,
@@ -366,7 +374,7 @@ class RsioClient:
         stream: str,
         *,
         size: int = 0,
-        from_id: int | str = "earliest",
+        from_id: int | str | FromTime = "earliest",
         until_id: int | None = None,
         key: bytes | None = None,
         prefetch: int = 65536,
@@ -385,13 +393,21 @@ class RsioClient:
         """What the hub knows of ``names`` (default: every stream): dicts with ``stream``,
         ``exists``, ``first_id`` (None when empty), ``latest_id`` (0 when none), ``events`` and
         ``bytes``, from the hub's publisher ``?streams``."""
-        query = "?streams"
-        if names is not None:
-            query += "=" + ",".join(quote(n, safe="") for n in names)
+        query = HubPublisher(streams=None if names is None else tuple(names))
         rows: list[dict[str, Any]] = []
-        async for elements, _ in self._elements(_Raw(query), 1024):
+        async for elements, _ in self._elements(query, 1024):
             rows += [json.loads(e) for e in elements]
         return rows
+
+    async def ids_at(self, times: Mapping[str, int]) -> dict[str, int | None]:
+        """Per stream of ``times``, the first id whose timestamp is at least its time (ms),
+        ``None`` when no event is that new: the hub's publisher ``?times=`` (an O(log n)
+        lookup each). :class:`~tidewire.model.TidewireError` for a stream not answered."""
+        rows: list[bytes] = []
+        if times:
+            async for elements, _ in self._elements(times_publisher(times), 1024):
+                rows += elements
+        return ids_from_rows(times, rows)
 
     # ------------------------------------------------------------------ publishing
 
@@ -476,22 +492,6 @@ class RsioClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def start_position(from_id: int | str) -> Any:
-    if not isinstance(from_id, int) and from_id not in ("earliest", "latest"):
-        raise ValueError(f"from_id must be an id, 'earliest' or 'latest', not {from_id!r}")
-    return from_id
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """A publisher String sent as it is (the hub's own publishers, ``?streams``)."""
-
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
 
 
 class _Connect(Opening[RsioClient]):

@@ -37,7 +37,7 @@ from .jsapi import (
     StoredRecord,
     retrying,
 )
-from .jsread import Reader
+from .jsread import Reader, find_time
 from .jswrite import StreamWriter
 from .retention import enforce
 from .status import cluster_status
@@ -435,6 +435,18 @@ class JetStreamStorage:
             )
         except TRANSIENT as exc:
             raise LogError(f"stream {stream!r}: JetStream did not answer a read: {exc!r}") from exc
+
+    async def find_time(self, stream: str, ms: int) -> int | None:
+        if self._closed:
+            raise LogClosedError("the JetStream storage is closed")
+        head = self.catalog.heads.get(stream)
+        if head is None or head.last is None:
+            return None
+        try:  # (through a failover, as a read)
+            return await retrying(lambda: find_time(self.api, head, ms), self.append_timeout_s)
+        except TRANSIENT as exc:
+            raise LogError(f"stream {stream!r}: JetStream did not answer a time lookup: "
+                           f"{exc!r}") from exc  # fmt: skip
 
     async def wait_for(self, stream: str, after_id: int) -> None:
         await self.catalog.wait(stream, after_id)

@@ -23,7 +23,7 @@ from ..record import HeaderError, decode_body, parse_header
 from .catalog import Catalog, Head, RecordPoint
 from .jsapi import Api, CorruptRecordError, StoredRecord
 
-__all__ = ["CorruptRecordError", "Reader", "decode", "seek"]
+__all__ = ["CorruptRecordError", "Reader", "decode", "find_time", "seek"]
 
 POSITIONS = 4096  # remembered read positions (stream, next id) -> sequence, least recent out
 BATCH = 256  # messages per batched direct get
@@ -72,6 +72,29 @@ async def seek(
         else:
             lo = found.seq + 1
     return best
+
+
+async def find_time(api: Api, head: Head, ms: int) -> int | None:
+    """The stream's first id whose event timestamp is at least ``ms``; ``None`` when none.
+
+    ``Tw-Sum``'s ``max_ts`` is the running maximum of the stream's timestamps, so the first
+    record reaching ``ms`` is found by :func:`seek` (the leader's gets: a lagging replica could
+    make it overshoot, and a planner must not start late). Its events are scanned; when none
+    reaches ``ms`` (the running maximum came from records retention purged since), the
+    following records are read in turn until one does.
+    """
+    found = await seek(api, head, lambda r: r.sum.max_ts, ms, api.leader_get)
+    seq = None if found is None else found.seq
+    while seq is not None:
+        records = await api.direct_batch(head.jetstream, head.subject, seq, BATCH, 1 << 20)
+        seq = None
+        for record in records:
+            batch = decode(head, record)
+            for i, ts in enumerate(batch.timestamps):
+                if ts >= ms:
+                    return int(batch.ids[i])
+            seq = record.seq + 1
+    return None
 
 
 class Reader:

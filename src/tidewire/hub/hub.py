@@ -23,7 +23,7 @@ from .budget import Budget, Share
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
 from .storage import ClusterStatus, EmbeddedStorage, Storage, StreamStats
-from .subscription import Subscription
+from .subscription import RecordSubscription, Subscription
 from .traffic import Metrics
 from .txn import Transactions, TxnReceipt
 
@@ -282,6 +282,29 @@ class Hub:
             self.metrics.sent(via, stream, sum(len(b) for b in batches),
                               sum(b.nbytes for b in batches))  # fmt: skip
         return batches
+
+    async def find_time(self, stream: str, ms: int) -> int | None:
+        """The first id of ``stream`` still readable whose timestamp is at least ``ms``;
+        ``None`` when no event is that new (or no such stream). See :meth:`Storage.find_time
+        <tidewire.hub.storage.Storage.find_time>`."""
+        validate_stream_name(stream)
+        return await self.storage.find_time(stream, ms)
+
+    async def time_start(self, stream: str, ms: int) -> int:
+        """Where a subscription from time ``ms`` starts (RS.io's ``from-time=``): the first id
+        whose timestamp is at least ``ms``, else the id after the latest one as it was before
+        the lookup (the subscription then waits for what comes next, whatever its time)."""
+        latest = self.storage.latest(stream)  # (before: nothing committed meanwhile is missed)
+        found = await self.find_time(stream, ms)
+        return latest + 1 if found is None else found
+
+    async def seek_time(self, sub: Subscription | RecordSubscription, ms: int) -> None:
+        """Move ``sub``, made and not read yet, to :meth:`time_start` (a protocol's start by
+        time, resolved once): :class:`DataLossError` if retention removed that id meanwhile
+        (unless the subscription skips lost events)."""
+        inner = sub.sub if isinstance(sub, RecordSubscription) else sub
+        start = await self.time_start(inner.stream, ms)
+        inner.next_id = self.resolve_start(inner.stream, start, skip_lost=inner.skip_lost)
 
     def resolve_start(self, stream: str, start: Start, *, skip_lost: bool = False) -> int:
         """The first id a subscription starting at ``start`` will deliver (0 = earliest)."""

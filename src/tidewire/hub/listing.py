@@ -6,12 +6,18 @@ element per stream the principal may read, ``{"stream", "exists", "first_id", "l
 "events", "bytes"}`` (``first_id`` null when the stream is empty; a stream named but absent is
 listed with ``"latest_id": 0`` and ``"exists": false``), then the end. Parsing the publisher
 name is the wire protocol's business; this module takes the names.
+
+``?times=`` (issue 23, :meth:`Listing.times`): one element per (stream, ms) pair the principal
+may read, ``{"stream", "time", "id"}``, ``id`` the first id whose timestamp is at least
+``time`` (:meth:`Hub.find_time`), ``null`` when no event is that new; looked up at the first
+delivery (the lookups are I/O), then a snapshot like the listing's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 
 from ..model import Batch
 from .access import Access, Principal
@@ -41,14 +47,41 @@ class Listing:
                            events=st.events, bytes=st.bytes)  # fmt: skip
             rows.append(json.dumps(row, separators=(",", ":")).encode())
         self._rows = rows
+        self._hub = hub
+        self._times: Sequence[tuple[str, int]] = ()  # pairs still to look up (times())
         self.demand = 0
         self.cancelled = False
         self._wake = asyncio.Event()
 
+    @classmethod
+    def of(cls, hub: Hub, names: Sequence[str] | None, times: Sequence[tuple[str, int]] | None,
+           access: Access, principal: Principal) -> Listing:  # fmt: skip
+        """``?times=`` when ``times`` is given, else ``?streams`` of ``names``."""
+        if times is not None:
+            return cls.times(hub, times, access, principal)
+        return cls(hub, None if names is None else list(names), access, principal)
+
+    @classmethod
+    def times(cls, hub: Hub, pairs: Sequence[tuple[str, int]], access: Access,
+              principal: Principal) -> Listing:  # fmt: skip
+        """The ids at times of ``?times=``: one row per pair whose stream ``principal`` may
+        read, looked up at the first :meth:`next`."""
+        listing = cls(hub, [], access, principal)
+        readable = set(access.streams(principal, {stream for stream, _ in pairs}))
+        listing._times = [(stream, ms) for stream, ms in pairs if stream in readable]
+        return listing
+
+    async def _look_up(self) -> None:
+        pairs, self._times = self._times, ()
+        for stream, ms in pairs:
+            found = await self._hub.find_time(stream, ms)
+            row = {"stream": stream, "time": ms, "id": found}
+            self._rows.append(json.dumps(row, separators=(",", ":")).encode())
+
     @property
     def complete(self) -> bool:
         """Every row was delivered."""
-        return not self._rows
+        return not self._rows and not self._times
 
     def request(self, n: int) -> None:
         self.demand = min(2**63 - 1, self.demand + n)
@@ -61,6 +94,8 @@ class Listing:
     async def next(self) -> list[Batch] | None:
         """The next rows within demand (waits for demand); ``None`` once all went or when
         cancelled."""
+        if self._times and not self.cancelled:
+            await self._look_up()
         while not self.cancelled and self._rows:
             if self.demand:
                 rows, self._rows = self._rows[: self.demand], self._rows[self.demand :]

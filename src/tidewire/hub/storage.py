@@ -24,6 +24,7 @@ renaming anything in the log (whose tests and tools stay as they are).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -170,6 +171,12 @@ class Storage(Protocol):
         :class:`~tidewire.model.DataLossError` when retention removed ``from_id``."""
         ...
 
+    async def find_time(self, stream: str, ms: int) -> int | None:
+        """The first id still readable whose event timestamp is at least ``ms`` (timestamps
+        are the clients' and need not grow with the ids); ``None`` when no event is that new,
+        or the stream does not exist. O(log n) (docs/log.md, "Time index")."""
+        ...
+
     async def wait_for(self, stream: str, after_id: int) -> None:
         """Return once ``stream`` has a committed id above ``after_id``; cancelling the wait
         leaves nothing behind. :class:`~tidewire.model.LogClosedError` on close."""
@@ -260,6 +267,12 @@ class EmbeddedStorage:
         self, stream: str, from_id: int, max_bytes: int, max_events: int
     ) -> list[Batch]:
         return await self.log.read_async(stream, from_id, max_bytes, max_events)
+
+    async def find_time(self, stream: str, ms: int) -> int | None:
+        # In a worker thread, as a read that maps a segment is: the lookup may map one and
+        # fault in a few pages of headers.
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.log.find_time, stream, ms)
 
     async def wait_for(self, stream: str, after_id: int) -> None:
         await self.log.wait_for(stream, after_id)

@@ -4,16 +4,13 @@
 id (1 for a stream's first segment), like Kafka's segment names. Only the last segment of a stream
 (the *active* one) is written to; the others are *sealed*.
 
-The sparse index maps the base id of a record to its byte position, one entry at least every
+The sparse index maps the base id of a record to its byte position and to the largest timestamp
+of the records before it (the time index, issue 23), one entry at least every
 ``index_interval_bytes`` (and always for the first record). The active segment's index lives in
 memory and is rebuilt by recovery; a sealed segment's index is written to ``<base>.index`` when it
-is sealed, with a header that lets recovery trust it without reading the segment::
-
-    magic b"TWIX" | version u32 = 2 | segment_size u64 | last_id u64 | max_timestamp i64
-    | events u64 | crc u32 | 4 zero bytes | entries: (base_id u64, position u64) ...
-
-``crc`` is the CRC-32 of the whole file with the crc field read as zero. A missing index file,
-or one that fails its CRC or disagrees with the segment's size, is rebuilt from the headers.
+is sealed, with a header that lets recovery trust it without reading the segment (the format is
+in :mod:`.timeindex`). A missing index file, or one that fails its CRC or disagrees with the
+segment's size, is rebuilt from the headers.
 
 Recovery of the active segment reads every record and checks both CRCs. The *torn tail* (a header
 cut short, a record whose length runs past the end of the file, or a tail of zero bytes) is what a
@@ -32,9 +29,7 @@ import contextlib
 import logging
 import mmap
 import os
-import struct
 import time
-import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -49,15 +44,13 @@ from ..record import (
     decode_body,
     parse_header,
 )
+from .timeindex import MIN_TS, IndexFile, last_entry_below, pack_index, unpack_index
 from .verified import VerifiedRuns
 
 __all__ = ["ReadBudget", "RollbackError", "Segment", "segment_name"]
 
 log = logging.getLogger("tidewire.log")
 
-_INDEX_HEADER = struct.Struct("<4sIQQqQI4x")  # ... | crc u32 | 4 zero bytes
-_INDEX_VERSION = 2
-_INDEX_MAGIC = b"TWIX"
 _SCAN_CHUNK = 4 * 1024 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 
@@ -88,6 +81,9 @@ class Segment:
     events: int = 0
     index_ids: array[int] = field(default_factory=lambda: array("Q"))
     index_pos: array[int] = field(default_factory=lambda: array("Q"))
+    # Per entry, the largest timestamp of the records before it (timeindex.py); None for a
+    # version 2 index file until a time lookup rebuilds it (time_column)
+    index_ts: array[int] | None = field(default_factory=lambda: array("q"))
     bytes_since_index: int = 0
     fsync_seconds: float = 0.0  # how long the last write's fdatasync took (the metrics)
     # Reads: a read-only mapping of the file's first len(_map) bytes (all committed), made at
@@ -205,28 +201,15 @@ class Segment:
                 data = f.read()
         except FileNotFoundError:
             return False
-        if len(data) < _INDEX_HEADER.size or (len(data) - _INDEX_HEADER.size) % 16:
-            log.warning("index file %s has a bad size: rebuilding it from the segment",
-                        self.index_path)  # fmt: skip
-            return False
-        magic, version, size, last_id, max_ts, events, crc = _INDEX_HEADER.unpack_from(data)
-        problem = None
-        if magic != _INDEX_MAGIC or version != _INDEX_VERSION:
-            problem = "is not a tidewire index"
-        elif size != self.size:
-            problem = f"describes {size} bytes of a {self.size}-byte segment"
-        elif _index_crc(data) != crc:
-            problem = "fails its CRC"
-        if problem is not None:
+        index = unpack_index(data, self.size)
+        if not isinstance(index, IndexFile):
             log.warning("index file %s %s: rebuilding it from the segment",
-                        self.index_path, problem)  # fmt: skip
+                        self.index_path, index)  # fmt: skip
             return False
-        entries = memoryview(data)[_INDEX_HEADER.size :].cast("Q")
-        ids, positions = array("Q", entries[0::2]), array("Q", entries[1::2])
-        if size and (not ids or positions[0] != 0 or positions[-1] >= size):
-            return False
-        self.last_id, self.max_timestamp, self.events = last_id, max_ts, events
-        self.index_ids, self.index_pos = ids, positions
+        self.last_id, self.max_timestamp, self.events = (index.last_id, index.max_timestamp,
+                                                         index.events)  # fmt: skip
+        self.index_ids, self.index_pos, self.index_ts = (index.index_ids, index.index_pos,
+                                                         index.index_ts)  # fmt: skip
         return True
 
     def _note_record(self, pos: int, length: int, count: int, base_id: int, last_id: int,
@@ -234,6 +217,8 @@ class Segment:
         if not self.index_ids or self.bytes_since_index >= interval:
             self.index_ids.append(base_id)
             self.index_pos.append(pos)
+            if self.index_ts is not None:  # (an active segment always has its time column)
+                self.index_ts.append(self.max_timestamp)  # the largest before this record
             self.bytes_since_index = 0
         self.bytes_since_index += length
         self.last_id = last_id
@@ -305,15 +290,8 @@ class Segment:
         """fdatasync a segment that will not grow any more (its last groups may be durable
         only in the journal so far), then write and fsync its index file."""
         os.fdatasync(self.fd)
-        entries = array("Q")
-        for i, p in zip(self.index_ids, self.index_pos, strict=True):
-            entries.append(i)
-            entries.append(p)
-        data = bytearray(_INDEX_HEADER.size) + entries.tobytes()
-        _INDEX_HEADER.pack_into(data, 0, _INDEX_MAGIC, _INDEX_VERSION, self.size, self.last_id,
-                                self.max_timestamp, self.events, 0)  # fmt: skip
-        _INDEX_HEADER.pack_into(data, 0, _INDEX_MAGIC, _INDEX_VERSION, self.size, self.last_id,
-                                self.max_timestamp, self.events, _index_crc(data))  # fmt: skip
+        data = pack_index(self.size, self.last_id, self.max_timestamp, self.events,
+                          self.index_ids, self.index_pos, self.time_column(self.view()))
         fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)
@@ -408,7 +386,7 @@ class Segment:
         """:meth:`read` from the mapping: no copy; each batch views the mapped pages (its
         values are checked by the body CRC at the first read in this process, verified.py,
         then only pass: to a socket, a decoder)."""
-        from_id, verified = budget.next_id, self._verified
+        from_id = budget.next_id
         while pos < end:  # skip whole records that end before from_id: headers only
             header = self._header(buf[:end], pos, pos)
             if header.last_id >= from_id:
@@ -416,19 +394,67 @@ class Segment:
             pos += header.length
         while pos < end and budget.open:
             header = self._header(buf[:end], pos, pos)
-            if pos + header.length > end:
-                raise CorruptLogError(self.path, pos, "record runs past the committed size")
-            stop = pos + header.length
-            checked = verified.covers(pos, stop)
-            try:
-                batch = decode_body(stream, header, buf, pos, verify=not checked)
-            except ValueError as exc:
-                raise CorruptLogError(self.path, pos, str(exc)) from None
-            if not checked:
-                verified.add(pos, stop)
+            batch = self._record(stream, header, buf, pos, end)
             if not budget.add(batch):
                 return
-            pos = stop
+            pos += header.length
+
+    def _record(self, stream: str, header: RecordHeader, buf: memoryview, pos: int,
+                end: int) -> Batch:  # fmt: skip
+        """The record at ``pos`` (its ``header`` parsed), its body CRC checked at its first read
+        in this process (verified.py)."""
+        if pos + header.length > end:
+            raise CorruptLogError(self.path, pos, "record runs past the committed size")
+        stop = pos + header.length
+        checked = self._verified.covers(pos, stop)
+        try:
+            batch = decode_body(stream, header, buf, pos, verify=not checked)
+        except ValueError as exc:
+            raise CorruptLogError(self.path, pos, str(exc)) from None
+        if not checked:
+            self._verified.add(pos, stop)
+        return batch
+
+    def time_column(self, view: SegmentView) -> array[int]:
+        """The index's ``ts_before`` column (timeindex.py) for ``view``'s entries; rebuilt here
+        from the record headers (not bodies) when the index file had none (version 2), once
+        per process. Any thread: a race rebuilds it twice, harmlessly."""
+        column = self.index_ts
+        if column is not None and len(column) >= view.index_entries:
+            return column
+        built, running, entry = array("q"), MIN_TS, 0
+        buf, pos = self._mapping(view.size), 0
+        while pos < view.size and entry < view.index_entries:
+            header = self._header(buf[: view.size], pos, pos)
+            if pos == self.index_pos[entry]:
+                built.append(running)
+                entry += 1
+            running = max(running, header.max_timestamp)
+            pos += header.length
+        if entry < view.index_entries:
+            raise CorruptLogError(self.path, pos, "an index entry falls between two records")
+        self.index_ts = built
+        return built
+
+    def find_time(self, stream: str, view: SegmentView, ms: int) -> int | None:
+        """The first id of the segment (as of ``view``) whose timestamp is at least ``ms``;
+        ``None`` when none is. Bisects the time column, walks headers from that entry to the
+        first record whose ``max_timestamp`` reaches ``ms`` (at most about
+        ``index_interval_bytes`` of them), and scans that record's timestamps."""
+        if view.size == 0 or not view.index_entries:
+            return None
+        entry = last_entry_below(self.time_column(view), view.index_entries, ms)
+        pos, end = int(self.index_pos[entry]), view.size
+        buf = self._mapping(end)
+        while pos < end:
+            header = self._header(buf[:end], pos, pos)
+            if header.max_timestamp >= ms:
+                batch = self._record(stream, header, buf, pos, end)
+                for i, ts in enumerate(batch.timestamps):
+                    if ts >= ms:
+                        return int(batch.ids[i])
+            pos += header.length
+        return None
 
     def _header(self, buf: bytes | memoryview, at: int, pos: int) -> RecordHeader:
         if len(buf) - at < HEADER_SIZE:
@@ -437,14 +463,6 @@ class Segment:
             return parse_header(buf, at)
         except HeaderError as exc:
             raise CorruptLogError(self.path, pos, str(exc)) from None
-
-
-def _index_crc(data: bytes | bytearray) -> int:
-    """CRC-32 of an index file with its CRC field (bytes 40..44) read as zero."""
-    view = memoryview(data)
-    crc = zlib.crc32(view[:40])
-    crc = zlib.crc32(b"\0\0\0\0", crc)
-    return zlib.crc32(view[44:], crc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -467,6 +467,13 @@ class Log:
             return []
         return stream.read(from_id, max_bytes, max_events)
 
+    def find_time(self, name: str, ms: int) -> int | None:
+        """The first committed id of ``name`` whose timestamp is at least ``ms``; ``None`` when
+        none is (or there is no such stream). Synchronous and thread-safe, like :meth:`read`
+        (:meth:`StreamLog.find_time`; docs/log.md, "Time index")."""
+        stream = self._streams.get(name)
+        return None if stream is None else stream.find_time(ms)
+
     async def read_async(
         self, name: str, from_id: int, max_bytes: int = 1024 * 1024, max_events: int = 2**63 - 1
     ) -> list[Batch]:

@@ -34,6 +34,7 @@ from ..record import EncodedRecord
 from .config import StreamSettings
 from .journal import Journal
 from .segment import ReadBudget, RollbackError, Segment, segment_name
+from .timeindex import first_reaching, running_maxima
 
 __all__ = ["StreamLog", "StreamStats", "Unpublished", "directory_name", "fsync_dir"]
 
@@ -122,6 +123,9 @@ class StreamLog:
         self._closed = False
         self._readers = 0  # reads doing I/O outside the lock
         self._graveyard: list[Segment] = []  # dropped segments whose fds readers may still use
+        # The sealed segments' running maxima of max_timestamp (timeindex.py), made by the
+        # first time lookup after a roll or retention changed the segments
+        self._sealed_maxima: list[int] | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ opening
@@ -390,6 +394,7 @@ class StreamLog:
             raise
         with self._lock:
             self.segments.append(new)
+            self._sealed_maxima = None
         return new
 
     def enforce_retention(self, now_ms: int) -> int:
@@ -414,6 +419,7 @@ class StreamLog:
                 removed.append(self.segments.pop(0))
                 total -= oldest.size
             self._publish()
+            self._sealed_maxima = None
             for seg in removed:
                 log.info("retention: stream %r drops %s (ids up to %d)",
                          self.name, seg.path, seg.last_id)  # fmt: skip
@@ -478,6 +484,35 @@ class StreamLog:
                 if not self._readers:
                     self._close_graveyard()
         return budget.out
+
+    def find_time(self, ms: int) -> int | None:
+        """The first committed id whose timestamp is at least ``ms`` (timestamps are the
+        clients' and need not grow with the ids); ``None`` when no event retained is that new.
+        O(log segments + log index entries), plus a walk over at most about
+        ``index_interval_bytes`` of record headers and the scan of one record's timestamps."""
+        with self._lock:
+            if self._closed or not self.segments:
+                raise LogClosedError(f"stream {self.name!r} is closed")
+            if self._sealed_maxima is None:
+                sealed = [seg.max_timestamp for seg in self.segments[:-1]]
+                self._sealed_maxima = running_maxima(sealed)
+            first = first_reaching(self._sealed_maxima, ms)
+            # the first sealed segment reaching ms, if any, then the active one
+            reaching = {id(s): s for s in (*self.segments[first:first + 1], self.segments[-1])}
+            candidates = [(seg.view(), seg.max_timestamp) for seg in reaching.values()]
+            self._readers += 1
+        try:  # as a read: the I/O without the lock, dropped segments closed by the last reader
+            for view, max_timestamp in candidates:
+                if max_timestamp >= ms:
+                    found = view.segment.find_time(self.name, view, ms)
+                    if found is not None:
+                        return found
+            return None
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if not self._readers:
+                    self._close_graveyard()
 
     def _close_graveyard(self) -> None:
         for seg in self._graveyard:

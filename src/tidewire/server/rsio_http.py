@@ -51,7 +51,7 @@ from ..hub.access import ANONYMOUS, Access, Principal
 from ..model import Batch, Forbidden, RemoteProtocolError, TidewireError
 from ..observe.logs import connection_log
 from ..observe.throttle import LogThrottle
-from ..protocols.rsio.names import PublisherName, PublisherNameError
+from ..protocols.rsio.names import FromTime, PublisherName, PublisherNameError
 from ..protocols.rsio_http import (
     ERROR_HEADER,
     SEQUENCE_HEADER,
@@ -105,6 +105,7 @@ def escaped(text: str, limit: int = 200) -> str:
 
 _ARGUMENTS = {  # the publisher's arguments, and what a refused value of each is told
     "from": "from= is not an id (0 to 2^63-1), earliest or latest",
+    "from-time": "from-time= is not a time in ms (0 to 2^63-1)",
     "until": "until= is not an id (0 to 2^63-1)",
     "key": "key= has a '%' not followed by two hex digits (write %25)",
     "format": "format must be envelope, value or records",
@@ -145,7 +146,9 @@ def publisher_name(stream: str, query: str) -> PublisherName:
             PublisherName.parse(stream + "?" + param)
         except PublisherNameError:
             raise BadRequest(_ARGUMENTS[arg]) from None
-    raise BadRequest("size=N needs format=value")  # (the one pair the grammar refuses)
+    if {"from", "from-time"} <= seen:  # (the two pairs the grammar refuses)
+        raise BadRequest("from= and from-time= exclude each other")
+    raise BadRequest("size=N needs format=value")
 
 
 def principal(request: web.Request) -> Principal:
@@ -209,7 +212,10 @@ class RsioHttp:
             return self._refuse(request, *full, headers={"Retry-After": "1"})
         batch = max(1, self.settings.max_response_bytes // 2)  # one delivery read ahead
         try:
-            hub_sub = self.hub.subscribe(name.stream, name.start, until_id=name.until,
+            start = name.start  # from-time=: resolved once, here (docs/protocols/rsio.md)
+            if isinstance(start, FromTime):
+                start = await self.hub.time_start(name.stream, start.ms)
+            hub_sub = self.hub.subscribe(name.stream, start, until_id=name.until,
                                          key=name.key, max_batch_bytes=batch, via="rsio-http")
         except (TidewireError, ValueError) as exc:
             return self._refuse(request, 400, str(exc))

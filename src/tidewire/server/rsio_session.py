@@ -33,7 +33,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 from ..hub import Hub, IngestLimits, RecordSubscription, Subscription, Throttle
 from ..hub.access import ANONYMOUS, Access, Principal, certificate_principal
@@ -65,6 +64,7 @@ from ..protocols.rsio import (
     Subscribed,
     SubscriptionErrored,
 )
+from ..protocols.rsio import names as grammar
 from ..protocols.rsio.codec import OnNextDecoded, OnNextRun
 from ..protocols.rsio.connection import State
 from ..protocols.rsio.events import Event
@@ -458,17 +458,14 @@ class RsioSession:
     def _source(self, publisher: str) -> tuple[_Source, PublisherName]:
         """What a subscription to ``publisher`` delivers from (checked against the ACL)."""
         if publisher.startswith("?"):  # the hub's own publishers (see docs)
-            field_name, eq, value = publisher[1:].partition("=")
-            if field_name != "streams":
-                raise PublisherNameError(f"unknown hub publisher {publisher!r} (try '?streams')")
-            names = [unquote(n, errors="strict") for n in value.split(",")] if eq and value else (
-                None)  # fmt: skip
-            listing = Listing(self.hub, names, self.access, self.principal)
+            own = grammar.HubPublisher.parse(publisher)
+            listing = Listing.of(self.hub, own.streams, own.times, self.access, self.principal)
             return listing, PublisherName("-", format="value")
         name = PublisherName.parse(publisher)
         self.access.check(self.principal, "read", name.stream)
-        sub = self.hub.subscribe(
-            name.stream, name.start, until_id=name.until, key=name.key,
+        sub = self.hub.subscribe(  # (from-time=: "latest" until the pump resolves it)
+            name.stream, "latest" if isinstance(name.start, grammar.FromTime) else name.start,
+            until_id=name.until, key=name.key,
             max_batch_bytes=MAX_DELIVERY_BYTES, via=self.via, connection=self.connection,
         )  # fmt: skip
         sub.account = self.readahead.account()
@@ -558,6 +555,8 @@ class RsioSession:
         delivery and write it: at most one delivery past the high-water mark per
         connection. (A listing, small and rare, is read first and written in its turn.)"""
         try:
+            if isinstance(name.start, grammar.FromTime) and not isinstance(sub, Listing):
+                await self.hub.seek_time(sub, name.start.ms)  # once, before the first read
             while True:
                 batches: list[Batch] | None = None
                 if isinstance(sub, Subscription | RecordSubscription):

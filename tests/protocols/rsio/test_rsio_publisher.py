@@ -17,7 +17,12 @@ from tidewire.protocols.rsio.envelopes import (
     envelope_parts,
     envelopes_to_batch,
 )
-from tidewire.protocols.rsio.names import PublisherName, PublisherNameError
+from tidewire.protocols.rsio.names import (
+    FromTime,
+    HubPublisher,
+    PublisherName,
+    PublisherNameError,
+)
 from tidewire.protocols.rsio.runs import (
     OfferRun,
     envelope_frames,
@@ -40,6 +45,10 @@ from tidewire.protocols.rsio.runs import (
         ("ticks?size=16&format=value", PublisherName("ticks", format="value", size=16)),
         ("a%3Fb%26c", PublisherName("a?b&c")),
         ("caf%C3%A9", PublisherName("café")),
+        ("orders?from-time=1700000000000", PublisherName("orders", FromTime(1700000000000))),
+        ("orders?from-time=0&until=9", PublisherName("orders", FromTime(0), 9)),
+        (f"orders?format=records&from-time={MAX_ID}",
+         PublisherName("orders", FromTime(MAX_ID), format="records")),
     ],
 )
 def test_parse(text: str, expected: PublisherName) -> None:
@@ -61,6 +70,14 @@ def test_parse(text: str, expected: PublisherName) -> None:
         ("orders?size=0", "size must be >= 1"),
         ("orders?size=4&format=envelope", "needs format=value"),
         ("orders?format=json", "envelope, value or records"),
+        ("orders?from-time=-1", "not an id"),
+        ("orders?from-time=1.5", "not an id"),
+        ("orders?from-time=", "not an id"),
+        ("orders?from-time=2026-11-26T10:00:00Z", "not an id"),
+        (f"orders?from-time={MAX_ID + 1}", "not an id"),
+        ("orders?from-time=5&from=1", "exclude each other"),
+        ("orders?from=latest&from-time=5", "exclude each other"),
+        ("orders?from-time=5&from-time=6", "bad or repeated"),
     ],
 )
 def test_refused(text: str, why: str) -> None:
@@ -81,7 +98,8 @@ names = st.builds(
     stream=st.text(
         st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=20
     ).filter(lambda s: _valid_stream(s)),
-    start=st.one_of(st.just("earliest"), st.just("latest"), st.integers(0, MAX_ID)),
+    start=st.one_of(st.just("earliest"), st.just("latest"), st.integers(0, MAX_ID),
+                    st.builds(FromTime, st.integers(0, MAX_ID))),
     until=st.none() | st.integers(0, MAX_ID),
     key=st.none() | st.binary(max_size=8),
     format=st.sampled_from(["envelope", "value"]),
@@ -91,6 +109,13 @@ names = st.builds(
 @given(names)
 def test_round_trip(name: PublisherName) -> None:
     assert PublisherName.parse(str(name)) == name
+
+
+def test_from_time_is_written_as_its_exact_bytes() -> None:
+    name = PublisherName("a b", FromTime(1700000000000), until=7)
+    assert str(name).encode() == b"a%20b?from-time=1700000000000&until=7"
+    with pytest.raises(ValueError, match="from-time"):
+        FromTime(-1)
 
 
 def test_envelope_golden_bytes() -> None:
@@ -315,3 +340,27 @@ def test_offer_parts_either_all_carry_ids_or_none() -> None:
     parts = _offer_parts(with_ids + without, [], 10)
     with pytest.raises(ValueError, match="either all carry ids"):
         join_offer_parts("s", parts, NOW)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("?streams", HubPublisher()),
+        ("?streams=", HubPublisher()),
+        ("?streams=a,b%2Cc", HubPublisher(streams=("a", "b,c"))),
+        ("?times=orders%3D1700000000000", HubPublisher(times=(("orders", 1700000000000),))),
+        ("?times=orders=5,a%2Cb%3D0", HubPublisher(times=(("orders", 5), ("a,b", 0)))),
+        ("?times=x%3Dy%3D7", HubPublisher(times=(("x=y", 7),))),
+    ],
+)
+def test_hub_publishers_parse(text: str, expected: HubPublisher) -> None:
+    assert HubPublisher.parse(text) == expected
+
+
+@given(st.lists(st.tuples(names.map(lambda n: n.stream), st.integers(0, MAX_ID)), min_size=1,
+                max_size=4))  # fmt: skip
+def test_hub_publisher_times_round_trip(pairs: list[tuple[str, int]]) -> None:
+    own = HubPublisher(times=tuple(pairs))
+    assert HubPublisher.parse(str(own)) == own
+    assert str(own).isascii()
+    assert "=" not in str(own).removeprefix("?times=")

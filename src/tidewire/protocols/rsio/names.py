@@ -5,27 +5,51 @@ The seed leaves the ``publisher`` String to the recipient. A subscription names 
     publisher = stream [ "?" param *( "&" param ) ]
     stream    = percent-encoded stream name (a literal "?", "&", "%" must be written %3F, %26, %25)
     param     = "from=" ( id | "earliest" | "latest" )   ; default: earliest
+              | "from-time=" ms                           ; first event with timestamp >= ms
               | "until=" id                               ; bounded: onComplete after this id
               | "key=" percent-encoded bytes              ; only events with this key
               | "format=" ( "envelope" | "value" | "records" )  ; default: envelope
               | "size=" N                                 ; fixed-size values: N bytes each
 
-and an ``offer`` (publishing extension) names where it writes (:class:`OfferName`). The element
-formats themselves are in :mod:`.envelopes` (envelopes) and :mod:`.runs` (frame runs).
+``from=`` and ``from-time=`` exclude each other; ``ms`` is 0..2**63-1 (ASCII digits), resolved
+to an id once, when the subscription is made (docs/protocols/rsio.md). An ``offer`` (publishing
+extension) names where it writes (:class:`OfferName`), and :class:`HubPublisher` the hub's own
+publishers (``?streams``, ``?times=``). The element formats themselves are in
+:mod:`.envelopes` (envelopes) and :mod:`.runs` (frame runs).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote, unquote, unquote_to_bytes
 
 from ...model import MAX_ID, InvalidStreamName, TidewireError, validate_stream_name
 
-__all__ = ["Format", "OfferName", "PublisherName", "PublisherNameError"]
+__all__ = [
+    "Format",
+    "FromTime",
+    "HubPublisher",
+    "OfferName",
+    "PublisherName",
+    "PublisherNameError",
+    "start_position",
+]
 
 Format = Literal["envelope", "value", "records"]
+
+
+@dataclass(frozen=True, slots=True)
+class FromTime:
+    """A start by time (``from-time=ms``): the first event whose timestamp is at least ``ms``
+    (milliseconds since the epoch, 0..2**63-1)."""
+
+    ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ms <= MAX_ID:
+            raise ValueError(f"from-time must be 0..2**63-1 ms, not {self.ms}")
 
 
 class PublisherNameError(TidewireError, ValueError):
@@ -35,7 +59,7 @@ class PublisherNameError(TidewireError, ValueError):
 @dataclass(frozen=True, slots=True)
 class PublisherName:
     stream: str
-    start: int | Literal["earliest", "latest"] = "earliest"
+    start: int | Literal["earliest", "latest"] | FromTime = "earliest"
     until: int | None = None
     key: bytes | None = None
     format: Format = "envelope"
@@ -54,7 +78,7 @@ class PublisherName:
             if not eq or name in fields:
                 raise PublisherNameError(f"bad or repeated parameter {param!r} in {text!r}")
             fields[name] = value
-        start: int | Literal["earliest", "latest"] = "earliest"
+        start: int | Literal["earliest", "latest"] | FromTime = "earliest"
         until = None
         key = None
         fmt: Format = "envelope"
@@ -62,6 +86,8 @@ class PublisherName:
         for name, value in fields.items():
             if name == "from":
                 start = value if value in ("earliest", "latest") else _id(value, text)  # type: ignore[assignment]
+            elif name == "from-time":
+                start = FromTime(_id(value, text))
             elif name == "until":
                 until = _id(value, text)
             elif name == "key":
@@ -81,6 +107,8 @@ class PublisherName:
                     raise PublisherNameError(f"size must be >= 1 in {text!r}")
             else:
                 raise PublisherNameError(f"unknown parameter {name!r} in {text!r}")
+        if "from" in fields and "from-time" in fields:
+            raise PublisherNameError(f"from= and from-time= exclude each other in {text!r}")
         if size and "format" in fields and fmt != "value":
             raise PublisherNameError(f"size=N needs format=value in {text!r}")
         if size:
@@ -89,7 +117,9 @@ class PublisherName:
 
     def __str__(self) -> str:
         params = []
-        if self.start != "earliest":
+        if isinstance(self.start, FromTime):
+            params.append(f"from-time={self.start.ms}")
+        elif self.start != "earliest":
             params.append(f"from={self.start}")
         if self.until is not None:
             params.append(f"until={self.until}")
@@ -167,6 +197,62 @@ class OfferName:
             params.append("txn=" + quote(self.txn, safe=""))
         name = quote(self.stream, safe="")
         return name + ("?" + "&".join(params) if params else "")
+
+
+@dataclass(frozen=True, slots=True)
+class HubPublisher:
+    """The hub's own publishers (a publisher String that starts with ``?``)::
+
+        hub-publisher = "?streams" [ "=" name *( "," name ) ]   ; the stream listing
+                      | "?times=" pair *( "," pair )             ; ids at times
+        name          = percent-encoded stream name (a "," written %2C)
+        pair          = percent-encoded ( stream "=" ms )        ; "=" may be written %3D
+
+    ``streams``: the names of ``?streams`` (``None``: every stream); ``times``: the
+    ``(stream, ms)`` pairs of ``?times`` (``None`` for ``?streams``).
+    """
+
+    streams: tuple[str, ...] | None = None
+    times: tuple[tuple[str, int], ...] | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HubPublisher:
+        field_name, eq, value = text.removeprefix("?").partition("=")
+        try:
+            items = [unquote(n, errors="strict") for n in value.split(",")] if eq and value else (
+                None)  # fmt: skip
+        except UnicodeDecodeError as exc:
+            raise PublisherNameError(f"bad name in hub publisher {text!r}: {exc}") from None
+        if field_name == "streams":
+            return cls(streams=None if items is None else tuple(items))
+        if field_name != "times":
+            raise PublisherNameError(f"unknown hub publisher {text!r} (try '?streams')")
+        if items is None:
+            raise PublisherNameError(f"?times needs stream=ms pairs in {text!r}")
+        pairs = []
+        for item in items:
+            stream, eq, ms = item.rpartition("=")
+            try:
+                pairs.append((validate_stream_name(stream), _id(ms, text)))
+            except InvalidStreamName as exc:
+                raise PublisherNameError(f"bad stream in {text!r}: {exc}") from None
+        return cls(times=tuple(pairs))
+
+    def __str__(self) -> str:
+        if self.times is not None:
+            return "?times=" + ",".join(quote(f"{s}={ms}", safe="") for s, ms in self.times)
+        if self.streams is None:
+            return "?streams"
+        return "?streams=" + ",".join(quote(n, safe="") for n in self.streams)
+
+
+def start_position(from_id: int | str | FromTime) -> Any:
+    """``from_id`` as :class:`PublisherName`'s ``start`` (an id, "earliest", "latest" or a
+    :class:`FromTime`); :class:`ValueError` for anything else."""
+    if not isinstance(from_id, int | FromTime) and from_id not in ("earliest", "latest"):
+        raise ValueError(f"from_id must be an id, 'earliest', 'latest' or a FromTime, "
+                         f"not {from_id!r}")  # fmt: skip
+    return from_id
 
 
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
