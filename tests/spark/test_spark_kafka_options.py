@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from tidewire.spark.hubs import HubError, HubSession
 from tidewire.spark.planning import (
     MAX_TRIGGER_DELAY_MS,
     OptionError,
@@ -337,3 +338,46 @@ def test_delay_batch_holds_until_enough_or_the_delay_passed() -> None:
     # a stream not in start yet counts nothing; one behind its start counts nothing
     assert delay_batch(now_ms=1, last_ms=0, start={"a": 9}, latest={"a": 3, "b": 50},
                        min_events=1, delay_ms=5)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the hub's lookup
+
+
+class _OldClient:
+    """An RS.io client from before the time index: no ``ids_at``."""
+
+    async def close(self) -> None:
+        pass
+
+
+class _Client(_OldClient):
+    def __init__(self) -> None:
+        self.asked: list[dict[str, int]] = []
+
+    async def ids_at(self, times: dict[str, int]) -> dict[str, int | None]:
+        self.asked.append(times)
+        return {name: None if ms > 100 else ms + 1 for name, ms in times.items()}
+
+
+def test_a_hub_session_asks_its_clients_ids_at_or_says_it_cannot_look_up_times() -> None:
+    session = HubSession("rsio://127.0.0.1:1")  # never connected: the client is given
+    try:
+        session.client = _OldClient()  # type: ignore[assignment]
+        with pytest.raises(HubError, match=r"rsio://127\.0\.0\.1:1: this hub cannot look up times"):
+            session.ids_at({"a": 5})
+        client = _Client()
+        session.client = client  # type: ignore[assignment]
+        assert session.ids_at({"a": 5, "b": 500}) == {"a": 6, "b": None}
+        assert session.ids_at({}) == {}  # nothing asked
+        assert client.asked == [{"a": 5, "b": 500}]
+    finally:
+        session.close()
+
+
+def test_messages_spell_options_as_the_docs_do_though_spark_lowercases_keys() -> None:
+    assert "'maxEventsPerTrigger'" in _refused({"streams": "a", "maxeventspertrigger": "5"})
+    message = _refused({"streams": "a", "includeheaders": "true"}, streaming=True)
+    assert "'includeHeaders' is Kafka's" in message
+    message = _refused({"streams": "a", "maxoffsetspertrigger": "1", "maxeventspertrigger": "2"},
+                       streaming=True)  # fmt: skip
+    assert "'maxOffsetsPerTrigger' and 'maxEventsPerTrigger'" in message

@@ -82,6 +82,17 @@ _KNOWN = {
     "startingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy", "endingtimestamp",
     "endingoffsetsbytimestamp",
 }  # fmt: skip
+_NAMES = [
+    "startingOffsets", "endingOffsets", "maxEventsPerTrigger", "failOnDataLoss",
+    "eventsPerPartition", "minPartitions", "batchRows", "tuneAllocator", "subscribePattern",
+    "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "maxRecordsPerPartition",
+    "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
+    "endingTimestamp", "endingOffsetsByTimestamp", "assign", "groupIdPrefix", "includeHeaders",
+    "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
+]  # fmt: skip
+_SPELLING = {name.lower(): name for name in _NAMES}
+"""How the documentation spells each option, for messages: Spark hands a source its options
+with their keys in lower case."""
 _SPARKS = {"path", "checkpointlocation", "queryname"}  # Spark's own, passed to every source
 _KAFKAS = {
     "assign": "a tidewire stream is one partition: name streams with 'streams' (or 'subscribe')",
@@ -104,7 +115,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, writing: bool 
     spelled: dict[str, str] = {}  # the user's spelling, for messages
     for key, value in options.items():
         lowered[key.lower()] = value
-        spelled[key.lower()] = key
+        spelled[key.lower()] = _SPELLING.get(key.lower(), key)
     _refuse_unknown(lowered, spelled)
     gateways = "gateways" in lowered
     urls = _urls(lowered)
