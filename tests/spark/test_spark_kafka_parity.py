@@ -1,8 +1,8 @@
 """Spark's Kafka source's options in a real Spark session (``local[2]``, the session fixture)
 against a real hub (``tidewire serve`` on free ports, stopped by pid): ``minOffsetsPerTrigger``
 with ``maxTriggerDelay``, ``subscribePattern`` picking up a stream created while the query
-runs, options written in mixed case. The pure decisions are tested without a JVM in
-test_spark_kafka_options.py."""
+runs, the timestamp options (on a tree with the hub's time index), options in mixed case. The
+pure decisions are tested without a JVM in test_spark_kafka_options.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from hubproc import HubProcess
 from spark_rows import QUERY_TIMEOUT, publish, source_batch
+from tidewire.client.rsio import RsioClient
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -143,3 +144,48 @@ def test_subscribe_pattern_picks_up_a_stream_created_while_the_query_runs(
     assert sorted((r.stream, r.id) for r in batch) == (
         [("ev-a", i) for i in range(1, 7)] + [("ev-b", i) for i in range(1, 4)]
     )
+
+
+T0 = 1_700_000_000_000  # source_batch's events: id i at T0 + 7 * i ms
+
+
+@pytest.mark.skipif(not hasattr(RsioClient, "ids_at"),
+                    reason="no time index here (RsioClient.ids_at: issue 23, item 1)")  # fmt: skip
+def test_timestamp_options_start_and_end_at_times(
+    spark: SparkSession, hub: str, tmp_path: Path
+) -> None:
+    publish(hub, "t", source_batch("t", 1, 20))
+    publish(hub, "u", source_batch("u", 1, 10))
+
+    def ids(**options: str) -> list[tuple[str, int]]:
+        reader = spark.read.format("tidewire").option("url", hub).option("streams", "t,u")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return sorted((r.stream, r.id) for r in reader.load().select("stream", "id").collect())
+
+    # t from id 5 to before id 12 (Kafka's nested JSON), u from id 5 to its end
+    got = ids(STARTINGTIMESTAMP=str(T0 + 35), startingOffsets="latest",
+              endingOffsetsByTimestamp=f'{{"t": {{"0": {T0 + 84}}}}}')  # fmt: skip
+    assert got == [("t", i) for i in range(5, 12)] + [("u", i) for i in range(5, 11)]
+    # a time between two events: the first event after it; u, not named: startingOffsets
+    got = ids(startingOffsetsByTimestamp=f'{{"t": {T0 + 130}}}')
+    assert got == [("t", 19), ("t", 20)] + [("u", i) for i in range(1, 11)]
+    # endingTimestamp wins over endingOffsets
+    got = ids(endingTimestamp=str(T0 + 21), endingOffsets='{"t": 2}')
+    assert got == [("t", 1), ("t", 2), ("u", 1), ("u", 2)]
+    # u has no event that new: an error naming it, or its end with the strategy latest
+    with pytest.raises(Exception, match="stream 'u' has no event at or after"):
+        ids(startingTimestamp=str(T0 + 105))
+    got = ids(startingTimestamp=str(T0 + 105), startingOffsetsByTimestampStrategy="Latest")
+    assert got == [("t", i) for i in range(15, 21)]
+
+    # streaming: a new query starts at the time, and reads on from there
+    df = (spark.readStream.format("tidewire").option("url", hub).option("streams", "t")
+          .option("startingOffsetsByTimestamp", f'{{"t": {T0 + 126}}}').load())  # fmt: skip
+    query = (df.writeStream.format("noop").trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).start())  # fmt: skip
+    try:
+        assert query.awaitTermination(QUERY_TIMEOUT), "the query did not finish in time"
+        assert [p.numInputRows for p in query.recentProgress if p.numInputRows] == [3]  # 18..20
+    finally:
+        query.stop()
