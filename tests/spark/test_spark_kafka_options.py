@@ -325,7 +325,7 @@ def test_max_trigger_delay_defaults_to_15_minutes() -> None:
 def test_delay_batch_holds_until_enough_or_the_delay_passed() -> None:
     start, few, enough = {"a": 1, "b": 1}, {"a": 3, "b": 4}, {"a": 5, "b": 7}
 
-    def held(now: int, latest: Mapping[str, int], last: int = 10_000) -> bool:
+    def held(now: int, latest: Mapping[str, int], last: int | None = 10_000) -> bool:
         return delay_batch(now_ms=now, last_ms=last, start=start, latest=latest, min_events=10,
                            delay_ms=2000)  # fmt: skip
 
@@ -333,7 +333,7 @@ def test_delay_batch_holds_until_enough_or_the_delay_passed() -> None:
     assert held(11_999, few)  # 1 ms before the delay is up
     assert not held(12_000, few)  # the delay is up: fire with what there is
     assert not held(10_001, enough)  # 10 waiting: fire at once
-    assert not held(10_001, few, last=0)  # the first trigger is never held (Kafka's)
+    assert not held(10_001, few, last=None)  # the first trigger is never held (Kafka's)
     assert held(10_001, start)  # nothing waiting is held too (nothing to run anyway)
     # a stream not in start yet counts nothing; one behind its start counts nothing
     assert delay_batch(now_ms=1, last_ms=0, start={"a": 9}, latest={"a": 3, "b": 50},

@@ -47,7 +47,7 @@ def duration_ms(text: str) -> int:
 def delay_batch(
     *,
     now_ms: int,
-    last_ms: int,
+    last_ms: int | None,
     start: Mapping[str, int],
     latest: Mapping[str, int],
     min_events: int,
@@ -55,9 +55,11 @@ def delay_batch(
 ) -> bool:
     """Whether to hold this trigger back (Kafka's ``delayBatch``): true while fewer than
     ``min_events`` ids lie between ``start`` and ``latest`` over all streams, unless
-    ``delay_ms`` have passed since ``last_ms``, when the last micro-batch ran (0 before any:
-    a query's first trigger is never held). A stream missing from ``start`` counts nothing."""
-    if now_ms - last_ms >= delay_ms:
+    ``delay_ms`` have passed since ``last_ms``, when the last micro-batch ran (None before
+    any: a query's first trigger is never held, as Kafka's, whose ``lastTriggerMillis`` starts
+    at 0). ``now_ms`` and ``last_ms`` are read from one clock, any (the source uses a monotonic
+    one). A stream missing from ``start`` counts nothing."""
+    if last_ms is None or now_ms - last_ms >= delay_ms:
         return False
     waiting = sum(max(0, end - start[name]) for name, end in latest.items() if name in start)
     return waiting < min_events

@@ -247,13 +247,13 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     Spark keeps one reader for the query's life in its planner process, so its state holds:
     ``_target`` (``Trigger.AvailableNow``'s end) and ``_last_ms`` (when the last micro-batch
-    that read something was planned, for ``maxTriggerDelay``; 0: none yet, so the query's
-    first trigger is never held, as Kafka's)."""
+    that read something was planned, on the monotonic clock, for ``maxTriggerDelay``; None:
+    none yet, so the query's first trigger is never held, as Kafka's)."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end
-        self._last_ms = 0
+        self._last_ms: int | None = None
 
     def initialOffset(self) -> dict[str, int]:
         info = _located(self.options)
@@ -279,9 +279,9 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:  # a stream found since holds only newer events: none
             latest = {s: min(latest[s], self._target.get(s, start[s])) for s in latest}
         if isinstance(limit, ReadAllAvailable):
-            return latest
+            return cap_offsets(start, latest, None)  # (never below start)
         min_events = self.options.min_events_per_trigger
-        now_ms = int(time.time() * 1000)
+        now_ms = int(time.monotonic() * 1000)  # (a wall clock set back would hold triggers)
         if min_events is not None and self._target is None and delay_batch(
             now_ms=now_ms, last_ms=self._last_ms, start=start, latest=latest,
             min_events=min_events, delay_ms=self.options.max_trigger_delay_ms,
