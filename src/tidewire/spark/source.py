@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,6 +254,7 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end
         self._last_ms: int | None = None
+        self.clock: Callable[[], float] = time.monotonic  # seconds; tests put a fake one here
 
     def initialOffset(self) -> dict[str, int]:
         info = _located(self.options)
@@ -281,7 +282,7 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadAllAvailable):
             return cap_offsets(start, latest, None)  # (never below start)
         min_events = self.options.min_events_per_trigger
-        now_ms = int(time.monotonic() * 1000)  # (a wall clock set back would hold triggers)
+        now_ms = int(self.clock() * 1000)  # (monotonic: a wall clock set back would hold)
         if min_events is not None and self._target is None and delay_batch(
             now_ms=now_ms, last_ms=self._last_ms, start=start, latest=latest,
             min_events=min_events, delay_ms=self.options.max_trigger_delay_ms,
