@@ -198,11 +198,11 @@ def test_a_typo_is_refused_naming_it() -> None:
 
 def test_every_unknown_option_is_named() -> None:
     message = _error(
-        {"url": URL, "streams": "a", "maxOffsetsPerTrigger": "5", "kafka.bootstrap": "x"},
+        {"url": URL, "streams": "a", "maxOffsetPerTrigger": "5", "startingTime": "x"},
         streaming=True,
     )
-    assert "maxoffsetspertrigger" in message.lower()
-    assert "kafka.bootstrap" in message.lower()
+    assert "maxoffsetpertrigger" in message.lower()
+    assert "startingtime" in message.lower()
 
 
 def test_max_events_per_trigger_is_for_streaming_only() -> None:
@@ -338,7 +338,7 @@ def test_json_naming_an_unknown_stream_is_refused(which: str) -> None:
     assert "'other'" in str(caught.value)
 
 
-@pytest.mark.parametrize("text", ["{", "{'a': 5}", "nope", "", "Earliest"])
+@pytest.mark.parametrize("text", ["{", "{'a': 5}", "nope", "", "Earliest!", "earliest,"])
 def test_bad_json_is_refused(text: str) -> None:
     with pytest.raises(OptionError) as caught:
         starting_offsets(_read(text), INFO)
@@ -386,9 +386,27 @@ def test_cap_shares_evenly() -> None:
     assert sorted(e - 1 for e in end.values()) == [3, 3, 4]
 
 
-def test_cap_gives_a_small_streams_leftover_to_the_others() -> None:
+def test_cap_is_proportional_to_what_each_stream_has_waiting() -> None:
+    # Kafka's rateLimit: limit * size / total, floored (a: 2/2002 of 20 is < 1: raised to 1)
     end = cap_offsets({"a": 1, "b": 1, "c": 1}, {"a": 3, "b": 1001, "c": 1001}, 20)
-    assert end == {"a": 3, "b": 10, "c": 10}
+    assert end == {"a": 2, "b": 11, "c": 10}  # 1 + 9 + 9 = 19: the last id to b (tie: name)
+    end = cap_offsets({"a": 1, "b": 1}, {"a": 301, "b": 101}, 40)
+    assert end == {"a": 31, "b": 11}  # 300:100 -> 30:10, as Kafka
+    end = cap_offsets({"big": 1, "small": 1}, {"big": 1001, "small": 2}, 10)
+    assert end == {"big": 10, "small": 2}  # small is not starved: at least one id
+
+
+def test_cap_takes_back_what_kafkas_rounding_up_would_add() -> None:
+    # Kafka would grant 1 to each of the nine small streams and 9 to big: 18 for a cap of 10
+    latest = {"big": 1001, **{f"s{i}": 2 for i in range(9)}}
+    start = dict.fromkeys(latest, 1)
+    end = cap_offsets(start, latest, 10)
+    assert sum(e - start[s] for s, e in end.items()) == 10
+    assert all(end[f"s{i}"] == 2 for i in range(9))  # every small stream got its one
+    assert end["big"] == 2  # the biggest share gave its ids back (it has the most waiting)
+    # fewer ids than streams: the biggest streams first
+    end = cap_offsets({"a": 1, "b": 1, "c": 1}, {"a": 5, "b": 3, "c": 2}, 2)
+    assert end == {"a": 2, "b": 2, "c": 1}
 
 
 def test_cap_skips_a_stream_whose_latest_is_below_its_start() -> None:
@@ -428,12 +446,15 @@ def test_cap_property(streams: dict[str, tuple[int, int]], max_events: int | Non
     total = sum(available.values())
     if max_events is None or max_events >= total:
         assert end == {name: max(start[name], latest[name]) for name in start}
-    else:
-        assert sum(grant.values()) == max_events  # never more, and no budget left unused
-        # fair: a stream that got less than it could have got at most one less than any other
-        for name in start:
-            if grant[name] < available[name]:
-                assert all(grant[other] <= grant[name] + 1 for other in start)
+        return
+    assert sum(grant.values()) == max_events  # never more, and no budget left unused
+    waiting = [name for name in start if available[name]]
+    small = sum(1 for name in waiting if max_events * available[name] < total)
+    if max_events >= len(waiting):
+        assert all(grant[name] >= 1 for name in waiting)  # nobody starved
+    for name in waiting:  # proportional: off the exact share by the small streams' ones at most
+        share = max_events * available[name] / total
+        assert share - 1 - small < grant[name] < share + 1 + small
 
 
 # --------------------------------------------------------------------------- check_data_loss

@@ -20,7 +20,7 @@ got, a commit offers the same transaction id again (stored once: ``tidewire.hub.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import suppress
 from types import TracebackType
 
@@ -32,7 +32,17 @@ from ..client.rsio import Receipt, RsioClient, RsioError, connect
 from ..model import Batch, TidewireError
 from .planning import StreamInfo
 
-__all__ = ["FAILOVER", "GROUP_BYTES", "HubError", "HubSession", "home_hub", "locate", "locate_any"]
+__all__ = [
+    "FAILOVER",
+    "GROUP_BYTES",
+    "HubError",
+    "HubSession",
+    "home_hub",
+    "ids_at",
+    "list_streams",
+    "locate",
+    "locate_any",
+]
 
 FAILOVER = Retry(initial=0.05, maximum=1.0, attempts=12, give_up_after=30.0)
 """How a session over several gateways tries again: per outage at most 12 tries (4 rounds of
@@ -126,6 +136,28 @@ class HubSession:
             for r in rows  # type: ignore[attr-defined]
         ]
 
+    def ids_at(self, times: dict[str, int]) -> dict[str, int | None]:
+        """For each ``{stream: ms}``, the first id whose timestamp is ``>= ms`` (None: every
+        event is older), from the hub's time index (the RS.io client's ``ids_at``, the hub's
+        ``?times`` publisher). A client or hub without it: :class:`HubError` saying so."""
+
+        async def ask() -> dict[str, int | None]:
+            client: object = self._client
+            if isinstance(client, ReconnectingClient) and not hasattr(client, "ids_at"):
+                client = await client.connection()  # (a reconnecting client may not relay it)
+            # getattr: the time index is newer than this reader (issue 23), and an older
+            # tidewire client has no ids_at; say so rather than fail with an AttributeError.
+            lookup = getattr(client, "ids_at", None)
+            if lookup is None:
+                raise HubError(f"hub {self.url}: this hub cannot look up times (its client has "
+                               "no ids_at: a tidewire without the time index)")  # fmt: skip
+            found: dict[str, int | None] = await lookup(times)
+            return found
+
+        if not times:
+            return {}
+        return self._run(ask())  # type: ignore[return-value]
+
     def read(self, stream: str, start: int, end: int, prefetch: int) -> Iterator[Batch]:
         """Batches of ids ``[start, end)`` of ``stream`` (an error if retention removed some)."""
         for group in self.read_groups(stream, start, end, prefetch, rows=1):
@@ -198,9 +230,51 @@ def locate(
     return found
 
 
-def locate_any(urls: Sequence[str], streams: Sequence[str], *,
+def locate_any(urls: Sequence[str], streams: Sequence[str] | None, *,
                timeout: float = 60.0) -> dict[str, StreamInfo]:  # fmt: skip
     """What the first of the gateways ``urls`` that answers says of each of ``streams`` (every
-    gateway serves every stream, so one answer is the cluster's)."""
+    gateway serves every stream, so one answer is the cluster's); ``None``: of every stream
+    there is."""
     with HubSession(urls[0], timeout=timeout, gateways=urls) as hub:
-        return {info.stream: info for info in hub.streams(list(streams))}
+        return {info.stream: info for info in
+                hub.streams(None if streams is None else list(streams))}  # fmt: skip
+
+
+def list_streams(urls: Sequence[str], *, gateways: bool,
+                 timeout: float = 60.0) -> dict[str, StreamInfo]:  # fmt: skip
+    """Every stream that exists on the hubs ``urls`` (``?streams``; with ``gateways``, on the
+    cluster they all serve), for ``subscribePattern``. A stream on two independent hubs is an
+    error, as in :func:`locate`."""
+    if gateways:
+        listed = locate_any(urls, None, timeout=timeout)
+        return {name: info for name, info in listed.items() if info.exists}
+    found: dict[str, StreamInfo] = {}
+    for url in urls:
+        with HubSession(url, timeout=timeout) as hub:
+            for info in hub.streams(None):
+                other = found.get(info.stream)
+                if other is not None:
+                    raise HubError(f"stream {info.stream!r} exists on two hubs, {other.url} "
+                                   f"and {url}: each stream must live on one")  # fmt: skip
+                if info.exists:
+                    found[info.stream] = info
+    return found
+
+
+def ids_at(
+    info: Mapping[str, StreamInfo], times: dict[str, int], *, gateways: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> dict[str, int | None]:
+    """:meth:`HubSession.ids_at` of each stream of ``times`` at the hub ``info`` places it on
+    (one session per hub), or at any of the ``gateways``."""
+    if gateways:
+        with HubSession(gateways[0], timeout=timeout, gateways=gateways) as hub:
+            return hub.ids_at(times)
+    by_hub: dict[str, dict[str, int]] = {}
+    for name, ms in times.items():
+        by_hub.setdefault(info[name].url, {})[name] = ms
+    found: dict[str, int | None] = {}
+    for url, asked in by_hub.items():
+        with HubSession(url, timeout=timeout) as hub:
+            found.update(hub.ids_at(asked))
+    return found

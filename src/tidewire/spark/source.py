@@ -25,8 +25,9 @@ last id it read, and a commit that fails offers the same transaction id at the n
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,27 +46,33 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
 from ..native import tune_allocator
 from .arrow import SCHEMA_DDL, from_arrow, group_to_arrow
-from .hubs import HubError, HubSession, locate, locate_any
+from .hubs import HubError, HubSession, ids_at, list_streams, locate, locate_any
 from .planning import (
     BATCH_ROWS,
+    DataLossSparkError,
     OptionError,
     Options,
     Range,
     StreamInfo,
+    TimeLookup,
     cap_offsets,
     check_data_loss,
+    delay_batch,
     ending_offsets,
     latest_offsets,
+    match_streams,
     parse_options,
     split_ranges,
     spread,
     starting_offsets,
+    stream_names,
 )
 
 __all__ = ["TidewireDataSource", "register"]
@@ -188,9 +195,23 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
 
 
 def _located(options: Options) -> dict[str, StreamInfo]:
+    """What the hubs say of the streams to read: those named, or (``subscribePattern``) every
+    stream that exists now and matches."""
+    if options.pattern is not None:
+        listed = list_streams(options.urls, gateways=options.gateways)
+        return {name: listed[name] for name in match_streams(options.pattern, list(listed))}
     if options.gateways:
         return locate_any(options.urls, options.streams)
     return locate(options.urls, options.streams)
+
+
+def _lookup(options: Options, info: dict[str, StreamInfo]) -> TimeLookup:
+    """The time lookup for the timestamp options, at the hubs that hold the streams."""
+
+    def lookup(times: dict[str, int]) -> dict[str, int | None]:
+        return ids_at(info, times, gateways=options.urls if options.gateways else ())
+
+    return lookup
 
 
 class TidewireReader(DataSourceReader):
@@ -202,12 +223,13 @@ class TidewireReader(DataSourceReader):
         missing = [s for s in options.streams if not info[s].exists]
         if missing:
             raise OptionError(f"stream(s) {missing} exist on none of the hubs {list(options.urls)}")
+        lookup = _lookup(options, info)
         start, lost = check_data_loss(
-            starting_offsets(options, info), info, fail=options.fail_on_data_loss
+            starting_offsets(options, info, lookup), info, fail=options.fail_on_data_loss
         )
         for message in lost:
             log.warning("%s; skipping them (failOnDataLoss=false)", message)
-        end = ending_offsets(options, info)
+        end = ending_offsets(options, info, lookup)
         self.ranges = split_ranges(start, end, info,
                                    events_per_partition=options.events_per_partition,
                                    min_partitions=options.min_partitions)  # fmt: skip
@@ -220,44 +242,89 @@ class TidewireReader(DataSourceReader):
 
 
 class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets ``{stream: next id}``; ``maxEventsPerTrigger`` through admission control."""
+    """Offsets ``{stream: next id}``; ``maxOffsetsPerTrigger`` and ``minOffsetsPerTrigger``
+    with ``maxTriggerDelay`` through admission control, applied here (see :mod:`.limits`).
+
+    Spark keeps one reader for the query's life in its planner process, so its state holds:
+    ``_target`` (``Trigger.AvailableNow``'s end) and ``_last_ms`` (when the last micro-batch
+    that read something was planned, on the monotonic clock, for ``maxTriggerDelay``; None:
+    none yet, so the query's first trigger is never held, as Kafka's)."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow's end
+        self._last_ms: int | None = None
+        self.clock: Callable[[], float] = time.monotonic  # seconds; tests put a fake one here
 
     def initialOffset(self) -> dict[str, int]:
-        return starting_offsets(self.options, _located(self.options))
+        info = _located(self.options)
+        return starting_offsets(self.options, info, _lookup(self.options, info))
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        # PySpark has no composite limit (Kafka's default is min and max together): the limit
+        # only tells latestOffset "not everything"; it applies both from the options.
         if self.options.max_events_per_trigger is not None:
             return ReadMaxRows(self.options.max_events_per_trigger)
+        if self.options.min_events_per_trigger is not None:
+            return ReadMinRows(self.options.min_events_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = latest_offsets(_located(self.options), self.options.streams)
+        info = _located(self.options)
+        self._target = latest_offsets(info, stream_names(self.options, info))
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        start = self._complete(start)
-        latest = latest_offsets(_located(self.options), self.options.streams)
-        if self._target is not None:
-            latest = {s: min(latest[s], self._target[s]) for s in latest}
+        info = _located(self.options)
+        start = self._complete(start, info)
+        latest = latest_offsets(info, list(start))
+        if self._target is not None:  # a stream found since holds only newer events: none
+            latest = {s: min(latest[s], self._target.get(s, start[s])) for s in latest}
+        if isinstance(limit, ReadAllAvailable):
+            return cap_offsets(start, latest, None)  # (never below start)
+        min_events = self.options.min_events_per_trigger
+        now_ms = int(self.clock() * 1000)  # (monotonic: a wall clock set back would hold)
+        if min_events is not None and self._target is None and delay_batch(
+            now_ms=now_ms, last_ms=self._last_ms, start=start, latest=latest,
+            min_events=min_events, delay_ms=self.options.max_trigger_delay_ms,
+        ):  # fmt: skip
+            return start  # held: the same offsets, so Spark runs no micro-batch
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return cap_offsets(start, latest, max_rows)
+        end = cap_offsets(start, latest, max_rows)
+        if end != start:
+            self._last_ms = now_ms
+        return end
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return latest_offsets(_located(self.options), self.options.streams)
+        info = _located(self.options)
+        return latest_offsets(info, stream_names(self.options, info))
 
-    def _complete(self, offsets: dict[str, int]) -> dict[str, int]:
-        missing = [s for s in self.options.streams if s not in offsets]
-        if missing:  # a stream added to 'streams' after the checkpoint: from its start
-            added = starting_offsets(self.options, _located(self.options))
+    def _complete(self, offsets: dict[str, int], info: dict[str, StreamInfo]) -> dict[str, int]:
+        """``offsets`` for the streams read now: a stream added to 'streams' after the
+        checkpoint starts as 'startingOffsets' says, one that 'subscribePattern' found since
+        starts at its beginning (as Kafka's new partitions). A matched stream that is gone
+        fails the query (``failOnDataLoss``) or is dropped with a warning."""
+        names = stream_names(self.options, info)
+        missing = [s for s in names if s not in offsets]
+        if missing and self.options.pattern is None:
+            added = starting_offsets(self.options, info, _lookup(self.options, info))
             offsets = {**offsets, **{s: added[s] for s in missing}}
-        return {s: int(offsets[s]) for s in self.options.streams}
+        elif missing:
+            offsets = {**offsets, **{s: info[s].earliest for s in missing}}
+        gone = sorted(set(offsets) - set(names))
+        if gone and self.options.pattern is not None:
+            message = (f"stream(s) {gone} matched by subscribePattern no longer exist: events "
+                       "not read yet may be lost")  # fmt: skip
+            if self.options.fail_on_data_loss:
+                raise DataLossSparkError(message + "; set failOnDataLoss=false to go on")
+            log.warning("%s; going on without them (failOnDataLoss=false)", message)
+        return {s: int(offsets[s]) for s in names}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        start, end = self._complete(start), self._complete(end)
         info = _located(self.options)
+        if self.options.pattern is not None:  # the streams of this micro-batch, found or not
+            info = {s: info.get(s) or StreamInfo(s, self.options.urls[0], False, None, 0)
+                    for s in end}  # fmt: skip
+        start, end = self._complete(start, info), self._complete(end, info)
         start, lost = check_data_loss(start, info, fail=self.options.fail_on_data_loss)
         for message in lost:
             log.warning("%s; skipping them (failOnDataLoss=false)", message)
