@@ -46,6 +46,8 @@ PASS = [
     ("POST", "/api/x", {**ADMIN, "Origin": "http://a.corp.example:1"}, "a.corp.example:1"),
     ("POST", "/api/x", {**ADMIN, "Content-Type": "application/json; charset=utf-8"}, HOST),
     ("POST", "/api/x", ADMIN, "localhost:7480"),
+    # behind a proxy that ends TLS: the page is https://, the hub's listener plain HTTP
+    ("POST", "/api/x", {**ADMIN, "Origin": "https://hub.example.com"}, "hub.example.com"),
     # reads from another site are the browser's to keep from the page (no CORS answer)
     ("GET", "/api/stats", {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
      HOST),
@@ -67,7 +69,7 @@ REFUSED = [
     ("PUT", "/rsio/pub/orders", {"Origin": "http://evil.example"}, HOST, "Origin"),
     ("PUT", "/rsio/pub/orders", {"Sec-Fetch-Site": "same-site"}, HOST, "Sec-Fetch-Site"),
     ("PUT", "/rsio/pub/orders", {"Origin": "null"}, HOST, "Origin"),
-    ("PUT", "/rsio/pub/orders", {"Origin": "https://127.0.0.1:7480"}, HOST, "Origin"),
+    ("PUT", "/rsio/pub/orders", {"Origin": "http://127.0.0.2:7480"}, HOST, "Origin"),
     ("PUT", "/rsio/pub/orders", {"Origin": "http://127.0.0.1:7481"}, HOST, "Origin"),
     ("PUT", "/rsio/pub/orders", [("Origin", "http://127.0.0.1:7480")] * 2, HOST, "Origin"),
     ("DELETE", "/x", [("Sec-Fetch-Site", "same-origin"), ("Sec-Fetch-Site", "cross-site")],
@@ -109,6 +111,8 @@ def test_over_tls_the_certificate_binds_the_name() -> None:
     assert refusal("POST", "/api/x", rebound, host="evil.example:7480") is not None
     origin = {**ADMIN, "Origin": "https://hub.example.com"}
     assert refusal("POST", "/api/x", origin, host="hub.example.com:443", secure=True) is None
+    downgraded = {**ADMIN, "Origin": "http://hub.example.com"}  # (an http page, a TLS hub)
+    assert refusal("POST", "/api/x", downgraded, host="hub.example.com", secure=True) is not None
 
 
 def test_allowed_hosts_from_the_settings() -> None:

@@ -10,7 +10,8 @@ forgery, DNS rebinding). docs/security.md, "Browsers", says why each rule is the
 * :func:`cross_site_refusal`: why a request is refused, or ``None``. A request that changes
   state (any method but ``GET``, ``HEAD``, ``OPTIONS``) is refused when its ``Sec-Fetch-Site``
   is present and not ``same-origin`` or ``none``, or its ``Origin`` is present and not the
-  request's own origin (scheme and ``Host``). An admin write (such a request under ``/api/``)
+  request's own origin (scheme and ``Host``; on a plain listener ``https://`` and ``Host`` too,
+  for a proxy that ends TLS). An admin write (such a request under ``/api/``)
   must also carry ``X-Tidewire-Request: 1`` (a form cannot send it; a cross-site ``fetch`` that
   does needs a CORS preflight the hub never answers) and, with a body, ``Content-Type:
   application/json``. On a plain-HTTP listener, an admin write and any request a browser made
@@ -194,8 +195,11 @@ def cross_site_refusal(method: str, path: str, headers: Headers, *, host: str, s
     if unsafe and sites and (len(sites) > 1 or sites[0].strip().lower() not in _SAME):
         return "a cross-site request (Sec-Fetch-Site) may not change anything"
     if unsafe and origins:
-        own = _origin_of("https" if secure else "http", host)
-        if len(origins) > 1 or _normal_origin(origins[0]) != own:
+        # The page's own origin; on a plain listener its https twin too: behind a proxy that
+        # ends TLS, the hub's pages are https:// while the hub sees http (the same host, and
+        # an https origin is no less the host's own)
+        own = {_origin_of("https", host)} | ({_origin_of("http", host)} if not secure else set())
+        if len(origins) > 1 or _normal_origin(origins[0]) not in own:
             return "a request from another origin (Origin) may not change anything"
     if admin_write:
         if [v.strip() for v in headers.getall(REQUEST_HEADER, [])] != ["1"]:
