@@ -5,6 +5,8 @@ clients that are not browsers), and the headers every answer carries."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from tidewire.server.browser import (
@@ -152,3 +154,20 @@ def test_security_headers() -> None:
     api = security_headers("/api/stats", secure=True)
     assert api["Cache-Control"] == "no-store"
     assert api["Strict-Transport-Security"] == "max-age=31536000"
+
+
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "BREW"]),
+       path=st.sampled_from(["/", "/api/streams", "/rsio/pub/x", "/tube"]),
+       host=st.text(max_size=40), origin=st.none() | st.text(max_size=40),
+       site=st.none() | st.text(max_size=20), secure=st.booleans(), body=st.booleans())  # fmt: skip
+def test_any_header_values_get_an_answer_never_an_exception(
+    method: str, path: str, host: str, origin: str | None, site: str | None, secure: bool,
+    body: bool,
+) -> None:
+    headers = [("X-Tidewire-Request", "1"), ("Content-Type", "application/json")]
+    headers += [("Origin", origin)] if origin is not None else []
+    headers += [("Sec-Fetch-Site", site)] if site is not None else []
+    reason = refusal(method, path, headers, host=host, secure=secure, has_body=body)
+    assert reason is None or reason.isprintable()
+    if origin is None and site is None and not path.startswith("/api/"):
+        assert reason is None  # not a browser, not an admin write: never refused
