@@ -63,7 +63,7 @@ __all__ = [
 
 BROWSER_HEADERS = ("Origin", "Sec-Fetch-Site")  # only browsers send them (non-browsers: neither)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-REQUEST_HEADER = "X-Tidewire-Request"  # "1" on every admin write (the dashboard's fetch sets it)
+REQUEST_HEADER = "X-Tidewire-Request"  # "1" on every admin write (the dashboard's must send it)
 # default-src 'none' and then only what the pages use: their own scripts and styles (files, no
 # inline code), images from the page or data:/blob: (the favicon is data:), fetch and WebSocket
 # to the hub itself ('self' covers same-origin ws:/wss: in CSP 3), no frames, no plugins.
