@@ -119,6 +119,11 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "http.max_subscriptions_per_principal": (int, 1_000,
                                              "RS.io over HTTP: subscriptions of one principal "
                                              "at once (anonymous peers are one principal)"),
+    # issue 23: the names a browser may reach the hub by (DNS rebinding; docs/security.md)
+    "http.allowed_hosts": (str, "",
+                           "host names the HTTP listener serves to browsers besides `host`, "
+                           "localhost, this machine's name and IP literals, comma-separated "
+                           "(.example.com: and its subdomains; *: any)"),
     # Tube (issue 20): the message bound, the fragment floor, the Origin allow-list
     "tube.max_message_bytes": (int, 32 * 1024 * 1024, "largest Tube message, after inflation"),
     "tube.min_fragment_size": (int, 4096,

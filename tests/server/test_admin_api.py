@@ -257,7 +257,9 @@ def test_get_only_and_metrics_content_type(tmp_path: Path, run: Run) -> None:
         async with stack(tmp_path) as s:
             for path in (*API_PATHS, "/metrics"):
                 answer = await s.get(path, method="POST")
-                assert answer.status == 405, (path, answer.status)
+                # (issue 23: under /api/ a write without X-Tidewire-Request is refused first)
+                expected = 403 if path.startswith("/api/") else 405
+                assert answer.status == expected, (path, answer.status)
             answer = await s.get("/metrics")
             assert answer.status == 200
             assert answer.headers["Content-Type"].startswith("text/plain")

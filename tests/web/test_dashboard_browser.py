@@ -61,7 +61,8 @@ async def publish(hub: Hub, stream: str, values: list[bytes], key: bytes | None 
 
 
 async def until(page: Page, script: str) -> None:
-    await page.wait_for_function(script, timeout=WAIT_MS)
+    # (a function, not an expression: the page's CSP forbids eval, which Playwright polls with)
+    await page.wait_for_function(f"() => ({script})", timeout=WAIT_MS)
 
 
 async def rows(page: Page, table: str) -> list[dict[str, str]]:

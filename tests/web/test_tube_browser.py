@@ -49,7 +49,8 @@ async def text(page: Page, element: str) -> str:
 
 
 async def until(page: Page, script: str) -> None:
-    await page.wait_for_function(script, timeout=20_000)
+    # (a function, not an expression: the page's CSP forbids eval, which Playwright polls with)
+    await page.wait_for_function(f"() => ({script})", timeout=20_000)
 
 
 def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path) -> None:

@@ -30,6 +30,10 @@ Security and limits (docs/protocols/rsio-http.md, "Security and limits"), in thr
   ``max_refusals`` refused requests in a row close the connection.
   ``/static`` is served from memory: aiohttp's file responses ``sendfile`` to the socket,
   which the guard (no socket transport) cannot offer.
+* :func:`_guard_middleware` first refuses (``403``) what a web page could make a browser send
+  here against the user's will (:mod:`.browser`: ``Origin``, ``Sec-Fetch-Site``, ``Host``, and
+  ``X-Tidewire-Request`` on admin writes); every answer carries :mod:`.browser`'s headers
+  (``Server: tidewire``, the Content-Security-Policy, ...), set as it is prepared.
 * the routes check the ACL per stream and raise :class:`~tidewire.model.AccessError`, which the
   middleware turns, once, into 401/403 with ``X-Rsio-Error: true`` (a 403 names no one) and
   a log line naming the principal. Refusals' log lines are rate-limited and peer strings in
@@ -60,6 +64,7 @@ from ..observe.logs import connection_log
 from ..observe.throttle import LogThrottle, Refusals
 from ..protocols.rsio_http import ERROR_HEADER
 from .admin import add_admin_routes
+from .browser import BrowserPolicy, add_security_headers, cross_site, security_headers
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
 from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, escaped, principal
 from .rsio_session import RsioSession, RsioSettings
@@ -67,6 +72,7 @@ from .tube import TubeSettings, add_tube_route
 
 __all__ = [
     "ACCESS_KEY",
+    "BROWSER_KEY",
     "HUB_KEY",
     "REFUSAL_LOG_KEY",
     "RSIO_HTTP_KEY",
@@ -84,6 +90,7 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the browser client a
 HUB_KEY = web.AppKey("hub", Hub)
 ACCESS_KEY = web.AppKey("access", Access)
 HTTP_SETTINGS_KEY = web.AppKey("http_settings", HttpSettings)
+BROWSER_KEY = web.AppKey("browser", BrowserPolicy)  # the host names the hub serves
 RSIO_HTTP_KEY = web.AppKey("rsio_http", RsioHttp)
 TUBE_CONNECTIONS_KEY = web.AppKey("tube_connections", set[RsioSession])
 REFUSAL_LOG_KEY = web.AppKey("refusal_log", LogThrottle)  # a flood of refusals: a few lines
@@ -106,14 +113,18 @@ async def _streams(request: web.Request) -> web.Response:
 
 def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSettings | None = None,
               rsio: RsioSettings | None = None,
-              access: Access | None = None) -> web.Application:  # fmt: skip
-    """The app. ``access``: the tokens and ACL (``None``: no ACL, and no token is valid)."""
+              access: Access | None = None,
+              browser: BrowserPolicy | None = None) -> web.Application:  # fmt: skip
+    """The app. ``access``: the tokens and ACL (``None``: no ACL, and no token is valid);
+    ``browser``: the names it serves (``None``: those of a hub bound to no name)."""
     settings = rsio_http or HttpSettings()
     access = access if access is not None else Access()
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_guard_middleware])  # fmt: skip
     app[HUB_KEY] = hub
     app[ACCESS_KEY] = access
+    app[BROWSER_KEY] = browser if browser is not None else BrowserPolicy.serving(None)
+    app.on_response_prepare.append(add_security_headers)
     app[HTTP_SETTINGS_KEY] = settings
     app[REFUSAL_LOG_KEY] = LogThrottle()
     app.router.add_get("/healthz", _healthz)
@@ -224,6 +235,10 @@ async def _guarded(request: web.Request, handler: Handler,
     settings = request.app[HTTP_SETTINGS_KEY]
     who: Principal | None = None
     try:
+        refused = cross_site(request, request.app[BROWSER_KEY], request.app[REFUSAL_LOG_KEY])
+        if refused is not None:
+            _stop_reading(request, refused)  # (its body, if any, is not read)
+            return refused
         if not _open_path(request.path):
             request[PRINCIPAL_KEY] = who = _authenticate(request, request.app[ACCESS_KEY])
         if request.body_exists:
@@ -484,7 +499,9 @@ class _QuietErrors(RequestHandler):
             exc.message = reason
             exc.args = (reason,)
             message = reason
-        return super().handle_error(request, status, exc, message)
+        response = super().handle_error(request, status, exc, message)
+        response.headers.update(security_headers("", secure=request.secure))  # (no hook here)
+        return response
 
 
 def parser_reason(message: str) -> str:

@@ -33,6 +33,7 @@ from ..hub.fairness import LoopShares
 from ..registry import PROTOCOLS, listeners
 from . import app as http_app
 from .app import build_app, parser_reason
+from .browser import browser_policy
 from .guard import Admission, ConnectionLimits, TlsSettings, server_context
 from .listeners import HTTP_LISTENER, STARTERS, Front, ListenerServer
 from .listeners import budget_limits as budget_limits
@@ -90,7 +91,8 @@ async def serve(
     try:
         await hub.start()
         app = build_app(hub, http_settings(config), tube_settings(config),
-                        rsio=rsio_settings(config), access=access)  # fmt: skip
+                        rsio=rsio_settings(config), access=access,
+                        browser=browser_policy(config.values))  # fmt: skip
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                shutdown_timeout=float(config.values["shutdown_seconds"]))
         await runner.setup()

@@ -10,7 +10,21 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TlsSettings", "client_context", "peer_certificate", "server_context", "tls_reason"]
+__all__ = [
+    "TLS12_CIPHERS",
+    "TlsSettings",
+    "client_context",
+    "peer_certificate",
+    "server_context",
+    "tls_reason",
+]
+
+# The TLS 1.2 suites offered and accepted: ECDHE key exchange with an AEAD cipher only
+# (AES-GCM, ChaCha20-Poly1305). OpenSSL's default list also has the CBC suites
+# (ECDHE-*-AES*-SHA256/384, DHE-RSA-AES*-SHA256), which scanners (testssl) flag as open to
+# LUCKY13; DHE goes too (ECDHE suffices and needs no DH parameters). TLS 1.3's suites are set
+# apart by OpenSSL (``set_ciphersuites``) and are all AEAD already.
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!aDSS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +39,8 @@ class TlsSettings:
 
 
 def server_context(tls: TlsSettings, *, client_auth: str | None = None) -> ssl.SSLContext:
-    """A server context: TLS 1.2+ (or 1.3), the hub's chain, and client verification as asked.
+    """A server context: TLS 1.2+ (or 1.3), AEAD suites only (:data:`TLS12_CIPHERS`), the
+    hub's chain, and client verification as asked. Every listener's context is made here.
 
     ``client_auth`` overrides ``tls.client_auth`` (Tolliver always requires certificates).
     With "optional" a client certificate that is sent must verify; one not sent leaves the
@@ -42,6 +57,7 @@ def server_context(tls: TlsSettings, *, client_auth: str | None = None) -> ssl.S
             raise ValueError(f"client_auth = {mode!r} needs tls.ca_file (the clients' CA)")
         ctx.load_verify_locations(cafile=tls.ca_file)
         ctx.verify_mode = ssl.CERT_REQUIRED if mode == "required" else ssl.CERT_OPTIONAL
+    ctx.set_ciphers(TLS12_CIPHERS)
     ctx.options |= ssl.OP_NO_COMPRESSION
     return ctx
 
@@ -52,9 +68,11 @@ def client_context(
     key_file: str | None = None,
 ) -> ssl.SSLContext:
     """A client context that verifies the hub (against ``ca_file``, else the system's CAs) and
-    its host name, and presents ``cert_file`` for mutual TLS."""
+    its host name, offers only AEAD suites in TLS 1.2 (:data:`TLS12_CIPHERS`), and presents
+    ``cert_file`` for mutual TLS."""
     ctx = ssl.create_default_context(cafile=ca_file)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
     if cert_file is not None:
         ctx.load_cert_chain(cert_file, key_file)
     return ctx
