@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import pytest
 import tidewire
 import tidewire.sync
 from helpers import HOST, child_env, hub_server, run
+from hubproc import HubProcess
 from tidewire.client.rsio import RsioError
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Tokens, mint_token
@@ -193,6 +195,26 @@ def test_a_timeout_cancels_the_call_and_the_connection_goes_on(served: HubThread
         assert values(hub.read("quiet")) == [b"a"]  # the connection is as good as before
 
 
+def test_ctrl_c_cancels_the_call(served: HubThread) -> None:
+    """SIGINT while a call waits (a user's Ctrl-C): ``KeyboardInterrupt`` in the caller, and
+    the in-loop task is cancelled (the subscription ends on the hub); the client goes on."""
+    main = threading.main_thread().ident
+    assert main == threading.get_ident(), "signals reach the main thread only"
+    with tidewire.sync.connect(served.url, timeout=SECONDS) as hub:
+        subscription = hub.subscribe("ctrl-c", from_id="latest")
+        wait_until(lambda: served.live_subscriptions() == 1, "the subscription")
+        interrupt = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT))
+        interrupt.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                next(subscription)  # nothing comes: it waits until interrupted
+        finally:
+            interrupt.join(SECONDS)
+        wait_until(lambda: served.live_subscriptions() == 0, "the cancel")
+        assert next(subscription, None) is None
+        assert hub.publish("ctrl-c", [b"after"]).last_id == 1
+
+
 def test_errors_are_the_asyncio_clients(tmp_path: Path) -> None:
     """A refused token, ids removed by retention and a timeout: what the asyncio client raises,
     the blocking one raises (same type, same message)."""
@@ -243,6 +265,28 @@ def test_errors_are_the_asyncio_clients(tmp_path: Path) -> None:
             expected = error_of(lambda: run(quiet()))
             got = error_of(lambda: next(hub.subscribe("r", from_id="latest", timeout=0.3)))
             assert type(got) is type(expected) is TimeoutError
+
+
+def test_over_tube_and_across_a_restart_with_retry(tmp_path: Path) -> None:
+    """``tidewire serve`` as a child process: RS.io over Tube (``ws://``), and a client with
+    ``retry=`` whose hub is killed and started again (on the same ports) between two calls."""
+    from tidewire.client.backoff import Retry
+
+    served = HubProcess(tmp_path / "data", tmp_path / "hub.log")
+    urls = served.start()
+    try:
+        with tidewire.sync.connect(urls["ws"], timeout=SECONDS) as tube:
+            assert tube.publish("t", [b"over tube"]).last_id == 1
+            assert values(tube.read("t")) == [b"over tube"]
+        with tidewire.sync.connect(urls["rsio"], retry=Retry(give_up_after=SECONDS),
+                                   timeout=SECONDS) as hub:  # fmt: skip
+            assert hub.publish("t", [b"before"]).last_id == 2
+            served.kill()
+            served.start()
+            assert hub.publish("t", [b"after"]).last_id == 3  # reconnected, exactly once
+            assert values(hub.read("t")) == [b"over tube", b"before", b"after"]
+    finally:
+        served.stop()
 
 
 # --------------------------------------------------------------------------- threads and loops
