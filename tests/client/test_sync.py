@@ -153,6 +153,26 @@ def test_publish_then_read(served: HubThread) -> None:
         hub.streams()
 
 
+def test_a_publisher_keeps_many_batches_in_flight(served: HubThread) -> None:
+    with tidewire.sync.connect(served.url, timeout=SECONDS) as hub:
+        with hub.publisher("flow", max_queue_bytes=4096) as pub:
+            futures = [pub.submit([b"%d" % i] * 10) for i in range(50)]  # waits for room
+            receipts = [f.result(SECONDS) for f in futures]
+            assert [(r.first_id, r.last_id) for r in receipts] == [
+                (1 + 10 * i, 10 + 10 * i) for i in range(50)]  # fmt: skip
+            assert pub.send([b"last"]).last_id == 501
+        assert values(hub.read("flow", from_id=500)) == [b"49", b"last"]
+
+        with hub.publisher("flow", txn="once") as txn:
+            pending = txn.submit([b"t1", b"t2"])
+        assert (pending.result(SECONDS).first_id, hub.streams(["flow"])[0]["latest_id"]) == (
+            502, 503)  # fmt: skip
+        with hub.publisher("flow", txn="once") as txn:  # the same transaction: stored once
+            again = txn.submit([b"t1", b"t2"])  # (it commits when the offer completes)
+        assert again.result(SECONDS).first_id == 502
+        assert hub.streams(["flow"])[0]["latest_id"] == 503
+
+
 def test_subscribe_iterates_then_a_break_cancels_it_on_the_hub(served: HubThread) -> None:
     with tidewire.sync.connect(served.url, timeout=SECONDS) as hub:
         for n in range(3):

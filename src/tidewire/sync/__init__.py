@@ -29,7 +29,7 @@ The rules this module keeps (docs/research/issue23.md, section 5):
 
 from __future__ import annotations
 
-from .hub import SyncHub, SyncSubscription, connect
+from .hub import SyncHub, SyncPublisher, SyncSubscription, connect
 from .runner import CLOSE_SECONDS, LoopThreadError, run
 from .seguro import SyncSeguro
 from .seguro import connect as seguro_connect
@@ -38,6 +38,7 @@ __all__ = [
     "CLOSE_SECONDS",
     "LoopThreadError",
     "SyncHub",
+    "SyncPublisher",
     "SyncSeguro",
     "SyncSubscription",
     "connect",

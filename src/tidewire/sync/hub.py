@@ -4,6 +4,8 @@ is a subscription as a blocking iterator."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Sequence
@@ -19,9 +21,10 @@ from .runner import CLOSE_SECONDS, RUNNER, Bound, Running, close_later, opened, 
 if TYPE_CHECKING:
     from ..client.resilient import ReconnectingClient
 
-__all__ = ["PREFETCH", "SyncHub", "SyncSubscription", "connect"]
+__all__ = ["PREFETCH", "SyncHub", "SyncPublisher", "SyncSubscription", "connect"]
 
 Item = TypeVar("Item")
+T = TypeVar("T")
 
 PREFETCH = 4096
 """Events a subscription asks for at once: the asyncio client's default."""
@@ -187,6 +190,17 @@ class SyncHub(Bound):
                                              prefetch=prefetch)  # fmt: skip
         return SyncSubscription(self, agen, timeout)
 
+    def publisher(self, stream: str, *, timeout: float | None = None,
+                  **options: Any) -> SyncPublisher:  # fmt: skip
+        """An open offer for a steady flow (many batches in flight at once, where
+        :meth:`publish` offers once per call): the asyncio client's ``publisher(stream,
+        **options)`` (:meth:`RsioClient.publisher
+        <tidewire.client.rsio.RsioClient.publisher>`: ``format``, ``size``, ``key``, ``txn``,
+        ``max_queue_bytes``; with ``retry=``, :meth:`ReconnectingClient.publisher
+        <tidewire.client.resilient.ReconnectingClient.publisher>`'s)."""
+        pub = self.call(self._client.publisher(stream, **options), timeout)
+        return SyncPublisher(self, pub)
+
     def streams(self, names: Sequence[str] | None = None, *,
                 timeout: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
         """What the hub knows of ``names`` (default: every stream this principal may read):
@@ -195,6 +209,67 @@ class SyncHub(Bound):
 
     def __enter__(self) -> SyncHub:
         return self
+
+
+class SyncPublisher:
+    """An open offer, blocking: :meth:`submit` queues a batch (waiting while the queue,
+    bounded in bytes, has no room) and returns a ``concurrent.futures.Future`` of its
+    :class:`~tidewire.client.rsio.Receipt`, resolved once the hub has committed it (cancelling
+    that future does not withdraw the batch); :meth:`send` waits for the receipt;
+    :meth:`close` (or leaving a ``with`` block) completes the offer and waits for the hub to
+    end it (a transaction's events are stored then). Dropped unclosed, it is closed on the
+    loop. Thread-safe, as the asyncio publisher is within its loop."""
+
+    def __init__(self, owner: SyncHub, publisher: Any) -> None:
+        self._owner = owner
+        self._publisher = publisher
+        self._finalizer = weakref.finalize(self, close_later, owner.loop, owner.pid, publisher)
+        self._finalizer.atexit = False  # (at exit its client's close ends it)
+
+    def submit(self, values: Batch | Sequence[bytes], *,
+               timeout: float | None = None) -> concurrent.futures.Future[Receipt]:  # fmt: skip
+        """Queue ``values`` (a list of bytes, or a batch); ``timeout`` bounds the wait for
+        room, not the commit (wait on the future for that)."""
+        events = _events("-", values, None)
+        return self._owner.call(_handed_over(self._publisher.submit(events)), timeout)
+
+    def send(self, values: Batch | Sequence[bytes], *,
+             timeout: float | None = None) -> Receipt:  # fmt: skip
+        """Publish ``values`` and return once they are durable."""
+        receipt: Receipt = self._owner.call(self._publisher.send(_events("-", values, None)),
+                                            timeout)  # fmt: skip
+        return receipt
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Complete the offer once everything queued is sent, and wait for the hub to end it
+        (raises the offer's error, if it failed); idempotent."""
+        if self._finalizer.detach() is not None:
+            self._owner.call(self._publisher.close(), timeout)
+
+    def __enter__(self) -> SyncPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _handed_over(submitting: Awaitable[asyncio.Future[T]]
+                       ) -> concurrent.futures.Future[T]:  # fmt: skip
+    """On the loop: the asyncio future ``submitting`` gives, as a future another thread may
+    wait on (its outcome copied over when it has one)."""
+    future = await submitting
+    out: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def copy(done: asyncio.Future[T]) -> None:
+        if done.cancelled():
+            out.cancel()
+        elif (exc := done.exception()) is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(done.result())
+
+    future.add_done_callback(copy)
+    return out
 
 
 def _events(stream: str, values: Batch | Sequence[bytes], key: bytes | None
