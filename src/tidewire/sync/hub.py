@@ -42,7 +42,8 @@ class SyncSubscription(Generic[Item]):
     publishes sees its own event. ``timeout``: the most one ``next()`` waits; a timeout (or
     Ctrl-C) cancels the generator, which ends the subscription, as cancelling ``anext()``
     would. :meth:`close` (or leaving a ``with`` block) cancels it on the hub; an iterator
-    dropped unfinished (a ``break`` out of a ``for`` loop) is closed by its finalizer."""
+    dropped unfinished (a ``break`` out of a ``for`` loop) is closed by its finalizer. One
+    thread at a time iterates it (as one task at a time iterates an async generator)."""
 
     def __init__(self, owner: Bound, agen: AsyncGenerator[Item, None],
                  timeout: float | None) -> None:  # fmt: skip
