@@ -32,6 +32,7 @@ from tidewire.hub import Hub
 from tidewire.hub.access import Access, Tokens, mint_token
 from tidewire.log import Log, LogConfig, StreamSettings
 from tidewire.model import Batch, LocalProtocolError, LogClosedError, UnknownStream, now_ms
+from tidewire.protocols.rsio.names import FromTime
 from tidewire.server.seguro import start_seguro_server
 from tidewire.sync import LoopThreadError
 
@@ -151,6 +152,23 @@ def test_publish_then_read(served: HubThread) -> None:
     assert hub.closed
     with pytest.raises(LogClosedError, match="closed"):
         hub.streams()
+
+
+def test_read_and_subscribe_from_a_time(served: HubThread) -> None:
+    """``FromTime(ms)`` as the asyncio client takes it: the first event stamped at ``ms`` or
+    later (the time index), nothing when no event is that new."""
+    with tidewire.sync.connect(served.url, timeout=SECONDS) as hub:
+        hub.publish("timed", [b"a", b"b"])
+        [batch] = hub.read("timed")
+        later = int(batch.timestamps[-1]) + 1
+        while int(time.time() * 1000) < later:  # (the next event is stamped after ``later``)
+            time.sleep(0.001)
+        hub.publish("timed", [b"c"])
+        assert values(hub.read("timed", from_id=FromTime(0))) == [b"a", b"b", b"c"]
+        assert values(hub.read("timed", from_id=FromTime(later))) == [b"c"]
+        assert hub.read("timed", from_id=FromTime(later + 3_600_000)) == []
+        with hub.subscribe("timed", from_id=FromTime(later)) as events:
+            assert [e.value for e in next(events)] == [b"c"]
 
 
 def test_a_publisher_keeps_many_batches_in_flight(served: HubThread) -> None:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 from ..client.reconnect import gateway_urls
-from ..client.rsio import Receipt, RsioClient, Values, start_position
+from ..client.rsio import Receipt, RsioClient, Values
 from ..client.rsio import connect as rsio_connect
 from ..model import Batch, LogClosedError, UnknownStream
+from ..protocols.rsio.names import FromTime, start_position
 from .runner import CLOSE_SECONDS, RUNNER, Bound, Running, close_later, opened, quietly, wait
 
 if TYPE_CHECKING:
@@ -152,10 +153,11 @@ class SyncHub(Bound):
         return self.call(self._client.publish(stream, events, assign_ids=assign_ids, txn=txn),
                           timeout)  # fmt: skip
 
-    def read(self, stream: str, *, from_id: int | str = "earliest", until_id: int | None = None,
-             limit: int | None = None, key: bytes | None = None,
+    def read(self, stream: str, *, from_id: int | str | FromTime = "earliest",
+             until_id: int | None = None, limit: int | None = None, key: bytes | None = None,
              timeout: float | None = None) -> list[Batch]:  # fmt: skip
-        """The events of ``stream`` stored now from ``from_id`` (an id, or "earliest") up to
+        """The events of ``stream`` stored now from ``from_id`` (an id, "earliest", or
+        ``FromTime(ms)``: the first event whose timestamp is at least ``ms``) up to
         ``until_id`` (default: the stream's latest id when the call starts), at most ``limit``
         of them (the last batch cut to fit), only those keyed ``key`` if given; never waits
         for events not stored yet (:meth:`subscribe` does). Raises
@@ -167,7 +169,7 @@ class SyncHub(Bound):
             raise ValueError(f"limit is at least 1, not {limit}")
         return self.call(_read(self._client, stream, from_id, until_id, limit, key), timeout)
 
-    def subscribe(self, stream: str, *, from_id: int | str = "earliest",
+    def subscribe(self, stream: str, *, from_id: int | str | FromTime = "earliest",
                   until_id: int | None = None, key: bytes | None = None,
                   prefetch: int = PREFETCH, timeout: float | None = None
                   ) -> SyncSubscription[Batch]:  # fmt: skip
@@ -179,7 +181,8 @@ class SyncHub(Bound):
                                       prefetch=prefetch)  # fmt: skip
         return SyncSubscription(self, agen, timeout)
 
-    def subscribe_values(self, stream: str, *, size: int = 0, from_id: int | str = "earliest",
+    def subscribe_values(self, stream: str, *, size: int = 0,
+                         from_id: int | str | FromTime = "earliest",
                          until_id: int | None = None, key: bytes | None = None,
                          prefetch: int = 65536, timeout: float | None = None
                          ) -> SyncSubscription[Values]:  # fmt: skip
@@ -284,9 +287,9 @@ def _events(stream: str, values: Batch | Sequence[bytes], key: bytes | None
     return Batch.build(stream, list(values), keys=[key] * len(values))
 
 
-async def _read(client: RsioClient | ReconnectingClient, stream: str, from_id: int | str,
-                until_id: int | None, limit: int | None, key: bytes | None
-                ) -> list[Batch]:  # fmt: skip
+async def _read(client: RsioClient | ReconnectingClient, stream: str,
+                from_id: int | str | FromTime, until_id: int | None, limit: int | None,
+                key: bytes | None) -> list[Batch]:  # fmt: skip
     """:meth:`SyncHub.read` on the loop: the stream's latest id bounds the range, then a
     subscription up to it (cancelled once ``limit`` events are in)."""
     rows = await client.streams([stream])
