@@ -178,6 +178,7 @@ function collect(hub, publisher, limit, keepLast = 0) {
 // The stream's figures (the hub's `?streams=<name>` publisher).
 async function refreshInfo(hub) {
   const { events } = await collectRaw(hub, `?streams=${encodeName(stream)}`);
+  if (events.length === 0) throw new Refused(await whyNot(hub)); // (not listed: not readable)
   const info = JSON.parse(new TextDecoder().decode(events[0]));
   state.info = info;
   $("first-id").textContent = info.first_id === null ? "—" : String(info.first_id);
@@ -193,6 +194,18 @@ function collectRaw(hub, publisher) {
     hub.subscribe(publisher, 1, (element) => events.push(element), {
       onComplete: () => resolve({ events }),
       onError: (reason) => reject(new Refused(reason)),
+    });
+  });
+}
+
+// The listing leaves out the streams the principal may not read, silently: a subscription
+// (without demand, cancelled at once) gets the hub's reason.
+function whyNot(hub) {
+  return new Promise((resolve) => {
+    const sub = hub.subscribe(`${encodeName(stream)}?until=0`, 0, () => {}, {
+      onSubscribed: () => { sub.cancel(); resolve("the hub does not list this stream"); },
+      onComplete: () => resolve("the hub does not list this stream"),
+      onError: (reason) => resolve(reason),
     });
   });
 }
