@@ -174,13 +174,13 @@ def test_values_as_text_json_and_hex_copy_and_download(tmp_path: Path) -> None:
             download = await info.value
             assert download.suggested_filename == "orders-53-62.jsonl"
             await download.save_as(tmp_path / "page.jsonl")
-            lines = [json.loads(x) for x in (tmp_path / "page.jsonl").read_text().splitlines()]
-            assert [x["id"] for x in lines] == list(range(53, 63))
-            assert lines[0] == {"id": 53, "timestamp": T0 + 52_000, "key": "k2",
-                                "value": '{"n": 53, "name": "order 53"}'}  # fmt: skip
-            assert lines[-2]["key"] is None
-            assert base64.b64decode(lines[-2]["value_base64"]) == bytes(range(256))
-            assert lines[-1]["value"] == "<b>bold</b>"
+            records = [json.loads(x) for x in (tmp_path / "page.jsonl").read_text().splitlines()]
+            assert [x["id"] for x in records] == list(range(53, 63))
+            assert records[0] == {"id": 53, "timestamp": T0 + 52_000, "key": "k2",
+                                  "value": '{"n": 53, "name": "order 53"}'}  # fmt: skip
+            assert records[-2]["key"] is None
+            assert base64.b64decode(records[-2]["value_base64"]) == bytes(range(256))
+            assert records[-1]["value"] == "<b>bold</b>"
             assert errors == []
 
     in_chromium(test, downloads=True)
