@@ -343,7 +343,7 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "tolliver.max_channels": (1, 65536),
     "tolliver.max_unacked_bytes": (4096, 2**40),
     "tolliver.remote_retention_seconds": (1, 10**10),
-    # the dashboard (issue 23): at the most, 86400 x 1024 points of 45 bytes a stream
+    # the dashboard (issue 23): memory is about 60 bytes x seconds x streams
     "dashboard.history_seconds": (1, 86400),
     "dashboard.history_streams": (1, 1024),
     "log.max_pending_bytes": (1, 2**62),

@@ -11,9 +11,9 @@ does not hide a fast one now). Points are kept for ``seconds`` samples; ``GET /a
 
 Bounded whatever the hub does: at most ``seconds`` points of at most ``streams`` streams each
 (five 8-byte floats per stream and a tuple of the names, which are the hub's own strings): at
-the defaults (900 x 32) about 1.4 MB. The time is an argument (``now``, ``wall_ms``): tests
-drive it with a fake clock. Nothing here is on a hot path: one point a second, O(S log S) for
-S streams.
+the defaults (900 x 32) about 1.7 MB (measured with tracemalloc). The time is an argument
+(``now``, ``wall_ms``): tests drive it with a fake clock. Nothing here is on a hot path: one
+point a second, O(S log S) for S streams.
 """
 
 from __future__ import annotations
