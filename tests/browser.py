@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -53,17 +53,27 @@ async def screenshot(page: Page, name: str) -> Path:
 
 
 @asynccontextmanager
-async def hub_app(path: Path, access: Access | None = None, *,
-                  sampler: bool = True) -> AsyncIterator[tuple[Hub, str]]:  # fmt: skip
+async def hub_app(path: Path, access: Access | None = None, *, sampler: bool = True,
+                  headers: Mapping[str, str] | None = None,
+                  ) -> AsyncIterator[tuple[Hub, str]]:  # fmt: skip
     """A hub on ``path`` and its app on a guarded site on a free port: ``(hub, base URL)``.
     ``sampler=False``: the hub's background tasks are not started, so the test takes the
-    metrics' samples itself (``hub.metrics.sample(now, wall)``: a fake clock)."""
+    metrics' samples itself (``hub.metrics.sample(now, wall)``: a fake clock). ``headers``:
+    added to every response (a policy the hub does not send yet)."""
     hub = Hub.open(str(path), LogConfig(fsync=False))
     if sampler:
         await hub.start()
     settings = HttpSettings()
-    runner = web.AppRunner(build_app(hub, settings, access=access), handle_signals=False,
-                           access_log=None, shutdown_timeout=5.0)  # fmt: skip
+    app = build_app(hub, settings, access=access)
+    if headers:
+        extra = dict(headers)
+
+        async def add(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers.update(extra)
+
+        app.on_response_prepare.append(add)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           shutdown_timeout=5.0)  # fmt: skip
     await runner.setup()
     admission = Admission(ConnectionLimits())
     port = await start_http_site(runner, "127.0.0.1", 0, admission=admission, tls=None,
