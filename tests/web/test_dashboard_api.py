@@ -17,6 +17,7 @@ from helpers import run
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.hub.subscription import Subscription
 from tidewire.model import Batch
+from tidewire.server.admin import LagReader
 from tidewire.server.app import WEB_DIR
 
 T0 = 1_800_000_000.0
@@ -112,5 +113,35 @@ def test_vendored_uplot_is_served_from_the_whitelist_as_recorded(tmp_path: Path)
             assert '<script type="module" src="/static/stream.js"></script>' in page
             assert "<style" not in page  # (no inline styles: CSP)
             assert "style=" not in page
+
+    run(main())
+
+
+def test_the_lag_is_read_at_most_a_share_of_the_time(tmp_path: Path) -> None:
+    """A read that took 5 ms (the test's clock) is not made again within 500 ms at 1 %."""
+    readings = [0.0, 0.005]  # the first read: from 0 to 5 ms
+    now = [0.0]
+
+    def clock() -> float:
+        return readings.pop(0) if readings else now[0]
+
+    async def main() -> None:
+        async with hub_app(tmp_path / "data", sampler=False) as (hub, _):
+            await hub.append(Batch.build("orders", [b"a", b"b"]), assign_ids=True)
+            sub = hub.subscribe("orders", start=1)
+            reader = LagReader(hub, share=0.01, clock=clock)
+            assert reader() == {"orders": 2}
+            assert reader.reads == 1
+            await hub.append(Batch.build("orders", [b"c"]), assign_ids=True)
+            now[0] = 0.4  # too soon: the last figures again
+            assert reader() == {"orders": 2}
+            assert reader.reads == 1
+            now[0] = 0.6  # past 500 ms: read again (at no cost this time)
+            assert reader() == {"orders": 3}
+            assert reader.reads == 2
+            assert reader() == {"orders": 3}  # (a read that cost nothing: due at once)
+            assert reader.reads == 3
+            sub.cancel()
+            assert reader() == {}
 
     run(main())
