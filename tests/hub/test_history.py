@@ -187,3 +187,24 @@ def test_memory_is_bounded_by_points_and_streams() -> None:
     for i in range(10):
         kept = [n for n, cols in out["streams"].items() if cols["events_in_rate"][i] is not None]
         assert len(kept) == 3
+
+
+def test_a_failing_lag_source_costs_the_point_its_lag_not_the_sampler(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = metrics()
+
+    def broken() -> dict[str, int]:
+        raise RuntimeError("storage gone")
+
+    m.lags = broken
+    tick(m, 0)
+    m.received("rsio", "orders", 3, 3)
+    tick(m, 1)
+    tick(m, 2)
+    out = m.history.as_json()
+    assert out["streams"]["orders"]["events_in_rate"] == [3.0, 0.0]
+    assert out["streams"]["orders"]["max_lag"] == [0, 0]
+    assert m.rates("orders")[0] > 0  # (the rates' samples were taken too)
+    failures = [r for r in caplog.records if "could not read" in r.getMessage()]
+    assert len(failures) == 1  # (a line a minute, not one a second)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from bisect import bisect_left
 from collections import deque
@@ -42,6 +43,8 @@ __all__ = [
     "Traffic",
     "next_subscription_id",
 ]
+
+log = logging.getLogger("tidewire.hub")
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
@@ -175,6 +178,7 @@ class Metrics:
     lags: Callable[[], Mapping[str, int]] | None = None
     """Each stream's largest subscription lag now, for :attr:`history` (the admin API sets
     it: the hub's subscriptions are not this object's to read); ``None``: no lag."""
+    _lag_failed_at: float = float("-inf")
 
     # ------------------------------------------------------------------ the hot paths
 
@@ -220,9 +224,20 @@ class Metrics:
         while len(self.samples) > 2 and now - self.samples[1].at >= self.rate_window_seconds:
             self.samples.popleft()
         wall_ms = int((time.time() if wall is None else wall) * 1000)
-        self.history.record(now, wall_ms, totals, self.lags() if self.lags else {},
+        self.history.record(now, wall_ms, totals, self._lags(now),
                             (self.append_seconds.bounds, self.append_seconds.counts),
                             (self.fsync_seconds.bounds, self.fsync_seconds.counts))  # fmt: skip
+
+    def _lags(self, now: float) -> Mapping[str, int]:
+        if self.lags is None:
+            return {}
+        try:
+            return self.lags()
+        except Exception:  # (the sampler goes on: the rates depend on it; a line a minute)
+            if now - self._lag_failed_at >= 60:
+                self._lag_failed_at = now
+                log.exception("the dashboard's history could not read the subscriptions' lag")
+            return {}
 
     def rates(self, stream: str | None = None) -> tuple[float, float, float, float]:
         """Events and bytes per second in, then out, of ``stream`` (``None``: every stream),
