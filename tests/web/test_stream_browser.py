@@ -107,9 +107,13 @@ def test_browse_by_id_forwards_and_backwards_with_a_key_filter(tmp_path: Path) -
             await page.click("#previous")
             assert await shown(page, 8) == k1[:-10]
             assert "key=k1" in page.url
+            assert f"from={k1[0]}" in page.url  # (a reload shows this page again)
+            await page.reload()
+            assert await shown(page, 1) == k1[:-10]
+            assert await page.input_value("#key") == "k1"
             await page.fill("#key", "nobody")
             await page.click("#show")
-            assert await shown(page, 9) == []
+            assert await shown(page, 2) == []
             assert await page.is_visible("#messages-empty")
             await screenshot(page, "stream-key-filter")
             assert errors == []

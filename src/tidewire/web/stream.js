@@ -309,11 +309,14 @@ function pageSize() {
   return SIZES.includes(n) ? n : 25;
 }
 
-function remember(where) { // the URL shows this page
+// The URL shows this page: from its first id (a page found backwards too, which forwards from
+// there is the same page), or from its time; the newest page stays "the newest" (no from=).
+function remember(where) {
   const url = new URL(location.href);
   for (const k of ["from", "time", "key", "size", "view"]) url.searchParams.delete(k);
-  if (where.from !== undefined) url.searchParams.set("from", String(where.from));
-  else if (where.time !== undefined) url.searchParams.set("time", String(where.time));
+  if (where.time !== undefined) url.searchParams.set("time", String(where.time));
+  else if (!where.newest && state.events.length) url.searchParams.set("from", String(state.events[0].id));
+  else if (where.from !== undefined) url.searchParams.set("from", String(where.from));
   if ($("key").value !== "") url.searchParams.set("key", $("key").value);
   url.searchParams.set("size", String(pageSize()));
   url.searchParams.set("view", state.view);
