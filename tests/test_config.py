@@ -102,6 +102,7 @@ VALID_TEXT.update({"storage.url": ("nats://h1:4222", "nats://h1:4222"),  # (issu
                    "cluster.shards": ("64", 64), "cluster.replicas": ("5", 5)})  # fmt: skip
 VALID_TEXT["log.journal_bytes"] = ("1048576", 2**20)  # (issue 22: at least 64 KiB)
 VALID_TEXT["limits.anonymous_loop_share"] = ("0.5", 0.5)  # (issue 20: a share of the loop)
+VALID_TEXT["dashboard.history_streams"] = ("64", 64)  # (issue 23: at most 1024)
 COMPANIONS = {  # settings that are only valid together
     "tls.cert_file": ("tls.key_file", "tls.ca_file"),
     "tls.key_file": ("tls.cert_file", "tls.ca_file"),

@@ -144,6 +144,9 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "tolliver.allow_plaintext": (bool, False,
                                  "with an ACL, accept Tolliver remotes without TLS (as "
                                  "anonymous)"),
+    # the dashboard (issue 23): its charts' history (/api/history)
+    "dashboard.history_seconds": (int, 900, "seconds of once-a-second points the charts keep"),
+    "dashboard.history_streams": (int, 32, "streams in each point: the busiest of that second"),
     "log.segment_bytes": (int, 128 * 1024 * 1024, "roll a segment past this size"),
     "log.index_interval_bytes": (int, 4096, "bytes of records between sparse-index entries"),
     "log.retention_bytes": (int, -1, "keep at least this many bytes per stream (-1 = no limit)"),
@@ -345,6 +348,9 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "tolliver.max_channels": (1, 65536),
     "tolliver.max_unacked_bytes": (4096, 2**40),
     "tolliver.remote_retention_seconds": (1, 10**10),
+    # the dashboard (issue 23): memory is about 60 bytes x seconds x streams
+    "dashboard.history_seconds": (1, 86400),
+    "dashboard.history_streams": (1, 1024),
     "log.max_pending_bytes": (1, 2**62),
     "log.recent_bytes": (0, 2**62),
     "log.inline_commit_bytes": (0, 2**30),

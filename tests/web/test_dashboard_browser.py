@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, Route, async_playwright
 
+from browser import screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.log import LogConfig
@@ -110,6 +111,8 @@ def test_the_dashboard_lists_streams_and_tails_new_events(tmp_path: Path) -> Non
             assert await page.inner_text("#version") != "?"
             assert await page.inner_text("#stream-count") == "2"
             assert await page.get_attribute("#status", "class") != "error"
+            browse = '#streams tbody tr[data-stream="orders"] a.browse'  # (the stream page)
+            assert await page.get_attribute(browse, "href") == "/stream?name=orders"
 
             # Tail "clicks" (its row's button), then switch to "orders": one subscription, the
             # page's, over Tube, on the stream chosen last.
@@ -140,8 +143,7 @@ def test_the_dashboard_lists_streams_and_tails_new_events(tmp_path: Path) -> Non
             assert (await rows(page, "tail-events"))[0]["time"] == str(far)
             await until(page, some_row("streams", "r.name === 'orders' && r.events === '8'"))
 
-            await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
-            assert (tmp_path / "dashboard.png").stat().st_size > 0
+            await screenshot(page, "dashboard")
             body = await page.inner_text("body")
             for text in ("orders", "clicks", "hello dashboard", "été", "<b>bold</b>", "tube"):
                 assert text in body
@@ -181,7 +183,7 @@ def test_the_dashboard_shows_its_subscription_demand_and_lag(tmp_path: Path) -> 
             await until(page, some_row("subscriptions", "r.lag === '6' && r.demand === '0'"))
             assert await page.inner_text("#tail-demand") == "0"
             assert await page.inner_text("#tail-status") == "paused"
-            await page.screenshot(path=str(tmp_path / "lagging.png"), full_page=True)
+            await screenshot(page, "lagging")
 
             await page.evaluate("window.tidewireDashboard.resume()")
             await until(page, f"{STATE}.tail.count === 10")
@@ -264,8 +266,7 @@ def test_the_dashboard_asks_for_a_token_when_the_api_wants_monitor(tmp_path: Pat
             await publish(hub, "orders", [b"for the viewer"])
             await until(page, f"{STATE}.tail.count === 1")
             assert "for the viewer" in await page.inner_text("#tail-events")
-            await page.screenshot(path=str(tmp_path / "token.png"), full_page=True)
-            assert (tmp_path / "token.png").stat().st_size > 0
+            await screenshot(page, "token")
 
             # Every stream's figures, but not the events of a stream it may not read.
             await page.click('#streams tbody tr[data-stream="secret"] button.tail')

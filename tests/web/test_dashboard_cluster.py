@@ -15,6 +15,7 @@ from aiohttp import web
 from playwright.async_api import Page
 from test_dashboard_browser import STATE, hub_app, in_chromium, rows, some_row, until
 
+from browser import screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
 from clustered_storage import N2_OK, N3_OK, STATUS, TW_1, URLS, ClusteredStorage
 from tidewire.hub import Hub
 from tidewire.server.app import build_app, start_http_site
@@ -81,7 +82,7 @@ def test_the_dashboard_shows_the_cluster_of_a_gateway(tmp_path: Path) -> None:
                                                     "n3": ["n3", "current"]}  # fmt: skip
             leaderless = "#cluster-groups tr.leaderless"
             assert await page.eval_on_selector(leaderless, "tr => tr.dataset.group") == "TW_1"
-            await page.screenshot(path=str(tmp_path / "cluster.png"), full_page=True)
+            await screenshot(page, "cluster")
 
             # n2 is elected for TW_1, n3 caught up on TW_0: the page follows.
             caught_up = dataclasses.replace(STATUS.groups[0], replicas=(N2_OK, N3_OK))

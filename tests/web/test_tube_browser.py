@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, async_playwright
 
+from browser import screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
 from tidewire.model import Batch
@@ -99,8 +100,7 @@ def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path)
                 await until(page, "window.tidewireTail.state().count === 12")
                 shown = await text(page, "events")
                 assert all(f"e{i}" in shown for i in range(10))
-                await page.screenshot(path=str(tmp_path / "tail.png"))
-                assert (tmp_path / "tail.png").stat().st_size > 0
+                await screenshot(page, "tail")
                 assert errors == []
             finally:
                 await browser.close()

@@ -14,19 +14,24 @@ so that those readers find them.
 
 Rates (events and bytes per second) come from once-a-second samples of the counters kept for
 ``rate_window_seconds``; :meth:`Metrics.sample` takes the time as an argument, so tests drive
-it with a fake clock. Samples are bounded by the window (at most one a second is taken).
+it with a fake clock. Samples are bounded by the window (at most one a second is taken). With a
+:class:`~.history.History` set (``Metrics.history``: the dashboard's charts), each sample also
+becomes one of its points, with each stream's largest subscription lag from ``Metrics.lags``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from .history import History
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -38,6 +43,8 @@ __all__ = [
     "Traffic",
     "next_subscription_id",
 ]
+
+log = logging.getLogger("tidewire.hub")
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
@@ -166,6 +173,12 @@ class Metrics:
     """One group commit's fdatasync."""
     samples: deque[Sample] = field(default_factory=deque)
     """The rate samples in the window, oldest first (read-only for callers)."""
+    history: History = field(default_factory=History)
+    """The dashboard's recent past, a point per sample (``serve`` sizes it: ``dashboard.*``)."""
+    lags: Callable[[], Mapping[str, int]] | None = None
+    """Each stream's largest subscription lag now, for :attr:`history` (the admin API sets
+    it: the hub's subscriptions are not this object's to read); ``None``: no lag."""
+    _lag_failed_at: float = float("-inf")
 
     # ------------------------------------------------------------------ the hot paths
 
@@ -203,11 +216,28 @@ class Metrics:
             bo += t.bytes_out
         return ei, bi, eo, bo
 
-    def sample(self, now: float) -> None:
-        """Take a sample of every stream's totals at ``now`` (monotonic seconds)."""
-        self.samples.append(Sample(now, {s: self.totals(s) for s in self.traffic}))
+    def sample(self, now: float, wall: float | None = None) -> None:
+        """Take a sample of every stream's totals at ``now`` (monotonic seconds; ``wall``, the
+        wall clock in seconds then, default :func:`time.time`), a point of :attr:`history`."""
+        totals = {s: self.totals(s) for s in self.traffic}
+        self.samples.append(Sample(now, totals))
         while len(self.samples) > 2 and now - self.samples[1].at >= self.rate_window_seconds:
             self.samples.popleft()
+        wall_ms = int((time.time() if wall is None else wall) * 1000)
+        self.history.record(now, wall_ms, totals, self._lags(now),
+                            (self.append_seconds.bounds, self.append_seconds.counts),
+                            (self.fsync_seconds.bounds, self.fsync_seconds.counts))  # fmt: skip
+
+    def _lags(self, now: float) -> Mapping[str, int]:
+        if self.lags is None:
+            return {}
+        try:
+            return self.lags()
+        except Exception:  # (the sampler goes on: the rates depend on it; a line a minute)
+            if now - self._lag_failed_at >= 60:
+                self._lag_failed_at = now
+                log.exception("the dashboard's history could not read the subscriptions' lag")
+            return {}
 
     def rates(self, stream: str | None = None) -> tuple[float, float, float, float]:
         """Events and bytes per second in, then out, of ``stream`` (``None``: every stream),

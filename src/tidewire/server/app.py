@@ -8,7 +8,8 @@ aiohttp is the library for HTTP and WebSocket, server and client, throughout tid
 * ``GET /streams`` -> JSON list of ``{name, events, first_id, latest_id, bytes, segments}`` of
   the streams the principal may read; the hub's own streams (``_tidewire.*``: transactions,
   Tolliver state) only with ``?internal=1``
-* ``/static/...`` (the browser client and pages), ``/tail`` and the dashboard ``/``: open
+* ``/static/...`` (the browser client, pages and ``vendor/`` libraries), ``/tail``, the
+  dashboard ``/`` and the stream page ``/stream``: open
   (code, not data)
 * ``GET /metrics`` (Prometheus) and ``GET /api/...`` (the admin API): :mod:`.admin`,
   docs/observability.md; with an ACL, for principals granted ``monitor``
@@ -141,18 +142,21 @@ def build_app(hub: Hub, rsio_http: HttpSettings | None = None, tube: TubeSetting
 
     app.on_shutdown.append(goodbye)
     files = _web_files()
-    app.router.add_get("/static/{name}", functools.partial(_static, files))
+    app.router.add_get("/static/{name:.+}", functools.partial(_static, files))
     app.router.add_get("/tail", _tail)
-    dashboard = files.get("dashboard.html")
-    add_admin_routes(app, hub, dashboard[0] if dashboard is not None else None)
+    add_admin_routes(app, hub, {name: body for name, (body, _) in files.items()})
     return app
 
 
 def _web_files() -> dict[str, tuple[bytes, str]]:
-    """The browser's files (``web/``: a few KiB), by name, with their content type."""
+    """The browser's files by path under ``web/`` with their content type: the pages and
+    modules at its top, and the vendored libraries under ``web/vendor/`` (a few hundred KiB).
+    This is the whitelist: nothing else is served, and no request path reaches the disk."""
     types = {".js": "text/javascript", ".html": "text/html", ".css": "text/css"}
-    return {path.name: (path.read_bytes(), types.get(path.suffix, "application/octet-stream"))
-            for path in sorted(WEB_DIR.iterdir())
+    paths = [*WEB_DIR.iterdir(), *(WEB_DIR / "vendor").rglob("*")]
+    return {path.relative_to(WEB_DIR).as_posix():
+            (path.read_bytes(), types.get(path.suffix, "application/octet-stream"))
+            for path in sorted(paths)
             if path.is_file() and not path.is_symlink()}  # fmt: skip
 
 
@@ -178,7 +182,7 @@ async def _tail(request: web.Request) -> web.StreamResponse:
 
 def _open_path(path: str) -> bool:
     """Paths served to anyone, whatever their credentials: health, and the browser's code."""
-    return path in ("/", "/healthz", "/tail") or path.startswith("/static/")
+    return path in ("/", "/healthz", "/tail", "/stream") or path.startswith("/static/")
 
 
 class _BodyDropped(TimeoutError):

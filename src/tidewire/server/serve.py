@@ -30,8 +30,10 @@ from ..config import ConfigError, ServerConfig
 from ..hub.access import Access, AccessFileError, Acl, Tokens
 from ..hub.budget import Budget
 from ..hub.fairness import LoopShares
+from ..hub.history import History
 from ..registry import PROTOCOLS, listeners
 from . import app as http_app
+from .admin import history_limits
 from .app import build_app, parser_reason
 from .browser import browser_policy
 from .guard import Admission, ConnectionLimits, TlsSettings, server_context
@@ -83,6 +85,7 @@ async def serve(
     hub = await open_hub(config, connect)  # (cluster mode: StorageUnavailable, one line)
     hub.ingest_limits.update(ingest_limits(config))
     hub.budget = Budget(budget_limits(config), LoopShares(fairness_limits(config)))
+    hub.metrics.history = History(history_limits(config))  # (the dashboard's charts)
     runner: web.AppRunner | None = None
     servers: dict[str, ListenerServer] = {}  # the TCP listeners, in the registry's order
     for sig in (signal.SIGINT, signal.SIGTERM):  # before "ready": a signal then is a clean stop

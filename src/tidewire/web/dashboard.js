@@ -189,8 +189,12 @@ function render(stats) {
     button.className = "tail";
     button.textContent = "tail";
     button.addEventListener("click", () => { chooseTail(s.name); });
+    const browse = document.createElement("a"); // the stream page: its events, page by page
+    browse.className = "browse";
+    browse.href = `/stream?name=${encodeURIComponent(s.name)}`;
+    browse.textContent = "browse";
     td.className = "actions";
-    td.appendChild(button);
+    td.append(button, browse);
     tr.appendChild(td);
   });
   for (const tr of $("streams").tBodies[0].rows) {

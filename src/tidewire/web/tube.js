@@ -202,10 +202,12 @@ export class RsioOverTube {
 
   send(bytes) { this.tube.send(new Uint8Array(bytes)); }
 
-  subscribe(publisher, initialDemand, onNext, { onComplete = () => {}, onError = () => {} } = {}) {
+  // onSubscribed(elementSize): the hub accepted the publisher name (RS.io `subscribed`).
+  subscribe(publisher, initialDemand, onNext,
+            { onComplete = () => {}, onError = () => {}, onSubscribed = () => {} } = {}) {
     const id = this.nextId++;
     const sub = {
-      id, onNext, onComplete, onError, elementSize: 0, received: 0,
+      id, onNext, onComplete, onError, onSubscribed, elementSize: 0, received: 0,
       request: (n) => { const out = [4]; pushVarint(id, out); pushVarint(n, out); this.send(out); },
       cancel: () => { this.subs.delete(id); const out = [5]; pushVarint(id, out); this.send(out); },
     };
@@ -257,7 +259,7 @@ export class RsioOverTube {
       }
       case 0x44: { this.principal = str(); this.authenticated(this); return pos; } // authenticated
       case 2: { const reason = str(); this.goodbye = reason; this.tube.close(1000, reason); return pos; } // goodbye
-      case 6: { const id = num(); const size = num(); sub = this.subs.get(id); if (sub) sub.elementSize = size; return pos; }
+      case 6: { const id = num(); const size = num(); sub = this.subs.get(id); if (sub) { sub.elementSize = size; sub.onSubscribed(size); } return pos; }
       case 7: {
         const id = num(); sub = this.subs.get(id);
         let n = sub && sub.elementSize ? sub.elementSize : num();
