@@ -44,6 +44,13 @@ def artifacts() -> Path:
     return folder
 
 
+async def page_until(page: Page, script: str, timeout_ms: int = WAIT_MS) -> None:
+    """Wait until ``script`` (a JavaScript expression) is true in ``page``. Given to Playwright
+    as a function: it polls a bare expression with ``eval``, which the pages' Content-Security-
+    Policy forbids."""
+    await page.wait_for_function(f"() => ({script})", timeout=timeout_ms)
+
+
 async def screenshot(page: Page, name: str) -> Path:
     """A full-page screenshot kept as ``<artifacts>/<name>.png`` (checked: not empty)."""
     path = artifacts() / f"{name}.png"

@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import ConsoleMessage, Page, async_playwright
 
+from browser import page_until
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
 from tidewire.model import Batch
@@ -124,12 +125,6 @@ def in_chromium(test: Callable[[Page, list[str]], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-async def until(page: Page, script: str) -> None:
-    """Wait for ``script`` (an expression) to be true: given as a function, since Playwright
-    polls a bare expression with ``eval``, which the page's CSP forbids."""
-    await page.wait_for_function(f"() => ({script})", timeout=WAIT_MS)
-
-
 async def no_violation(page: Page, problems: list[str]) -> None:
     assert await page.evaluate("window.__csp") == []
     assert problems == []
@@ -146,21 +141,22 @@ def test_the_pages_run_under_the_csp_with_no_violation(tmp_path: Path) -> None:
             answer = await page.goto(f"{base}/?refresh=200")
             assert answer is not None
             assert "'unsafe-inline'" not in answer.headers["content-security-policy"]
-            await until(page, "[...document.querySelectorAll('#streams tbody tr')].length === 1")
+            await page_until(page,
+                             "[...document.querySelectorAll('#streams tbody tr')].length === 1")
             # the stylesheet applied (a file: an inline one would have been blocked)
             weight = "getComputedStyle(document.querySelector('th')).fontWeight"
             assert await page.evaluate(weight) == "600"
             await page.click('#streams tbody tr[data-stream="orders"] button.tail')
-            await until(page, "document.getElementById('tail-status').textContent === 'live'")
+            await page_until(page, "document.getElementById('tail-status').textContent === 'live'")
             await publish(hub, "orders", [b"over tube"])
-            await until(page, "document.getElementById('tail-count').textContent === '1'")
+            await page_until(page, "document.getElementById('tail-count').textContent === '1'")
             await no_violation(page, problems)
 
             await page.goto(f"{base}/tail?stream=orders&window=4")
-            await until(page, "window.tidewireTail !== undefined")
-            await until(page, "document.getElementById('status').textContent === 'live'")
+            await page_until(page, "window.tidewireTail !== undefined")
+            await page_until(page, "document.getElementById('status').textContent === 'live'")
             await publish(hub, "orders", [b"tailed"])
-            await until(page, "window.tidewireTail.state().count === 1")
+            await page_until(page, "window.tidewireTail.state().count === 1")
             assert "tailed" in await page.inner_text("#events")
             margin = "getComputedStyle(document.querySelector('table')).marginTop"
             assert await page.evaluate(margin) != "0px"  # tail.css applied
@@ -177,7 +173,7 @@ def test_the_inline_code_the_policy_refuses_is_reported(tmp_path: Path) -> None:
             await page.goto(f"{base}/")
             await page.evaluate("""() => { const s = document.createElement("script");
                 s.textContent = "window.__ran = true"; document.head.appendChild(s); }""")
-            await until(page, "window.__csp.length > 0")
+            await page_until(page, "window.__csp.length > 0")
             assert await page.evaluate("window.__ran === undefined")
             assert (await page.evaluate("window.__csp"))[0].startswith("script-src")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from playwright.async_api import Page
 
-from browser import WAIT_MS, hub_app, in_chromium, screenshot
+from browser import hub_app, in_chromium, page_until, screenshot
 from tidewire.hub import Hub
 from tidewire.model import Batch
 
@@ -33,10 +33,6 @@ PIXELS = """([id, hex]) => {
   }
   return { near, painted, width: canvas.width, height: canvas.height };
 }"""
-
-
-async def until(page: Page, script: str) -> None:
-    await page.wait_for_function(script, timeout=WAIT_MS)
 
 
 class Clock:
@@ -69,7 +65,7 @@ def test_the_charts_draw_rates_lag_and_latencies_and_poll_for_newer_points(
             page.on("request", lambda r: requests.append(r.url) if "/api/history" in r.url
                     else None)  # fmt: skip
             await page.goto(f"{base}/?refresh=200")
-            await until(page, f"{CHARTS}.charts === 5 && {CHARTS}.points === 30")
+            await page_until(page, f"{CHARTS}.charts === 5 && {CHARTS}.points === 30")
             state = await page.evaluate(CHARTS)
             assert state["streams"] == ["clicks", "orders"]
             assert state["error"] is None
@@ -80,7 +76,7 @@ def test_the_charts_draw_rates_lag_and_latencies_and_poll_for_newer_points(
             for _ in range(5):
                 await hub.append(Batch.build("orders", [b"o"] * 20), assign_ids=True)
                 clock.tick()
-            await until(page, f"{CHARTS}.points === 35 && {CHARTS}.polls > {polls}")
+            await page_until(page, f"{CHARTS}.points === 35 && {CHARTS}.polls > {polls}")
             assert requests[0].endswith("/api/history")  # the whole history, once
             assert all("/api/history?since=" in url for url in requests[1:])
             assert len(requests) >= 2
@@ -115,14 +111,14 @@ def test_the_charts_wait_for_a_first_point_and_say_so(tmp_path: Path) -> None:
     async def test(page: Page, errors: list[str]) -> None:
         async with hub_app(tmp_path / "data", sampler=False) as (hub, base):
             await page.goto(f"{base}/?refresh=200")
-            await until(page, f"{CHARTS}.polls >= 2")
+            await page_until(page, f"{CHARTS}.polls >= 2")
             assert await page.is_visible("#charts-empty")
             assert (await page.evaluate(CHARTS))["points"] == 0
             clock = Clock(hub)
             clock.tick()
             await hub.append(Batch.build("orders", [b"x"]), assign_ids=True)
             clock.tick()
-            await until(page, f"{CHARTS}.points === 1")
+            await page_until(page, f"{CHARTS}.points === 1")
             assert not await page.is_visible("#charts-empty")
             assert errors == []
 

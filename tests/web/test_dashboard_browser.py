@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, Route, async_playwright
 
-from browser import screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
+from browser import page_until, screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.log import LogConfig
@@ -61,11 +61,6 @@ async def publish(hub: Hub, stream: str, values: list[bytes], key: bytes | None 
     await hub.append(Batch.build(stream, values, keys=keys), assign_ids=True)
 
 
-async def until(page: Page, script: str) -> None:
-    # (a function, not an expression: the page's CSP forbids eval, which Playwright polls with)
-    await page.wait_for_function(f"() => ({script})", timeout=WAIT_MS)
-
-
 async def rows(page: Page, table: str) -> list[dict[str, str]]:
     found: list[dict[str, str]] = await page.evaluate(f"({ROWS})({table!r})")
     return found
@@ -103,7 +98,7 @@ def test_the_dashboard_lists_streams_and_tails_new_events(tmp_path: Path) -> Non
             await publish(hub, "orders", [b"a", b"b", b"c"])
             await publish(hub, "clicks", [b"before the page"])
             await page.goto(f"{base}/?refresh=200")
-            await until(page, some_row("streams", "r.name === 'orders' && r.events === '3'"))
+            await page_until(page, some_row("streams", "r.name === 'orders' && r.events === '3'"))
             streams = {r["name"]: r for r in await rows(page, "streams")}
             assert sorted(streams) == ["clicks", "orders"]  # by name, no _tidewire.* stream
             assert streams["orders"]["latest"] == "3"
@@ -117,10 +112,10 @@ def test_the_dashboard_lists_streams_and_tails_new_events(tmp_path: Path) -> Non
             # Tail "clicks" (its row's button), then switch to "orders": one subscription, the
             # page's, over Tube, on the stream chosen last.
             await page.click('#streams tbody tr[data-stream="clicks"] button.tail')
-            await until(page, some_row("subscriptions", "r.stream === 'clicks'"))
+            await page_until(page, some_row("subscriptions", "r.stream === 'clicks'"))
             await page.click('#streams tbody tr[data-stream="orders"] button.tail')
             only_orders = f"({ROWS})('subscriptions').map((r) => r.stream).join() === 'orders'"
-            await until(page, only_orders)
+            await page_until(page, only_orders)
             assert await page.inner_text("#tail-stream") == "orders"
             assert await page.inner_text("#tail-status") == "live"
             assert page.url.endswith("/?refresh=200&tail=orders")  # a reload tails it again
@@ -128,7 +123,7 @@ def test_the_dashboard_lists_streams_and_tails_new_events(tmp_path: Path) -> Non
             # The subscription (from=latest) is on the hub: what comes now is shown, not before.
             await publish(hub, "orders", [b"hello dashboard"], key=b"k1")
             await publish(hub, "clicks", [b"not tailed"])
-            await until(page, "document.getElementById('tail-count').textContent === '1'")
+            await page_until(page, "document.getElementById('tail-count').textContent === '1'")
             (event,) = await rows(page, "tail-events")
             assert event["id"] == "4"
             assert event["key"] == "k1"
@@ -136,12 +131,12 @@ def test_the_dashboard_lists_streams_and_tails_new_events(tmp_path: Path) -> Non
             await publish(hub, "orders", [b"\xff\x00", "été".encode(), b"<b>bold</b>"])
             far = 9 * 10**15  # ms: a timestamp (under 2**53), past what a JavaScript Date holds
             await hub.append(Batch.build("orders", [b"far"], timestamps=far), assign_ids=True)
-            await until(page, "document.getElementById('tail-count').textContent === '5'")
+            await page_until(page, "document.getElementById('tail-count').textContent === '5'")
             shown = [r["value"] for r in await rows(page, "tail-events")]
             assert shown == ["far", "<b>bold</b>", "été", "\\xff\\x00", "hello dashboard"]
             assert await page.query_selector("#tail-events b") is None  # text, not markup
             assert (await rows(page, "tail-events"))[0]["time"] == str(far)
-            await until(page, some_row("streams", "r.name === 'orders' && r.events === '8'"))
+            await page_until(page, some_row("streams", "r.name === 'orders' && r.events === '8'"))
 
             await screenshot(page, "dashboard")
             body = await page.inner_text("body")
@@ -165,7 +160,7 @@ def test_the_dashboard_shows_its_subscription_demand_and_lag(tmp_path: Path) -> 
         async with hub_app(tmp_path / "data") as (hub, base):
             await publish(hub, "orders", [b"a", b"b", b"c"])
             await page.goto(f"{base}/?refresh=200&tail=orders&window=4")
-            await until(page, some_row("subscriptions", "r.protocol === 'tube'"))
+            await page_until(page, some_row("subscriptions", "r.protocol === 'tube'"))
             (sub,) = await rows(page, "subscriptions")
             assert sub["stream"] == "orders"
             assert sub["demand"] == "4"  # the page's window
@@ -179,15 +174,15 @@ def test_the_dashboard_shows_its_subscription_demand_and_lag(tmp_path: Path) -> 
             # for, and the other 6 wait on the hub, which the table shows as lag.
             await page.evaluate("window.tidewireDashboard.pause()")
             await publish(hub, "orders", [b"e%d" % i for i in range(10)])
-            await until(page, f"{STATE}.tail.count === 4")
-            await until(page, some_row("subscriptions", "r.lag === '6' && r.demand === '0'"))
+            await page_until(page, f"{STATE}.tail.count === 4")
+            await page_until(page, some_row("subscriptions", "r.lag === '6' && r.demand === '0'"))
             assert await page.inner_text("#tail-demand") == "0"
             assert await page.inner_text("#tail-status") == "paused"
             await screenshot(page, "lagging")
 
             await page.evaluate("window.tidewireDashboard.resume()")
-            await until(page, f"{STATE}.tail.count === 10")
-            await until(page, some_row("subscriptions", "r.lag === '0'"))
+            await page_until(page, f"{STATE}.tail.count === 10")
+            await page_until(page, some_row("subscriptions", "r.lag === '0'"))
             shown = [r["value"] for r in await rows(page, "tail-events")]
             assert shown == [f"e{i}" for i in reversed(range(10))]  # newest first
             assert errors == []
@@ -203,14 +198,14 @@ def test_the_dashboard_says_when_the_hub_does_not_answer_and_recovers(tmp_path: 
         async with hub_app(tmp_path / "data") as (hub, base):
             await publish(hub, "orders", [b"a"])
             await page.goto(f"{base}/?refresh=200")
-            await until(page, some_row("streams", "r.name === 'orders'"))
+            await page_until(page, some_row("streams", "r.name === 'orders'"))
             await page.route("**/api/stats", down)  # as if the hub were gone
-            await until(page, "document.getElementById('status').className === 'error'")
+            await page_until(page, "document.getElementById('status').className === 'error'")
             assert "cannot get /api/stats" in await page.inner_text("#status")
             assert (await page.evaluate(STATE))["error"] is not None
             await publish(hub, "orders", [b"b"])
             await page.unroute("**/api/stats", down)  # the page kept trying
-            await until(page, some_row("streams", "r.name === 'orders' && r.events === '2'"))
+            await page_until(page, some_row("streams", "r.name === 'orders' && r.events === '2'"))
             assert await page.get_attribute("#status", "class") == ""
             assert "updated" in await page.inner_text("#status")
             assert errors == []
@@ -233,7 +228,7 @@ def test_the_dashboard_asks_for_a_token_when_the_api_wants_monitor(tmp_path: Pat
             await page.wait_for_selector("#auth", state="visible", timeout=WAIT_MS)
             assert await page.get_attribute("#status", "class") == "error"
             assert await rows(page, "streams") == []
-            await until(page, "document.getElementById('tail-status').textContent"
+            await page_until(page, "document.getElementById('tail-status').textContent"
                               ".includes('anonymous may not read')")  # fmt: skip
 
             async def enter(token: str) -> None:
@@ -241,14 +236,14 @@ def test_the_dashboard_asks_for_a_token_when_the_api_wants_monitor(tmp_path: Pat
                 await page.click("#token-submit")
 
             await enter("viewer.wrong")  # refused (401): asked again
-            await until(page, "document.getElementById('auth-message').textContent"
+            await page_until(page, "document.getElementById('auth-message').textContent"
                               ".includes('401')")  # fmt: skip
             await enter(reader)  # may read, not monitor (403): asked again
-            await until(page, "document.getElementById('auth-message').textContent"
+            await page_until(page, "document.getElementById('auth-message').textContent"
                               ".includes('403')")  # fmt: skip
             assert await page.is_visible("#auth")
             await enter(viewer)
-            await until(page, some_row("streams", "r.name === 'orders' && r.events === '3'"))
+            await page_until(page, some_row("streams", "r.name === 'orders' && r.events === '3'"))
             names = [r["name"] for r in await rows(page, "streams")]
             assert names == ["orders", "secret"]  # monitor: the figures of every stream
             assert not await page.is_visible("#auth")
@@ -261,23 +256,23 @@ def test_the_dashboard_asks_for_a_token_when_the_api_wants_monitor(tmp_path: Pat
                 const c = ({ROWS})('connections').find((r) => r.principal === 'token:viewer');
                 return c !== undefined && {some_row("subscriptions", on_its_connection)};
             }})()"""
-            await until(page, viewers_tail)
-            await until(page, "!" + some_row("connections", "r.principal === 'token:reader'"))
+            await page_until(page, viewers_tail)
+            await page_until(page, "!" + some_row("connections", "r.principal === 'token:reader'"))
             await publish(hub, "orders", [b"for the viewer"])
-            await until(page, f"{STATE}.tail.count === 1")
+            await page_until(page, f"{STATE}.tail.count === 1")
             assert "for the viewer" in await page.inner_text("#tail-events")
             await screenshot(page, "token")
 
             # Every stream's figures, but not the events of a stream it may not read.
             await page.click('#streams tbody tr[data-stream="secret"] button.tail')
-            await until(page, "document.getElementById('tail-status').textContent"
+            await page_until(page, "document.getElementById('tail-status').textContent"
                               ".includes('token:viewer may not read')")  # fmt: skip
             assert await rows(page, "tail-events") == []
             assert await page.inner_text("#tail-demand") == "0"
 
             # A reload keeps the token (the tab's sessionStorage): no question this time.
             await page.reload()
-            await until(page, some_row("streams", "r.name === 'orders'"))
+            await page_until(page, some_row("streams", "r.name === 'orders'"))
             assert not await page.is_visible("#auth")
             assert errors == []
 

@@ -13,9 +13,12 @@ from pathlib import Path
 
 from aiohttp import web
 from playwright.async_api import Page
-from test_dashboard_browser import STATE, hub_app, in_chromium, rows, some_row, until
+from test_dashboard_browser import STATE, hub_app, in_chromium, rows, some_row
 
-from browser import screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
+from browser import (
+    page_until,
+    screenshot,  # (kept in $TIDEWIRE_ARTIFACTS)
+)
 from clustered_storage import N2_OK, N3_OK, STATUS, TW_1, URLS, ClusteredStorage
 from tidewire.hub import Hub
 from tidewire.server.app import build_app, start_http_site
@@ -58,7 +61,7 @@ def test_the_dashboard_shows_the_cluster_of_a_gateway(tmp_path: Path) -> None:
     async def test(page: Page, errors: list[str]) -> None:
         async with gateway_app(storage) as base:
             await page.goto(f"{base}/?refresh=200")
-            await until(page, some_row("cluster-groups", "r.group === 'TW_1'"))
+            await page_until(page, some_row("cluster-groups", "r.group === 'TW_1'"))
             assert await page.is_visible("#cluster")
             assert await page.inner_text("#cluster-name") == "tidewire"
             assert await page.inner_text("#cluster-connected") == URLS[0]
@@ -90,7 +93,7 @@ def test_the_dashboard_shows_the_cluster_of_a_gateway(tmp_path: Path) -> None:
             storage.status = dataclasses.replace(STATUS, groups=(caught_up, elected))
             for shown in ("r.group === 'TW_1' && r.leader === 'n2'",
                           "r.group === 'TW_0' && r.replicas === 'n2 · n3'"):  # fmt: skip
-                await until(page, some_row("cluster-groups", shown))
+                await page_until(page, some_row("cluster-groups", shown))
             assert await page.query_selector(leaderless) is None
             assert {r["node"]: r["leads"] for r in await rows(page, "cluster-nodes")} == {
                 "n1": "1", "n2": "1", "n3": "0"}  # (n1: no longer anyone's replica)
@@ -104,7 +107,7 @@ def test_the_cluster_section_is_hidden_on_an_embedded_hub(tmp_path: Path) -> Non
     async def test(page: Page, errors: list[str]) -> None:
         async with hub_app(tmp_path / "data") as (_, base):
             await page.goto(f"{base}/?refresh=200")
-            await until(page, f"{STATE}.refreshes >= 2")
+            await page_until(page, f"{STATE}.refreshes >= 2")
             assert not await page.is_visible("#cluster")
             assert await rows(page, "cluster-groups") == []
             assert errors == []

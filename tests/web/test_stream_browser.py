@@ -14,7 +14,7 @@ from pathlib import Path
 
 from playwright.async_api import Page
 
-from browser import WAIT_MS, hub_app, in_chromium, screenshot
+from browser import WAIT_MS, hub_app, in_chromium, page_until, screenshot
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.model import Batch
@@ -35,10 +35,6 @@ def hub_takes_from_time() -> bool:
     return True
 
 
-async def until(page: Page, script: str) -> None:
-    await page.wait_for_function(script, timeout=WAIT_MS)
-
-
 async def ids(page: Page) -> list[int]:
     found: list[int] = (await page.evaluate(STATE))["ids"]
     return found
@@ -46,7 +42,7 @@ async def ids(page: Page) -> list[int]:
 
 async def shown(page: Page, loads: int) -> list[int]:
     """The ids of the page once the ``loads``-th page is shown."""
-    await until(page, f"{STATE}.loads >= {loads} && !{STATE}.busy")
+    await page_until(page, f"{STATE}.loads >= {loads} && !{STATE}.busy")
     return await ids(page)
 
 
@@ -137,7 +133,7 @@ def test_values_as_text_json_and_hex_copy_and_download(tmp_path: Path) -> None:
             assert await page.inner_text(value.format(60)) == '{"n": 60, "name": "order 60"}'
 
             await page.check("input[name='view'][value='json']")
-            await until(page, f"{STATE}.view === 'json'")
+            await page_until(page, f"{STATE}.view === 'json'")
             assert await page.inner_text(value.format(60) + " pre") == (
                 '{\n  "n": 60,\n  "name": "order 60"\n}')  # fmt: skip
             assert "not JSON" in await page.inner_text(value.format(62))
@@ -155,12 +151,12 @@ def test_values_as_text_json_and_hex_copy_and_download(tmp_path: Path) -> None:
 
             # copy: the value as the view shows it
             await page.click("#messages tr[data-id='61'] button.copy")
-            await until(page, "document.querySelector(\"tr[data-id='61'] td.actions\")"
+            await page_until(page, "document.querySelector(\"tr[data-id='61'] td.actions\")"
                               ".classList.contains('copied')")  # fmt: skip
             assert await page.evaluate("navigator.clipboard.readText()") == hexdump
             await page.check("input[name='view'][value='text']")
             await page.click("#messages tr[data-id='60'] button.copy")
-            await until(page, "document.querySelector(\"tr[data-id='60'] td.actions\")"
+            await page_until(page, "document.querySelector(\"tr[data-id='60'] td.actions\")"
                               ".classList.contains('copied')")  # fmt: skip
             assert await page.evaluate("navigator.clipboard.readText()") == (
                 '{"n": 60, "name": "order 60"}')  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, async_playwright
 
-from browser import screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
+from browser import page_until, screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
 from tidewire.model import Batch
@@ -49,11 +49,6 @@ async def text(page: Page, element: str) -> str:
     return await page.inner_text(f"#{element}")
 
 
-async def until(page: Page, script: str) -> None:
-    # (a function, not an expression: the page's CSP forbids eval, which Playwright polls with)
-    await page.wait_for_function(f"() => ({script})", timeout=20_000)
-
-
 def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         pytest.fail("no chromium: ./tw test installs Debian's chromium package")
@@ -67,14 +62,14 @@ def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path)
                 errors: list[str] = []
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 await page.goto(f"{base}/tail?stream=orders&window=4")
-                await until(page, "document.getElementById('status').textContent === 'live'")
+                await page_until(page, "document.getElementById('status').textContent === 'live'")
                 # The page's RS.io subscription exists on the hub before anything is published.
                 protocols = app[TUBE_CONNECTIONS_KEY]
                 while not any(p.pumps for p in protocols):  # noqa: ASYNC110 - bounded by timeout
                     await asyncio.sleep(0.01)
 
                 await hub.append(Batch.build("orders", [b"hello", b"world"]), assign_ids=True)
-                await until(page, "document.getElementById('count').textContent === '2'")
+                await page_until(page, "document.getElementById('count').textContent === '2'")
                 shown = await text(page, "events")
                 assert "hello" in shown
                 assert "world" in shown
@@ -87,7 +82,7 @@ def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path)
                 await hub.append(Batch.build("orders", [b"e%d" % i for i in range(10)]),
                                  assign_ids=True)  # fmt: skip
                 expected = 2 + state["outstanding"]
-                await until(page, f"window.tidewireTail.state().count === {expected}")
+                await page_until(page, f"window.tidewireTail.state().count === {expected}")
                 (protocol,) = [p for p in protocols if p.pumps]
                 ((sub, _),) = protocol.pumps.values()
                 while sub.demand:  # noqa: ASYNC110 - the hub's side of the page's demand
@@ -97,7 +92,7 @@ def test_the_tail_page_shows_new_events_and_applies_backpressure(tmp_path: Path)
                 assert hub.latest("orders") == 13 > expected + 1  # more waits on the hub
 
                 await page.evaluate("window.tidewireTail.resume()")
-                await until(page, "window.tidewireTail.state().count === 12")
+                await page_until(page, "window.tidewireTail.state().count === 12")
                 shown = await text(page, "events")
                 assert all(f"e{i}" in shown for i in range(10))
                 await screenshot(page, "tail")

@@ -78,7 +78,8 @@ def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float 
             if i >= len(bounds):
                 return bounds[-1]
             low = bounds[i - 1] if i else 0.0
-            return low + (bounds[i] - low) * max(0.0, rank - below) / n
+            # (clamped: the float arithmetic may land a hair past the bucket's top)
+            return min(bounds[i], low + (bounds[i] - low) * max(0.0, rank - below) / n)
         below += n
     return bounds[-1]  # (not reached: the counts add up to total)
 
