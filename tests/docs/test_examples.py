@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,6 +54,8 @@ from doc_blocks import (
 
 import tidewire
 from hubproc import HubProcess
+from tidewire.config import ConfigError, load_config
+from tidewire.hub.access import AccessFileError, Acl, Tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = Path(tidewire.__file__).resolve().parents[1]
@@ -139,6 +142,29 @@ def test_the_extractor_reads_fences_and_modes(tmp_path: Path) -> None:
         "rsio://127.0.0.1:1 http://localhost:4/x 127.0.0.1:74000 "
         "--http-port 0 --rsio-port=0 h1:7400")  # fmt: skip
     assert console_commands("$ echo a\na\n$ echo b\n") == "echo a\necho b\n"
+
+
+def test_the_toml_examples_are_accepted(tmp_path: Path) -> None:
+    """Each ``toml`` block is a file tidewire reads, and the reader accepts it: an ACL
+    (``[principal...]``), a tokens file (``[token...]``) or a settings file
+    (``tidewire serve --config``, read without the environment's ``TIDEWIRE_*``)."""
+    tomls = [block for block in all_blocks() if block.lang == "toml"]
+    assert tomls, "no toml block found: the extractor is broken"
+    for i, block in enumerate(tomls):
+        keys = tomllib.loads(block.text).keys()
+        try:
+            if "principal" in keys:
+                Acl.parse(block.text, block.where)
+            elif "token" in keys:
+                Tokens.parse(block.text, block.where)
+            else:
+                settings = tmp_path / f"settings-{i}.toml"
+                settings.write_text(block.text, encoding="utf-8")
+                load_config(str(settings), environ={})
+        except AccessFileError as exc:
+            raise AssertionError(str(exc)) from None  # (it names block.where)
+        except ConfigError as exc:
+            raise AssertionError(f"{block.where}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- running them
