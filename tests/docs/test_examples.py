@@ -170,13 +170,36 @@ def test_the_toml_examples_are_accepted(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- running them
 
 
+def test_the_runner_says_what_went_wrong(tmp_path: Path) -> None:
+    """The harness fails what it should (a non-zero exit, a long-running block that ends early
+    or prints nothing on stdout) and runs what it should (top-level ``await``, a console
+    block's commands), without a hub."""
+    scratch = workdir(tmp_path / "cwd")
+    env = block_env({"rsio": "rsio://127.0.0.1:1", "seguro": "seguro://127.0.0.1:1",
+                     "http": "http://127.0.0.1:1"})  # fmt: skip
+    lines = iter(range(1, 100))
+
+    def run(lang: str, info: str, text: str) -> str | None:
+        block = Block(path="doc.md", line=next(lines), lang=lang, info=info, text=text)
+        return run_block(block, parse_mode(info), text, scratch, env)
+
+    assert run("python", "run", "import asyncio\nawait asyncio.sleep(0)\nprint(1)\n") is None
+    assert "exit status 1" in (run("python", "run", "async def f(): 1 / 0\nawait f()\n") or "")
+    assert "ZeroDivisionError" in (run("python", "run", "1 / 0\n") or "")
+    assert "exit status 3" in (run("sh", "run", "false || exit 3\necho never\n") or "")
+    assert "exit status 1" in (run("sh", "run", "false | true\n") or "")  # pipefail
+    assert "exited (0) after" in (run("sh", "run=until-1s", "echo early\n") or "")
+    assert "printed nothing on stdout" in (
+        run("sh", "run=until-1s", "echo to stderr >&2\nsleep 30\n") or "")
+    assert run("console", "run=until-1s", "$ echo a\nthe output\n$ sleep 30\n") is None
+
+
+
 @pytest.mark.parametrize("name", runnable_files())
 def test_the_examples_run(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Every block of ``name`` with ``run`` or ``run=until-<N>s`` does what its mode says,
     against a hub of its own; the failures of all blocks are reported together."""
-    scratch = tmp_path / "cwd"
-    scratch.mkdir()
-    (scratch / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    scratch = workdir(tmp_path / "cwd")
     hub = HubProcess(scratch / "tidewire-data", tmp_path / "hub.log")
     try:
         urls = hub.start()
@@ -191,7 +214,9 @@ def test_the_examples_run(name: str, tmp_path: Path, request: pytest.FixtureRequ
                 continue
             text = rewrite(block.text, ports)
             if block.lang == "python" and uses_spark(text):
-                failure = run_with_spark(block, text, request)
+                failure = (run_with_spark(block, text, request) if mode.kind == "run" else
+                           f"{block.where}: a Spark block runs in the tests' process, "
+                           "to its end: its mode can only be 'run'")  # fmt: skip
             else:
                 failure = run_block(block, mode, text, scratch, env)
             if failure:
@@ -236,11 +261,11 @@ def command(block: Block, text: str, cwd: Path) -> list[str]:
 @contextmanager
 def started(argv: list[str], cwd: Path, env: dict[str, str],
             out: Path) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
-    """``argv`` as the leader of a new process group, stdout and stderr into ``out``; on exit
-    the group is stopped (SIGTERM, then SIGKILL after ``STOP_SECONDS``), so that nothing it
-    started outlives the test."""
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
+    """``argv`` as the leader of a new process group, its stdout into ``out`` and its stderr
+    into ``out`` + ``.err``; on exit the group is stopped (SIGTERM, then SIGKILL after
+    ``STOP_SECONDS``), so that nothing it started outlives the test."""
+    with open(out, "wb") as stdout, open(f"{out}.err", "wb") as stderr:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         yield proc
@@ -260,42 +285,44 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=STOP_SECONDS)
 
 
+def workdir(path: Path) -> Path:
+    """A new directory where ``.venv`` is the environment running the tests."""
+    path.mkdir()
+    (path / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    return path
+
+
 def run_block(block: Block, mode: Mode, text: str, scratch: Path,
               env: dict[str, str]) -> str | None:  # fmt: skip
-    """Run one block as its mode says; what went wrong, or ``None``."""
-    cwd = scratch
-    if mode.kind == "until":
-        cwd = scratch / f"until-{Path(block.path).stem}-{block.line}"
-        cwd.mkdir()
-        (cwd / ".venv").symlink_to(sys.prefix, target_is_directory=True)
-    out = cwd / f"example-{Path(block.path).stem}-{block.line}.out"
-    argv = command(block, text, cwd)
+    """Run one block as its mode says (``run`` in ``scratch``, ``until`` in a directory of
+    its own under it); what went wrong, or ``None``."""
+    stem = f"{Path(block.path).stem}-{block.line}"
+    cwd = scratch if mode.kind == "run" else workdir(scratch / f"until-{stem}")
+    out = cwd / f"example-{stem}.out"
     began = time.monotonic()
-    with started(argv, cwd, env, out) as proc:
+    with started(command(block, text, cwd), cwd, env, out) as proc:
         if mode.kind == "run":
             try:
                 code = proc.wait(timeout=RUN_SECONDS)
             except subprocess.TimeoutExpired:
                 return report(block, text, out, f"still running after {RUN_SECONDS:.0f} s")
-            if code != 0:
-                return report(block, text, out, f"exit status {code}")
-            return None
-        try:
+            return None if code == 0 else report(block, text, out, f"exit status {code}")
+        with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=mode.seconds)
-        except subprocess.TimeoutExpired:
-            pass
-        else:
             return report(block, text, out, f"exited ({code}) after "
                           f"{time.monotonic() - began:.1f} s, before {mode.seconds} s")  # fmt: skip
     if not out.read_bytes().strip():
-        return report(block, text, out, f"printed nothing in {mode.seconds} s")
+        return report(block, text, out, f"printed nothing on stdout in {mode.seconds} s")
     return None
 
 
 def report(block: Block, text: str, out: Path, what: str) -> str:
-    output = out.read_bytes().decode(errors="replace")
+    """What went wrong with ``block``, with the text it ran and the end of its output."""
+    stdout = out.read_bytes().decode(errors="replace")
+    stderr = Path(f"{out}.err").read_bytes().decode(errors="replace")
     return (f"{block.where} ({block.lang} {block.info}): {what}\n--- the block, as run:\n{text}"
-            f"--- its output (the end):\n{output[-4000:]}")  # fmt: skip
+            f"--- its stdout (the end):\n{stdout[-3000:]}\n"
+            f"--- its stderr (the end):\n{stderr[-3000:]}")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- Spark blocks
