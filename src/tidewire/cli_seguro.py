@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,10 @@ def seguro() -> None:
 @credential_options
 def seguro_save(point: str, values: tuple[str, ...], files: tuple[str, ...], url: str,
                 first_id: int | None, **credentials: Any) -> None:  # fmt: skip
-    """Save events of POINT with consecutive ids: each VALUE is one event (its UTF-8 bytes), and
+    """Save events of POINT with consecutive ids: each VALUE is one event (its bytes as given:
+    UTF-8 text, or any bytes the shell passed, as Python's os.fsencode gives them back), and
     "-" (or no VALUE and no --file) reads one event per line of stdin (the newline dropped, as
-    ``tidewire publish`` does); each --file F is one event, F's bytes ("-": all of stdin).
+    tidewire publish does); each --file F is one event, F's bytes ("-": all of stdin).
     SAVE for one event, SAVE MANY for several; prints what the hub committed, or "nothing to
     save" on stderr when there is no event. The events are read whole before the first is sent
     (a SAVE MANY declares its count first)."""
@@ -61,7 +63,7 @@ def seguro_save(point: str, values: tuple[str, ...], files: tuple[str, ...], url
                     for name in files]  # fmt: skip
         events: list[bytes] = []
         for value in values or ("-",):
-            events += _stdin_lines() if value == "-" else [value.encode()]
+            events += _stdin_lines() if value == "-" else [os.fsencode(value)]
         return events
 
     async def run() -> None:

@@ -245,14 +245,14 @@ def test_seguro_save_and_read(tmp_path: Path) -> None:
         assert saved.stdout == b"committed 1 event(s) of ~zod: ids 1..1\n"
         saved = save("--file", str(one), "--file", str(two))
         assert saved.stdout == b"committed 2 event(s) of ~zod: ids 2..3\n"
-        saved = save("ev1", "ünï", "")
-        assert saved.stdout == b"committed 3 event(s) of ~zod: ids 4..6\n"
+        saved = save("ev1", "ünï", "", os.fsdecode(b"\xff\xfe"))  # not UTF-8: the bytes given
+        assert saved.stdout == b"committed 4 event(s) of ~zod: ids 4..7\n"
         saved = save("x", "-", "y", stdin=b"l1\n\nl3\n")
-        assert saved.stdout == b"committed 5 event(s) of ~zod: ids 7..11\n"
+        assert saved.stdout == b"committed 5 event(s) of ~zod: ids 8..12\n"
         saved = save(stdin=b"s1\ns2")
-        assert saved.stdout == b"committed 2 event(s) of ~zod: ids 12..13\n"
+        assert saved.stdout == b"committed 2 event(s) of ~zod: ids 13..14\n"
         saved = save("--file", "-", stdin=b"whole\nstdin\n")
-        assert saved.stdout == b"committed 1 event(s) of ~zod: ids 14..14\n"
+        assert saved.stdout == b"committed 1 event(s) of ~zod: ids 15..15\n"
         saved = save(stdin=b"")
         assert (saved.returncode, saved.stdout, saved.stderr) == (0, b"", b"nothing to save\n")
         for args in (("v", "--file", str(one)), ("-", "--file", "-"), ("-", "-")):
@@ -261,11 +261,11 @@ def test_seguro_save_and_read(tmp_path: Path) -> None:
         read = subprocess.run([*cli, "read", "~zod", "--url", url, "--json"],
                               capture_output=True, timeout=60)  # fmt: skip
         rows = [json.loads(line) for line in read.stdout.splitlines()]
-        datas = [b"hello", b"a", b"b\nc", b"ev1", "ünï".encode(), b"", b"x", b"l1", b"", b"l3",
-                 b"y", b"s1", b"s2", b"whole\nstdin\n"]  # fmt: skip
+        datas = [b"hello", b"a", b"b\nc", b"ev1", "ünï".encode(), b"", b"\xff\xfe", b"x", b"l1",
+                 b"", b"l3", b"y", b"s1", b"s2", b"whole\nstdin\n"]  # fmt: skip
         assert rows == [{"id": i, "data": base64.b64encode(data).decode()}
                         for i, data in enumerate(datas, 1)]  # fmt: skip
-        assert b"sent 14 (1..14)" in read.stderr
+        assert b"sent 15 (1..15)" in read.stderr
         bad = subprocess.run([*cli, "read", "~zo", "--url", url], capture_output=True,
                              timeout=60)  # fmt: skip
         assert bad.returncode == 1
