@@ -2,16 +2,16 @@
 blocks of README.md and docs/**/*.md, each with the mode word its fence line carries, and the
 rewriting that points an example written for a hub on the default ports at the test's hub.
 
-A runnable block is a fence whose language is ``sh``, ``bash``, ``console`` or ``python``; its
-fence line names a mode after the language (GitHub colours by the first word and ignores the
-rest)::
+A runnable block is a fence whose language is ``sh``, ``bash``, ``console``, ``python`` or
+``js``; its fence line names a mode after the language (GitHub colours by the first word and
+ignores the rest)::
 
     ```python run              runs as written, to its end, exit status 0
     ```sh run=until-3s         long-running: still running after 3 s, having printed something
     ```sh skip=<reason>        not run; the reason says why (and what tests it instead)
 
 A runnable block without a valid mode is an error, so that no new example escapes the test.
-Other languages (``toml``, ``json``, ``js``) and blocks without a language (outputs, file
+Other languages (``toml``, ``json``) and blocks without a language (outputs, file
 layouts, transcripts) are not examples to run. Pure functions only: no hub, no process.
 """
 
@@ -33,7 +33,7 @@ __all__ = [
     "rewrite",
 ]
 
-RUNNABLE = frozenset({"sh", "bash", "console", "python"})
+RUNNABLE = frozenset({"sh", "bash", "console", "python", "js"})
 """The languages whose blocks are examples to run."""
 
 DEFAULT_PORTS = {"rsio": 7400, "tolliver": 7402, "seguro": 7403, "http": 7480}

@@ -1,5 +1,5 @@
-"""Every shell and Python example of README.md and docs/ runs, against a real hub (issue 23,
-item 7): a wrong example fails here, not in a reader's terminal.
+"""Every shell, Python and browser example of README.md and docs/ runs, against a real hub
+(issue 23, item 7): a wrong example fails here, not in a reader's terminal.
 
 Each Markdown file with examples to run gets its own hub (``tidewire serve`` as a child
 process on free 127.0.0.1 ports, data in ``./tidewire-data`` of a scratch directory) and runs
@@ -10,7 +10,9 @@ fence line's mode (tests/docs/doc_blocks.py) says how:
   ``bash -e -o pipefail`` (a failing line fails the block), a ``console`` block's ``$`` lines
   the same way; ``python`` as a file given to ``python``, except that top-level ``await``/``async
   with`` run as in ``python -m asyncio`` or a notebook cell, and a block that uses ``spark``
-  without defining it gets the tests' SparkSession (as in the ``pyspark`` shell), in this process.
+  without defining it gets the tests' SparkSession (as in the ``pyspark`` shell), in this process;
+  ``js`` as an ES module in Chromium on a page of the hub's origin (tests/docs/doc_browser.py:
+  ``console.log`` is its output, an uncaught error its failure).
 * ``run=until-<N>s``: a long-running command (a server, a follower): still running after N
   seconds, having printed something on stdout (a first line slow to come on a loaded machine
   is waited for, ``OUTPUT_SECONDS`` at most, while it runs); then stopped by its process
@@ -53,7 +55,9 @@ from doc_blocks import (
     parse_mode,
     rewrite,
 )
+from doc_browser import CHROMIUM, chromium, run_module
 
+import helpers
 import tidewire
 from hubproc import HubProcess
 from tidewire.config import ConfigError, load_config
@@ -176,6 +180,26 @@ def test_the_toml_examples_are_accepted(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- running them
 
 
+def test_the_browser_runner_says_what_went_wrong() -> None:
+    """A ``js`` module that runs to its end passes, one that throws fails, and a long-running
+    one that logs nothing but the browser's own lines fails (one Chromium for the three)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("no chromium: ./tw test installs Debian's chromium package")
+
+    cases = [("await Promise.resolve();\n", None), ("await null;\nnull.x;\n", None),
+             ("console.warn(1);\n", 1.0)]
+
+    async def go() -> list[str | None]:
+        async with chromium() as browser:
+            return [await run_module(browser, text, "about:blank", until=until, run_seconds=20,
+                                     output_seconds=1.0) for text, until in cases]  # fmt: skip
+
+    ran, threw, silent = helpers.run(go(), 90)
+    assert ran is None
+    assert (threw or "").startswith("threw")
+    assert (silent or "").startswith("logged nothing")
+
+
 def test_the_runner_says_what_went_wrong(tmp_path: Path) -> None:
     """The harness fails what it should (a non-zero exit, a long-running block that ends early
     or prints nothing on stdout) and runs what it should (top-level ``await``, a console
@@ -202,7 +226,6 @@ def test_the_runner_says_what_went_wrong(tmp_path: Path) -> None:
     assert run("sh", "run=until-1s", "sleep 1.5\necho late\nsleep 30\n") is None
 
 
-
 @pytest.mark.parametrize("name", runnable_files())
 def test_the_examples_run(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Every block of ``name`` with ``run`` or ``run=until-<N>s`` does what its mode says,
@@ -221,7 +244,9 @@ def test_the_examples_run(name: str, tmp_path: Path, request: pytest.FixtureRequ
             if mode.kind == "skip":
                 continue
             text = rewrite(block.text, ports)
-            if block.lang == "python" and uses_spark(text):
+            if block.lang == "js":
+                failure = run_js(block, mode, text, f"{urls['http']}/healthz")
+            elif block.lang == "python" and uses_spark(text):
                 failure = (run_with_spark(block, text, request) if mode.kind == "run" else
                            f"{block.where}: a Spark block runs in the tests' process, "
                            "to its end: its mode can only be 'run'")  # fmt: skip
@@ -341,6 +366,26 @@ def report(block: Block, text: str, out: Path, what: str) -> str:
     return (f"{block.where} ({block.lang} {block.info}): {what}\n--- the block, as run:\n{text}"
             f"--- its stdout (the end):\n{stdout[-3000:]}\n"
             f"--- its stderr (the end):\n{stderr[-3000:]}")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- js blocks
+
+
+def run_js(block: Block, mode: Mode, text: str, page_url: str) -> str | None:
+    """Run a ``js`` block as an ES module in Chromium, on ``page_url`` (doc_browser.py)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("no chromium: ./tw test installs Debian's chromium package")
+
+    async def go() -> str | None:
+        async with chromium() as browser:
+            return await run_module(browser, text, page_url, run_seconds=RUN_SECONDS,
+                                    until=mode.seconds if mode.kind == "until" else None,
+                                    output_seconds=OUTPUT_SECONDS)  # fmt: skip
+
+    what = helpers.run(go(), RUN_SECONDS + OUTPUT_SECONDS + 60)
+    if what is None:
+        return None
+    return f"{block.where} ({block.lang} {block.info}): {what}\n--- the block:\n{text}"
 
 
 # --------------------------------------------------------------------------- Spark blocks
