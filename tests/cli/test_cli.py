@@ -4,6 +4,7 @@ clear refusal of a corrupt log) and the offline tools ``streams`` and ``dump``."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -224,6 +225,9 @@ def test_publish_lines_and_files_then_tail_them(tmp_path: Path) -> None:
 
 
 def test_seguro_save_and_read(tmp_path: Path) -> None:
+    """``seguro save POINT VALUE...``: each value an event; ``-`` (or nothing): each line of
+    stdin; ``--file F``: each file whole (``--file -``: all of stdin). Mixing values and files,
+    or stdin twice, is a usage error (exit 2) that saves nothing."""
     one, two = tmp_path / "one", tmp_path / "two"
     one.write_bytes(b"a")
     two.write_bytes(b"b\nc")
@@ -231,19 +235,37 @@ def test_seguro_save_and_read(tmp_path: Path) -> None:
         lines = read_until(proc, "ready")
         url = next(w for line in lines for w in line.split() if w.startswith("seguro://"))
         cli = [sys.executable, "-m", "tidewire.cli", "seguro"]
-        saved = subprocess.run([*cli, "save", "~zod", "-", "--url", url], input=b"hello",
-                               capture_output=True, timeout=60)  # fmt: skip
+
+        def save(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run([*cli, "save", "~zod", *args, "--url", url], input=stdin,
+                                  capture_output=True, timeout=60)  # fmt: skip
+
+        saved = save("-", stdin=b"hello")
         assert saved.returncode == 0, saved.stderr
         assert saved.stdout == b"committed 1 event(s) of ~zod: ids 1..1\n"
-        saved = subprocess.run([*cli, "save", "~zod", str(one), str(two), "--url", url],
-                               capture_output=True, timeout=60)  # fmt: skip
+        saved = save("--file", str(one), "--file", str(two))
         assert saved.stdout == b"committed 2 event(s) of ~zod: ids 2..3\n"
+        saved = save("ev1", "ünï", "", os.fsdecode(b"\xff\xfe"))  # not UTF-8: the bytes given
+        assert saved.stdout == b"committed 4 event(s) of ~zod: ids 4..7\n"
+        saved = save("x", "-", "y", stdin=b"l1\n\nl3\n")
+        assert saved.stdout == b"committed 5 event(s) of ~zod: ids 8..12\n"
+        saved = save(stdin=b"s1\ns2")
+        assert saved.stdout == b"committed 2 event(s) of ~zod: ids 13..14\n"
+        saved = save("--file", "-", stdin=b"whole\nstdin\n")
+        assert saved.stdout == b"committed 1 event(s) of ~zod: ids 15..15\n"
+        saved = save(stdin=b"")
+        assert (saved.returncode, saved.stdout, saved.stderr) == (0, b"", b"nothing to save\n")
+        for args in (("v", "--file", str(one)), ("-", "--file", "-"), ("-", "-")):
+            refused = save(*args, stdin=b"never\n")
+            assert refused.returncode == 2, (args, refused)
         read = subprocess.run([*cli, "read", "~zod", "--url", url, "--json"],
                               capture_output=True, timeout=60)  # fmt: skip
         rows = [json.loads(line) for line in read.stdout.splitlines()]
-        assert rows == [{"id": 1, "data": "aGVsbG8="}, {"id": 2, "data": "YQ=="},
-                        {"id": 3, "data": "Ygpj"}]  # fmt: skip
-        assert b"sent 3 (1..3)" in read.stderr
+        datas = [b"hello", b"a", b"b\nc", b"ev1", "ünï".encode(), b"", b"\xff\xfe", b"x", b"l1",
+                 b"", b"l3", b"y", b"s1", b"s2", b"whole\nstdin\n"]  # fmt: skip
+        assert rows == [{"id": i, "data": base64.b64encode(data).decode()}
+                        for i, data in enumerate(datas, 1)]  # fmt: skip
+        assert b"sent 15 (1..15)" in read.stderr
         bad = subprocess.run([*cli, "read", "~zo", "--url", url], capture_output=True,
                              timeout=60)  # fmt: skip
         assert bad.returncode == 1
