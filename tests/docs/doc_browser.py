@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from playwright.async_api import Browser, ConsoleMessage, Error, async_playwright
 
+from browser import CHROMIUM, FLAGS
+
 __all__ = ["CHROMIUM", "chromium", "run_module"]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 DONE = "\nwindow.__tidewireExampleDone = true;\n"
 """Appended to a ``run`` block: set only if the module ran to its end (top-level ``await``
 included) without throwing."""

@@ -14,7 +14,6 @@ site, in real headless Chromium (Debian's ``chromium``) driven by Playwright (is
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import ConsoleMessage, Page, async_playwright
 
-from browser import page_until
+from browser import CHROMIUM, FLAGS, WAIT_MS, page_until
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
 from tidewire.model import Batch
@@ -31,12 +30,6 @@ from tidewire.server.app import build_app, start_http_site
 from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.rsio_http import HttpSettings
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-WAIT_MS = 20_000
 # Every CSP violation the page reports (the event fires for each blocked load or inline code).
 WATCH_CSP = """window.__csp = [];
 document.addEventListener("securitypolicyviolation",

@@ -7,53 +7,21 @@ the API refuses the page (an ACL with ``monitor``)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from playwright.async_api import Page, Route, async_playwright
 
-from browser import page_until, screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
+from browser import CHROMIUM, FLAGS, WAIT_MS, hub_app, page_until, screenshot
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
-from tidewire.log import LogConfig
 from tidewire.model import Batch
-from tidewire.server.app import build_app, start_http_site
-from tidewire.server.guard import Admission, ConnectionLimits
-from tidewire.server.rsio_http import HttpSettings
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-WAIT_MS = 20_000  # every wait for the page
 # The rows of a table of the page, each {cell class: text} ("#streams": name, events, ...).
 ROWS = """(table) => [...document.querySelectorAll(`#${table} tbody tr`)].map(
     (tr) => Object.fromEntries([...tr.cells].map((td) => [td.classList[0], td.textContent])))"""
 STATE = "window.tidewireDashboard.state()"
-
-
-@asynccontextmanager
-async def hub_app(path: Path, access: Access | None = None) -> AsyncIterator[tuple[Hub, str]]:
-    """The hub's app on a guarded site (connection ids, peers), as ``tidewire serve`` runs it."""
-    hub = Hub.open(str(path), LogConfig(fsync=False))
-    await hub.start()
-    settings = HttpSettings()
-    runner = web.AppRunner(build_app(hub, settings, access=access), handle_signals=False,
-                           access_log=None, shutdown_timeout=5.0)  # fmt: skip
-    await runner.setup()
-    admission = Admission(ConnectionLimits())
-    port = await start_http_site(runner, "127.0.0.1", 0, admission=admission, tls=None,
-                                 settings=settings)  # fmt: skip
-    try:
-        yield hub, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-        await hub.close()
 
 
 async def publish(hub: Hub, stream: str, values: list[bytes], key: bytes | None = None) -> None:

@@ -13,12 +13,9 @@ from pathlib import Path
 
 from aiohttp import web
 from playwright.async_api import Page
-from test_dashboard_browser import STATE, hub_app, in_chromium, rows, some_row
+from test_dashboard_browser import STATE, in_chromium, rows, some_row
 
-from browser import (
-    page_until,
-    screenshot,  # (kept in $TIDEWIRE_ARTIFACTS)
-)
+from browser import hub_app, page_until, screenshot
 from clustered_storage import N2_OK, N3_OK, STATUS, TW_1, URLS, ClusteredStorage
 from tidewire.hub import Hub
 from tidewire.server.app import build_app, start_http_site

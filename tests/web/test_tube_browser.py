@@ -6,7 +6,6 @@ asking, and the hub stops sending once the demand it had is used up)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,17 +14,11 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, async_playwright
 
-from browser import page_until, screenshot  # (kept in $TIDEWIRE_ARTIFACTS)
+from browser import CHROMIUM, FLAGS, page_until, screenshot
 from tidewire.hub import Hub
 from tidewire.log import LogConfig
 from tidewire.model import Batch
 from tidewire.server.app import TUBE_CONNECTIONS_KEY, build_app
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 
 @asynccontextmanager
