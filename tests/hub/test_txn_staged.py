@@ -76,7 +76,7 @@ def test_commit_element_grammar() -> None:
                 b'{"parts":[{"part":"a","count":1,"fp":1},{"part":"a","count":1,"fp":1}]}',
                 b'{"parts":[{"part":"a","count":-1,"fp":1}]}',
                 b'{"parts":[{"part":"a","count":1,"fp":4294967296}]}'):  # fmt: skip
-        with pytest.raises(ValueError, match="commit|part"):
+        with pytest.raises(ValueError, match=r"commit|part"):
             parse_parts(bad)
 
 

@@ -15,8 +15,11 @@ from ..model import Batch
 from ..protocols.rsio.staged import StagedPart, encode_parts, part_fingerprint
 from ..record import encode
 from .rsio import Receipt, RsioClient
+from .rsio_publisher import Publisher
 
-__all__ = ["RECORD_BYTES", "StagedPart", "abort_parts", "commit_parts", "stage_part"]
+__all__ = [
+    "RECORD_BYTES", "PartStager", "StagedPart", "abort_parts", "commit_parts", "stage_part",
+]
 
 RECORD_BYTES = 4 * 1024 * 1024
 """A staged batch is sent as log records of about this many bytes at most (well within the
@@ -33,25 +36,53 @@ def _records(batches: Iterable[Batch], record_bytes: int) -> Iterable[tuple[byte
             start = stop
 
 
+class PartStager:
+    """One part being staged: :meth:`open`, :meth:`send` batches (their ids are ignored) as
+    they come, :meth:`close` for the part as a commit names it. The publisher's queue bounds
+    what waits for the hub (``max_queue_bytes``)."""
+
+    def __init__(self, client: RsioClient, stream: str, txn: str, part: str, *,
+                 record_bytes: int = RECORD_BYTES,
+                 max_queue_bytes: int = 8 * 1024 * 1024) -> None:  # fmt: skip
+        self.client, self.stream, self.txn, self.part = client, stream, txn, part
+        self.record_bytes = record_bytes
+        self.max_queue_bytes = max_queue_bytes
+        self.publisher: Publisher | None = None
+        self.count = self.nbytes = self.fp = self.records = 0
+
+    async def open(self) -> PartStager:
+        self.publisher = await self.client.publisher(
+            self.stream, format="records", txn=self.txn, stage=self.part,
+            max_queue_bytes=self.max_queue_bytes)  # fmt: skip
+        return self
+
+    async def send(self, batches: Iterable[Batch]) -> None:
+        """Queue ``batches`` as records (waiting for room in the queue)."""
+        assert self.publisher is not None, "open() first"
+        for record, n in _records(batches, self.record_bytes):
+            self.fp = part_fingerprint([record], self.fp)
+            self.count += n
+            self.nbytes += len(record)
+            self.records += 1
+            await self.publisher.submit([record])
+
+    async def close(self) -> StagedPart:
+        """Complete the part; once the hub has made it durable, the part as a commit names
+        it. Raises :class:`~.rsio_common.RsioError` with the hub's reason if it refused it."""
+        assert self.publisher is not None, "open() first"
+        await self.publisher.close()
+        return StagedPart(self.part, self.count, self.nbytes, self.fp, self.records)
+
+
 async def stage_part(client: RsioClient, stream: str, txn: str, part: str,
                      batches: Iterable[Batch], *, record_bytes: int = RECORD_BYTES,
                      max_queue_bytes: int = 8 * 1024 * 1024) -> StagedPart:  # fmt: skip
-    """Stage ``batches`` (their ids are ignored) as part ``part`` of transaction ``txn``
-    into ``stream``; return the part as a commit names it, once the hub has made it
-    durable. Raises :class:`~.rsio_common.RsioError` if the hub refused it."""
-    pub = await client.publisher(stream, format="records", txn=txn, stage=part,
-                                 max_queue_bytes=max_queue_bytes)  # fmt: skip
-    count = nbytes = fp = records = 0
-    try:
-        for record, n in _records(batches, record_bytes):
-            fp = part_fingerprint([record], fp)
-            count += n
-            nbytes += len(record)
-            records += 1
-            await pub.submit([record])  # (waits for room: bounded by max_queue_bytes)
-    finally:
-        await pub.close()  # the part is durable once the offer ended without error
-    return StagedPart(part, count, nbytes, fp, records)
+    """Stage ``batches`` (their ids are ignored) as part ``part`` of transaction ``txn`` into
+    ``stream`` (:class:`PartStager`); return the part as a commit names it, once durable."""
+    stager = await PartStager(client, stream, txn, part, record_bytes=record_bytes,
+                              max_queue_bytes=max_queue_bytes).open()  # fmt: skip
+    await stager.send(batches)  # (on an error the part is left open: never completed, it is
+    return await stager.close()  # dropped with the connection, or by the sweep)
 
 
 async def commit_parts(client: RsioClient, stream: str, txn: str,
