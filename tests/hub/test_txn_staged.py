@@ -216,3 +216,27 @@ def _record() -> bytes:
     from tidewire.record import encode
 
     return bytes(encode(rows("r", 2).with_ids(1)).data)
+
+
+def test_a_retention_pass_sweeps_stale_staging(tmp_path: Path) -> None:
+    """Parts nobody committed or aborted are dropped by the retention pass once untouched
+    for ``staging_ttl_ms`` (files' times, set back here: no waiting)."""
+
+    async def main() -> tuple[Staging, list[str]]:
+        async with hub_server(tmp_path) as (hub, _, url), connect(url) as c:
+            await stage_part(c, "s", "OLD", "0.0", [rows("x", 2)])
+            await stage_part(c, "s", "NEW", "0.0", [rows("y", 2)])
+            staging = hub.txns.staging
+            assert staging is not None
+            before = staged_dirs(tmp_path)
+            for entry in os.scandir(staging.directory("anonymous", "s", "OLD")):
+                os.utime(entry.path, (1000, 1000))
+            hub.txns.staging_ttl_ms = 3600 * 1000
+            hub.enforce_retention()
+            return staging, before
+
+    staging, before = run(main())
+    assert len(before) == 2
+    new = os.path.basename(staging.directory("anonymous", "s", "NEW"))
+    assert staged_dirs(tmp_path) == [new]
+    assert staging.staged_bytes() > 0
