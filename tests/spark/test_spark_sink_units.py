@@ -19,7 +19,7 @@ from tidewire.hub.staging import STAGING_DIR
 from tidewire.spark.planning import parse_options
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install tidewire[spark])")
-from tidewire.spark.sink import StagedParts, abort_parts_of, commit_parts, stage_task  # noqa: E402
+from tidewire.spark.sink import StagedParts, abort_parts_of, commit_parts, stage_task
 
 
 @pytest.fixture
