@@ -422,11 +422,12 @@ class RsioClient:
         self,
         stream: str,
         *,
-        format: Literal["envelope", "value"] = "envelope",
+        format: Literal["envelope", "value", "records"] = "envelope",
         size: int = 0,
         key: bytes | None = None,
         txn: str | None = None,
         max_queue_bytes: int = 8 * 1024 * 1024,
+        stage: str | None = None, action: Literal["commit", "abort"] | None = None,  # .rsio_staging
     ) -> Publisher:
         """Offer a publisher for ``stream`` (publishing extension). ``format="value"`` sends
         values only (ids and timestamps assigned by the hub, every event keyed ``key``); with
@@ -446,7 +447,7 @@ class RsioClient:
         offer = self.conn.free_offer_id()
         while offer in self._outlets:
             offer += 1
-        name = OfferName(stream, format, key, txn)
+        name = OfferName(stream, format, key, txn, stage, action)
         outlet = self._outlets[offer] = Publisher(self, offer, name, size, max_queue_bytes)
         self.conn.send(Offer(offer, str(name)))
         self._flush()

@@ -15,6 +15,7 @@ from ..model import Batch
 from ..protocols.rsio import OnComplete, OnNextPacked, Subscribed
 from ..protocols.rsio.envelopes import encode_envelopes
 from ..protocols.rsio.names import OfferName
+from ..record import encode
 from .rsio_common import ConnectionLost, Receipt, RsioError
 
 if TYPE_CHECKING:
@@ -176,6 +177,12 @@ class Publisher:
                 return [data[i : i + step] for i in range(0, len(data), step)], len(values), \
                     len(data)  # fmt: skip
             return values, len(values), sum(map(len, values))
+        if self.name.format == "records" or self.name.action is not None:
+            # a staged part (log records, ids placeholders) or a commit (its JSON element):
+            # bytes are sent as they are (.rsio_staging), a batch as one record
+            raw = ([bytes(encode(events.with_ids(1)).data)] if isinstance(events, Batch)
+                   else list(events))  # fmt: skip
+            return raw, len(raw), sum(map(len, raw))
         batch = events if isinstance(events, Batch) else Batch.build(self.name.stream, events)
         elements = encode_envelopes(batch, with_ids=not assign_ids)
         if not assign_ids:

@@ -98,8 +98,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -107,12 +109,14 @@ from typing import TYPE_CHECKING, Any
 from crc32c import crc32c
 
 from ..model import Batch, IdOrderError, TidewireError
+from ..record import merge
 from .ledger import past
+from .staging import STAGING_DIR, NamedPart, Staging
 
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["TXN_STREAM", "Transactions", "TxnKey", "TxnReceipt", "fingerprint"]
+__all__ = ["STAGING_TTL_MS", "TXN_STREAM", "Transactions", "TxnKey", "TxnReceipt", "fingerprint"]
 
 log = logging.getLogger("tidewire.hub")
 
@@ -120,6 +124,7 @@ TXN_STREAM = "_tidewire.txns"
 MAX_TXN_BYTES = 1024
 RETRIES = 16  # collisions with other writers' ids (each leaves a wider gap) before giving up
 TRIES = 256  # decisions (each after a catch-up) before giving up: see _commit
+STAGING_TTL_MS = 24 * 3600 * 1000  # staged parts untouched this long are dropped (a day)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +196,14 @@ class Transactions:
         self._locks: dict[TxnKey, tuple[asyncio.Lock, list[int]]] = {}  # per key: lock, users
         self._stream_locks: dict[str, asyncio.Lock] = {}
         self._legacy: dict[str, TxnKey] = {}  # at load: a keyless done record's intent
+        directory = getattr(hub.storage, "directory", None)  # (the embedded log's only)
+        self.staging: Staging | None = None
+        """Staged parts (:mod:`.staging`): ``None`` where the storage has no data directory
+        (JetStream: staged offers are refused there, docs/spark.md "Sink")."""
+        if isinstance(directory, str):
+            self.staging = Staging(os.path.join(directory, STAGING_DIR))
+        self.staging_ttl_ms = STAGING_TTL_MS
+        """Staged parts untouched this long are dropped after a retention pass."""
 
     def load(self) -> None:
         """Rebuild the registry from ``_tidewire.txns`` (at hub open), then forget what
@@ -200,6 +213,9 @@ class Transactions:
             self._apply(record, now, seq)
         self._legacy.clear()
         self.forget_removed(now)
+        if self.staging is not None and not getattr(getattr(self.hub.storage, "log", None),
+                                                    "read_only", False):
+            self.staging.remove_partial()
 
     async def catch_up(self) -> int:
         """Fold in what other gateways (or this hub, out of order) recorded since the last
@@ -265,7 +281,56 @@ class Transactions:
                 gone.append(key)
         for key in gone:
             del self._entries[key]
+        if self.staging is not None:  # (staged parts nobody committed or aborted)
+            running = [self.staging.directory(*k) for k in self._locks]
+            self.staging.sweep(now, self.staging_ttl_ms, running)
         return len(gone)
+
+    async def commit_staged(
+        self, txn: str, stream: str, parts: Sequence[NamedPart], *,
+        principal: str = "anonymous", via: str = "api",
+    ) -> TxnReceipt:  # fmt: skip
+        """Append the staged ``parts`` of ``principal``'s transaction ``txn`` into ``stream``,
+        in the order named, exactly once (:meth:`commit`, whose ledger protocol it uses: the
+        data of the named parts is one batch, one intent, one append), then drop every staged
+        part of that key. A transaction committed before answers its ids and appends nothing
+        (a replay; its parts are dropped). A named part not staged, or holding other rows
+        than named (count, fingerprint): :class:`~.staging.TxnPartMissing` (stage it again).
+        Empty ``parts`` or parts of no event: a receipt of count 0."""
+        if self.staging is None:
+            raise TidewireError("staged transactions need the embedded log (docs/spark.md)")
+        if not txn or len(txn.encode()) > MAX_TXN_BYTES:
+            raise TidewireError(f"a transaction id is 1..{MAX_TXN_BYTES} bytes")
+        key = _key(principal, stream, txn)
+        count = sum(p.count for p in parts)
+        found = self._find(key)
+        if found is None or not found[1].done:
+            await self.catch_up()
+            found = self._find(key)
+        staging = self.staging
+        if found is not None and found[1].done:  # a replay: nothing to read
+            staging.drop(principal, stream, txn)
+            return _already(found[1], stream, txn, count)
+        if not count:
+            staging.drop(principal, stream, txn)
+            return TxnReceipt(stream, 0, 0, 0, already=False)
+        # (a running commit of the key is waited for in commit(), which then answers DONE)
+        batches = await asyncio.to_thread(lambda: list(staging.load(principal, stream, txn, parts)))
+        batch = merge([(b, None) for b in batches]) if len(batches) > 1 else batches[0]
+        receipt = await self.hub.commit(txn, batch, via=via, principal=principal)
+        staging.drop(principal, stream, txn)
+        return receipt
+
+    def abort_staged(self, txn: str, stream: str, *, principal: str = "anonymous") -> bool:
+        """Drop the staged parts of that key unless a commit of it is running; whether any
+        were dropped (nothing is appended, a committed transaction stays committed)."""
+        key = _key(principal, stream, txn)
+        if self.staging is None or key in self._locks:
+            return False
+        directory = self.staging.directory(principal, stream, txn)
+        existed = os.path.isdir(directory)
+        self.staging.drop(principal, stream, txn)
+        return existed
 
     async def commit(self, txn: str, batch: Batch, *,
                      principal: str = "anonymous") -> TxnReceipt:  # fmt: skip

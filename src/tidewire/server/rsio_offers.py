@@ -12,6 +12,13 @@ connection and within the connection's budget share (gauge ``"txn"``: an element
 fit fails the offer with ``offerEnded``), and committed once at its onComplete
 (``Ingest.submit_txn``). The session is told (``on_ingest``) whenever the ingest's pending bytes
 may have changed, to charge them to its share (gauge ``"ingest"``).
+
+Staged transactions (docs/protocols/rsio.md "Staged transactions", :mod:`tidewire.hub.staging`):
+a ``stage=`` offer's records are checked and written through to a staging file as they
+arrive (nothing held, no ``max_txn_bytes``), made durable at onComplete and acknowledged with
+one ``committed(offer, records, 1, events)``; a ``commit`` offer's one JSON element names the
+parts (held as a transaction offer's elements are) and is committed at onComplete
+(``Transactions.commit_staged``); an ``abort`` offer drops the parts at onComplete.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ..hub import Ingest, Pipeline, Share, abandon
+from ..hub.staging import PartWriter
 from ..model import Batch, TidewireError, now_ms
 from ..observe.logs import ConnectionLog
 from ..protocols.rsio import Cancel, Committed, Connection, OfferEnded, Request, Subscribe
 from ..protocols.rsio.names import OfferName
 from ..protocols.rsio.runs import OfferRun, join_offer_parts, offer_run_decoder
+from ..protocols.rsio.staged import parse_parts
 
 __all__ = ["OFFER_WINDOW", "Inlet", "Offers"]
 
@@ -51,6 +60,7 @@ class Inlet:
     task: asyncio.Task[None] | None = None
     explicit_ids: bool | None = None  # decided by the offer's first envelope batch
     failed: str | None = None  # the hub gave up on the offer (a transaction too big)
+    part: PartWriter | None = None  # a stage= offer's file
 
 
 class Offers:
@@ -89,8 +99,21 @@ class Offers:
         if reason is not None:
             self.refuse(offer, reason)
             return reason
+        part = None
+        if name.stage is not None and name.txn is not None:
+            staging = self.ingest.hub.txns.staging
+            if staging is None:
+                reason = "staged transactions need the embedded log (docs/spark.md)"
+                self.refuse(offer, reason)
+                return reason
+            try:
+                part = staging.writer(self.ingest.principal, name.stream, name.txn, name.stage)
+            except OSError as exc:
+                reason = f"cannot stage part {name.stage!r}: {exc}"
+                self.refuse(offer, reason)
+                return reason
         self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW))
-        inlet = self.inlets[offer] = Inlet(offer, name)
+        inlet = self.inlets[offer] = Inlet(offer, name, part=part)
         inlet.task = asyncio.create_task(self._commit_loop(inlet))
         return None
 
@@ -102,6 +125,8 @@ class Offers:
         for inlet in list(self.inlets.values()):
             if inlet.task is not None:
                 inlet.task.cancel()  # an append in flight still completes (the log shields it)
+            if inlet.part is not None:
+                inlet.part.discard()
         self.inlets.clear()
 
     def subscribed(self, subscriber: int, size: int) -> None:
@@ -109,7 +134,7 @@ class Offers:
         inlet = self.inlets.get(subscriber)
         if inlet is not None:
             inlet.element_size = size
-            if not size and inlet.name.format == "envelope":  # runs into batches
+            if not size and inlet.name.format == "envelope" and inlet.name.action is None:
                 self.conn.set_run_decoder(subscriber, offer_run_decoder(inlet.name.stream))
 
     def end(self, subscriber: int, error: str | None) -> None:
@@ -124,6 +149,9 @@ class Offers:
         inlet = self.inlets.get(subscriber)
         if inlet is None:
             return
+        if inlet.part is not None:
+            self._stage(inlet, [data])
+            return
         if inlet.name.txn is not None:
             self._gather_txn(inlet, [data], count, len(data))
             return
@@ -133,6 +161,9 @@ class Offers:
         """A run of elements taken from one read."""
         inlet = self.inlets.get(subscriber)
         if inlet is None:
+            return
+        if inlet.part is not None:
+            self._stage(inlet, elements)
             return
         nbytes = sum(map(len, elements))
         if inlet.name.txn is not None:
@@ -183,6 +214,22 @@ class Offers:
         if self.conn.is_subscribed(inlet.offer):
             self.conn.send(Request(inlet.offer, count))
         inlet.wake.set()
+
+    def _stage(self, inlet: Inlet, elements: Sequence[bytes]) -> None:
+        """A staged part's records: checked and written through to its file (page cache), so
+        nothing is held here; as many requested again."""
+        if inlet.failed is not None or inlet.part is None:
+            return
+        try:
+            for element in elements:
+                inlet.part.add(element)
+        except (ValueError, OSError) as exc:
+            inlet.failed = f"part {inlet.name.stage!r} not staged: {exc}"
+            inlet.wake.set()
+            return
+        inlet.count += len(elements)
+        if self.conn.is_subscribed(inlet.offer):
+            self.conn.send(Request(inlet.offer, len(elements)))
 
     def fail_open_txns(self, reason: str) -> bool:
         """Give up every transaction offer still receiving that has staged elements (each
@@ -279,7 +326,10 @@ class Offers:
         time when the envelopes carry ids, fenced, receipts in order. Acknowledge in order."""
         offer = inlet.offer
         if inlet.name.txn is not None:
-            await self._commit_txn(inlet, inlet.name.txn)
+            if inlet.part is not None:
+                await self._finish_stage(inlet, inlet.part)
+            else:
+                await self._commit_txn(inlet, inlet.name.txn)
             return
         pipeline = self.ingest.pipeline(serial_own_ids=True)
         receipts: deque[tuple[asyncio.Future[Batch], int]] = deque()
@@ -339,7 +389,9 @@ class Offers:
             reason = inlet.failed
             if reason is None and inlet.ended:
                 reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
-            if reason is None and inlet.count:
+            if reason is None and inlet.name.action is not None:
+                await self._staged_action(inlet, txn)
+            elif reason is None and inlet.count:
                 batch, _ = self._batch(inlet, inlet.parts)  # (its own ids do not matter)
                 receipt = await self.ingest.submit_txn(txn, batch)
                 if receipt.already:
@@ -352,7 +404,7 @@ class Offers:
             self._ended(offer, reason or "", cancel=True)
         except asyncio.CancelledError:
             raise
-        except (TidewireError, ValueError) as exc:
+        except (TidewireError, ValueError, OSError) as exc:
             self.log.warning("transaction %r into %r failed: %s", txn, inlet.name.stream, exc)
             self._ended(offer, str(exc), cancel=True)
         finally:
@@ -362,3 +414,59 @@ class Offers:
                 self.share.hold("txn", self.txn_bytes)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
+
+    async def _staged_action(self, inlet: Inlet, txn: str) -> None:
+        """A ``commit`` offer (its one element names the parts) or an ``abort`` (none)."""
+        name, txns = inlet.name, self.ingest.hub.txns
+        principal = self.ingest.principal
+        if name.action == "abort":
+            if inlet.count:
+                raise ValueError("abort takes no element")
+            if txns.abort_staged(txn, name.stream, principal=principal):
+                self.log.info("transaction %r into %r aborted: staged parts dropped", txn,
+                              name.stream)  # fmt: skip
+            return
+        if inlet.count != 1:
+            raise ValueError(f"commit takes one element (the parts), not {inlet.count}")
+        parts = parse_parts(cast(bytes, inlet.parts[0]))
+        receipt = await txns.commit_staged(txn, name.stream, parts, principal=principal,
+                                           via=self.ingest.via)  # fmt: skip
+        if receipt.already:
+            self.log.info("transaction %r was committed before: not appended again", txn)
+        if not receipt.count:  # (no ids to answer: its element cannot be acknowledged)
+            raise ValueError("the named parts hold no event: nothing to commit")
+        if not self.conn.closed:
+            self.conn.send(Committed(inlet.offer, 1, receipt.first_id, receipt.last_id))
+
+    async def _finish_stage(self, inlet: Inlet, part: PartWriter) -> None:
+        """A ``stage=`` offer's end: the part made durable, ``committed(offer, records, 1,
+        events)`` (when it has records), ``offerEnded``; or the part dropped."""
+        offer = inlet.offer
+        try:
+            while inlet.ended is None and inlet.failed is None:
+                inlet.wake.clear()
+                await inlet.wake.wait()
+            reason = inlet.failed
+            if reason is None and inlet.ended:
+                reason = f"part abandoned: the publisher failed: {inlet.ended}"
+            if reason is None:
+                staged = await asyncio.to_thread(part.finish)
+                if staged.records and not self.conn.closed:
+                    self.conn.send(Committed(offer, staged.records, 1,
+                                             max(staged.count, staged.records)))  # fmt: skip
+            else:
+                part.discard()
+                self.log.warning("offer %d (part %r of %r) failed: %s", offer, inlet.name.stage,
+                                 inlet.name.txn, reason)  # fmt: skip
+            self._ended(offer, reason or "", cancel=reason is not None)
+        except asyncio.CancelledError:
+            part.discard()
+            raise
+        except OSError as exc:
+            part.discard()
+            self.log.warning("offer %d: staging part %r failed: %s", offer, inlet.name.stage, exc)
+            self._ended(offer, f"part not staged: {exc}", cancel=True)
+        finally:
+            if self.inlets.get(offer) is inlet:
+                del self.inlets[offer]
+

@@ -6,14 +6,15 @@ stream's id range into input partitions; each executor opens its own RS.io conne
 ``read()`` and turns the hub's batches into Arrow record batches (:mod:`.arrow`), so no Python
 object is made per row.
 
-Writing, exactly once: ``write()`` (on executors) checks its rows and stages them in its commit
-message, as Arrow IPC; the driver's ``commit(messages, batch_id)`` publishes each target stream's
-rows as one RS.io transaction with the id ``spark:<query id>:<batch id>:<stream>``. The hub stores
-a transaction once, ever (``tidewire.hub.txn``): a micro-batch that Spark replays after a
-failure, with the same query and batch ids, finds its transactions already committed and adds
-nothing. ``abort()`` has nothing to discard: staged rows live only in the commit messages. A
-micro-batch's rows for one stream travel through the driver and are bounded by the hub's
-``rsio.max_txn_bytes`` (64 MiB by default).
+Writing, exactly once (:mod:`.sink`): ``write()`` (on executors) stages its rows on each target
+stream's hub as a part of the transaction ``spark:<query id>:<batch id>:<stream>`` and returns
+only the parts' names, counts and fingerprints; the driver's ``commit(messages, batch_id)``
+commits each stream's parts at once. The hub stores a transaction once, ever
+(``tidewire.hub.txn``): a micro-batch that Spark replays after a failure, with the same query
+and batch ids, finds its transactions already committed and adds nothing. ``abort()`` drops
+the staged parts. With ``gateways`` (cluster mode, no staging area on JetStream yet) the rows
+still travel in the commit messages, as Arrow IPC, and the driver publishes each stream's rows
+as one transaction, bounded by the hub's ``rsio.max_txn_bytes`` (64 MiB by default).
 
 Gateways (the option ``gateways``, cluster mode): every URL serves every stream, so planning
 asks whichever answers first, the partitions are dealt round robin over the gateways (each
@@ -74,6 +75,7 @@ from .planning import (
     starting_offsets,
     stream_names,
 )
+from .sink import StagedParts, abort_parts_of, commit_parts, query_prefix, stage_task
 
 __all__ = ["TidewireDataSource", "register"]
 
@@ -407,12 +409,19 @@ class TidewireWriter(DataSourceArrowWriter):
         self.txn = f"spark-write:{uuid.uuid4()}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return _stage(iterator, self.options)
+        if self.options.gateways:
+            return _stage(iterator, self.options)
+        return stage_task(iterator, self.options, self.txn)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _publish(messages, self.options, self.txn)
+        if self.options.gateways:
+            _publish(messages, self.options, self.txn)
+        else:
+            commit_parts(messages, self.txn)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if not self.options.gateways:
+            abort_parts_of(messages, self.txn)
         log.info("write aborted: nothing was published")
 
 
@@ -424,9 +433,22 @@ class TidewireStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return _stage(iterator, self.options)
+        if self.options.gateways:
+            return _stage(iterator, self.options)
+        return stage_task(iterator, self.options)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if not self.options.gateways:
+            prefix = query_prefix(messages)
+            if prefix is None:
+                if any(isinstance(m, StagedParts) and m.parts for m in messages):
+                    raise RuntimeError("the streaming query id is unknown: cannot write "
+                                       "exactly once")  # fmt: skip
+                return
+            if not prefix.endswith(f":{batchId}"):
+                raise RuntimeError(f"the tasks staged {prefix!r}, not micro-batch {batchId}")
+            commit_parts(messages, prefix)
+            return
         query = next((m.query_id for m in messages if isinstance(m, _Staged) and m.query_id),
                      None)  # fmt: skip
         if query is None:
@@ -436,4 +458,7 @@ class TidewireStreamWriter(DataSourceStreamArrowWriter):
         _publish(messages, self.options, f"spark:{query}:{batchId}")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        prefix = query_prefix(messages)
+        if prefix is not None and not self.options.gateways:
+            abort_parts_of(messages, prefix)
         log.info("micro-batch %d aborted: nothing was published", batchId)

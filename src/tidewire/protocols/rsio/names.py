@@ -138,20 +138,44 @@ class OfferName:
     """The publisher a client offers with ``offer`` (publishing extension)::
 
         offer-name = stream [ "?" param *( "&" param ) ]
-        param      = "format=" ( "envelope" | "value" )   ; default envelope
+        param      = "format=" ( "envelope" | "value" | "records" )  ; default envelope
                    | "key=" percent-encoded bytes          ; format=value only: every event's key
                    | "txn=" percent-encoded UTF-8          ; exactly once: see below
+                   | "stage=" part                         ; txn= and format=records: a part
+                   | "commit"                              ; txn=: commit the named parts
+                   | "abort"                               ; txn=: drop the staged parts
+        part       = 1*64 ( ALPHA | DIGIT | "." | "_" | "-" )
 
     With ``envelope`` each element is ``id | timestamp | key | value`` as in subscriptions,
     where id 0 lets the hub assign the next id and timestamp 0 means "the hub's clock"; every
     element of one offer either carries its id or lets the hub assign it. With ``value`` each
     element is a value; ids are assigned, the hub stamps the time.
+
+    Staged transactions (docs/protocols/rsio.md "Staged transactions"): ``stage=`` (only with
+    ``txn=`` and ``format=records``, whose elements are log records whose ids are placeholders)
+    stores the offer's records as part ``part`` of ``txn``, read by nobody; ``commit`` (with
+    ``txn=`` only) takes one element, ``{"parts": [{"part", "count", "fp"}, ...]}``, and
+    appends the named parts exactly once; ``abort`` (``txn=`` only, no element) drops them.
     """
 
     stream: str
     format: Format = "envelope"
     key: bytes | None = None
     txn: str | None = None  # a transaction id: the offer is stored exactly once, atomically
+    stage: str | None = None  # a staged part of ``txn`` (format=records)
+    action: Literal["commit", "abort"] | None = None  # commit or abort ``txn``'s staged parts
+
+    def __post_init__(self) -> None:
+        if (self.stage is not None or self.action is not None) and self.txn is None:
+            raise PublisherNameError("stage=, commit and abort need txn=")
+        if self.stage is not None and (self.format != "records" or self.action is not None):
+            raise PublisherNameError("stage= needs format=records (and no commit or abort)")
+        if self.stage is not None and not _PART.fullmatch(self.stage):
+            raise PublisherNameError(f"a part is 1..64 of A-Z a-z 0-9 . _ -, not {self.stage!r}")
+        if self.format == "records" and self.stage is None:
+            raise PublisherNameError("an offer of format=records needs stage=")
+        if self.action is not None and (self.format != "envelope" or self.key is not None):
+            raise PublisherNameError(f"{self.action} takes no format= or key=")
 
     @classmethod
     def parse(cls, text: str) -> OfferName:
@@ -162,14 +186,18 @@ class OfferName:
             raise PublisherNameError(f"bad stream in offer {text!r}: {exc}") from None
         fmt: Format = "envelope"
         key = None
-        txn = None
+        txn = stage = None
+        action: Literal["commit", "abort"] | None = None
         seen: set[str] = set()
         for param in query.split("&") if query else ():
             name, eq, value = param.partition("=")
+            if param in ("commit", "abort") and action is None:
+                action = param  # type: ignore[assignment]
+                continue
             if not eq or name in seen:
                 raise PublisherNameError(f"bad or repeated parameter {param!r} in {text!r}")
             seen.add(name)
-            if name == "format" and value in ("envelope", "value"):
+            if name == "format" and value in ("envelope", "value", "records"):
                 fmt = value  # type: ignore[assignment]
             elif name == "key":
                 if _BAD_PERCENT.search(value):
@@ -181,11 +209,16 @@ class OfferName:
                     txn = unquote(value, errors="strict")
                 except UnicodeDecodeError:
                     raise PublisherNameError(f"txn is not UTF-8 in offer {text!r}") from None
+            elif name == "stage":
+                stage = value
             else:
                 raise PublisherNameError(f"bad parameter {param!r} in offer {text!r}")
         if key is not None and fmt != "value":
             raise PublisherNameError(f"key= needs format=value in offer {text!r}")
-        return cls(stream, fmt, key, txn)
+        try:
+            return cls(stream, fmt, key, txn, stage, action)
+        except PublisherNameError as exc:
+            raise PublisherNameError(f"{exc} in offer {text!r}") from None
 
     def __str__(self) -> str:
         params = []
@@ -195,6 +228,10 @@ class OfferName:
             params.append("key=" + quote(self.key, safe=""))
         if self.txn is not None:
             params.append("txn=" + quote(self.txn, safe=""))
+        if self.stage is not None:
+            params.append(f"stage={self.stage}")
+        if self.action is not None:
+            params.append(self.action)
         name = quote(self.stream, safe="")
         return name + ("?" + "&".join(params) if params else "")
 
@@ -256,6 +293,7 @@ def start_position(from_id: int | str | FromTime) -> Any:
 
 
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_PART = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def _unquote_strict(raw: str) -> str:

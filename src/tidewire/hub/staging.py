@@ -1,0 +1,254 @@
+"""Staged transaction parts: rows written by many writers, read by nobody until a commit.
+
+The exactly-once Spark sink (docs/spark.md "Sink") has every executor task send its rows to
+the hub itself, as a *part* of the micro-batch's transaction, and the driver commit the parts
+that won (``Transactions.commit_staged`` in :mod:`.txn`). Delta's "add file, then name it in
+the log" is the model: a part is a file nobody reads; the commit names it.
+
+On disk (the embedded log's data directory; nothing here is held in memory)::
+
+    <data_dir>/.txn-staging/<key hash>/<part>.log     a finished part
+    <data_dir>/.txn-staging/<key hash>/<part>.<n>.tmp a part being received
+
+``<key hash>`` is the first 32 hex digits of SHA-256 over ``principal NUL stream NUL txn``:
+one directory per transaction key (:data:`~.txn.TxnKey`), so two principals' parts of the
+same transaction id never meet. A part file is the offer's ``format=records`` elements back
+to back, byte for byte (log records, docs/log.md "Record batch", whose ids are placeholders:
+the commit gives the ids). Each element is checked (header and body CRC-32C) as it arrives.
+At the offer's end the file is fsynced, renamed to ``<part>.log`` and the directory fsynced,
+so an acknowledged part survives a crash. A part's **fingerprint** is the CRC-32C of its file
+(what its writer sent, so the writer computes it too without asking the hub): the commit
+checks every named part's event count and fingerprint, so a part written by another attempt
+under the same name, or half-written, is never taken for the one the driver names.
+
+Garbage: a commit drops its key's directory once its ``done`` is recorded (parts the driver
+did not name included: failed or speculative attempts); ``abort`` drops it; :meth:`Staging.sweep`
+drops directories untouched for longer than a TTL (the hub calls it after each retention
+pass) and ``*.tmp`` files left by a crash when the hub opens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from crc32c import crc32c
+
+from ..model import Batch, TidewireError
+from ..record import HEADER_SIZE, HeaderError, decode_body, parse_header
+
+__all__ = ["STAGING_DIR", "NamedPart", "PartWriter", "StagedInfo", "Staging", "TxnPartMissing"]
+
+log = logging.getLogger("tidewire.hub")
+
+STAGING_DIR = ".txn-staging"
+"""The staging directory's name in the data directory (the log skips names starting with
+``.``)."""
+
+_tmp_numbers = itertools.count(1)
+
+
+class TxnPartMissing(TidewireError):
+    """A part named by a commit is not staged (or holds other rows than named): the writer
+    must stage it again (Spark replays the micro-batch)."""
+
+
+class NamedPart(Protocol):
+    """A part as a commit names it (``tidewire.protocols.rsio.staged.StagedPart``): its name,
+    event count and fingerprint (the CRC-32C of its bytes)."""
+
+    @property
+    def part(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def fp(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StagedInfo:
+    """A part as staged: ``count`` events in ``records`` log records, ``nbytes`` bytes,
+    fingerprint ``fp``."""
+
+    part: str
+    count: int
+    nbytes: int
+    fp: int
+    records: int
+
+
+def check_record(element: bytes | bytearray | memoryview) -> int:
+    """The number of events in ``element``, which must be exactly one valid log record
+    (:class:`ValueError` otherwise)."""
+    view = memoryview(element).cast("B")
+    if len(view) < HEADER_SIZE:
+        raise ValueError(f"a staged element of {len(view)} bytes is not a log record")
+    try:
+        header = parse_header(view)
+    except HeaderError as exc:
+        raise ValueError(f"a staged element is not a log record: {exc}") from None
+    if header.length != len(view):
+        raise ValueError(f"a staged element holds {len(view)} bytes, its record {header.length}")
+    decode_body("-", header, view, 0)  # (checks the body CRC and layout)
+    return header.count
+
+
+class PartWriter:
+    """One part being received: :meth:`add` each element (checked, written through to the
+    file: the page cache holds it, not this object), then :meth:`finish` (durable) or
+    :meth:`discard`. Blocking file calls: small writes on the event loop's thread; ``finish``
+    (fsyncs) belongs in a worker thread."""
+
+    def __init__(self, directory: str, part: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self.part = part
+        self.tmp = os.path.join(directory, f"{part}.{os.getpid()}-{next(_tmp_numbers)}.tmp")
+        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.count = self.records = self.nbytes = self.fp = 0
+
+    def add(self, element: bytes | bytearray | memoryview) -> None:
+        """Check ``element`` (one log record) and append it to the part."""
+        count = check_record(element)
+        assert self.fd is not None, "the part is finished"
+        view = memoryview(element).cast("B")
+        while view:
+            view = view[os.write(self.fd, view) :]
+        self.fp = crc32c(element, self.fp)
+        self.count += count
+        self.records += 1
+        self.nbytes += len(element)
+
+    def finish(self) -> StagedInfo:
+        """Make the part durable under its final name and describe it."""
+        assert self.fd is not None, "the part is finished"
+        try:
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+        os.replace(self.tmp, os.path.join(self.directory, f"{self.part}.log"))
+        _fsync_dir(self.directory)
+        return StagedInfo(self.part, self.count, self.nbytes, self.fp, self.records)
+
+    def discard(self) -> None:
+        """Drop what was received (the offer failed)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
+class Staging:
+    """The staging area under ``root`` (``<data_dir>/.txn-staging``)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def directory(self, principal: str | None, stream: str, txn: str) -> str:
+        """Where the parts of that transaction key are."""
+        digest = hashlib.sha256(f"{principal}\0{stream}\0{txn}".encode()).hexdigest()[:32]
+        return os.path.join(self.root, digest)
+
+    def writer(self, principal: str | None, stream: str, txn: str, part: str) -> PartWriter:
+        return PartWriter(self.directory(principal, stream, txn), part)
+
+    def load(self, principal: str | None, stream: str, txn: str,
+             parts: Sequence[NamedPart]) -> Iterator[Batch]:  # fmt: skip
+        """The batches of the named ``parts``, in order, each part checked against its count
+        and fingerprint first (:class:`TxnPartMissing`). Blocking: call it in a thread. Each
+        part's file is read whole (one part: one task's rows for one stream)."""
+        directory = self.directory(principal, stream, txn)
+        for named in parts:
+            path = os.path.join(directory, f"{named.part}.log")
+            try:
+                with open(path, "rb") as f:
+                    data = memoryview(f.read())
+            except FileNotFoundError:
+                raise TxnPartMissing(f"part {named.part!r} of transaction {txn!r} into "
+                                     f"{stream!r} is not staged (stage it again)") from None
+            batches = list(_records(stream, data))
+            count = sum(len(b) for b in batches)
+            fp = crc32c(data)
+            if (count, fp) != (named.count, named.fp):
+                raise TxnPartMissing(
+                    f"part {named.part!r} of transaction {txn!r} into {stream!r} holds {count} "
+                    f"event(s) of fingerprint {fp}, not the {named.count} of {named.fp} named")
+            yield from batches
+
+    def drop(self, principal: str | None, stream: str, txn: str) -> None:
+        """Forget every part of that key (committed, aborted)."""
+        shutil.rmtree(self.directory(principal, stream, txn), ignore_errors=True)
+
+    def sweep(self, now_ms: int, ttl_ms: int, keep: Sequence[str] = ()) -> int:
+        """Drop the key directories whose newest file is older than ``ttl_ms`` at ``now_ms``
+        (wall clock ms), except those in ``keep`` (commits running); how many."""
+        dropped = 0
+        for name, path in self._directories():
+            if path in keep:
+                continue
+            try:
+                newest = max((e.stat().st_mtime for e in os.scandir(path)),
+                             default=os.stat(path).st_mtime)  # fmt: skip
+            except FileNotFoundError:
+                continue
+            if newest * 1000 < now_ms - ttl_ms:
+                log.info("dropping staged transaction parts %s, untouched for %d ms", name,
+                         now_ms - newest * 1000)  # fmt: skip
+                shutil.rmtree(path, ignore_errors=True)
+                dropped += 1
+        return dropped
+
+    def remove_partial(self) -> int:
+        """Remove the ``*.tmp`` files a crash left (at open: no offer is receiving); how many."""
+        removed = 0
+        for _, path in self._directories():
+            for entry in os.scandir(path):
+                if entry.name.endswith(".tmp"):
+                    os.unlink(entry.path)
+                    removed += 1
+        return removed
+
+    def staged_bytes(self) -> int:
+        """Bytes of every staged file (for the stats)."""
+        total = 0
+        for _, path in self._directories():
+            total += sum(e.stat().st_size for e in os.scandir(path))
+        return total
+
+    def _directories(self) -> Iterator[tuple[str, str]]:
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.is_dir():
+                yield entry.name, entry.path
+
+
+def _records(stream: str, data: memoryview) -> Iterator[Batch]:
+    pos = 0
+    while pos < len(data):
+        try:
+            header = parse_header(data, pos)
+            batch = decode_body(stream, header, data, pos)
+        except (HeaderError, ValueError) as exc:
+            raise TxnPartMissing(f"a staged part of {stream!r} is damaged: {exc}") from None
+        yield batch
+        pos += header.length
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
