@@ -67,6 +67,9 @@ SETTINGS: dict[str, tuple[type, Any, str]] = {
     "txn.expiration_ms": (int, -1,
                           "forget a transaction id this long after its commit (-1: only once "
                           "retention removed its events)"),
+    "txn.staging_ttl_ms": (int, 24 * 3600 * 1000,
+                           "drop a transaction's staged parts (the Spark sink's) untouched "
+                           "this long, after a retention pass"),
     "memory.budget_bytes": (int, 1024 * 1024 * 1024,
                             "every byte waiting in the hub for a peer, all connections together "
                             "(docs/security.md)"),
@@ -316,6 +319,7 @@ _LIMITS: dict[str, tuple[float, float]] = {  # inclusive ranges of the numeric s
     "ingest.appends_in_flight": (0, 65536),
     "ingest.commit_bytes": (0, 2**30),
     "txn.expiration_ms": (-1, 2**62),
+    "txn.staging_ttl_ms": (1000, 2**62),
     "rsio.max_txn_bytes": (4096, 2**40),
     "log.max_record_bytes": (4096, 2**32 - 4096),
     "memory.budget_bytes": (1024 * 1024, 2**50),

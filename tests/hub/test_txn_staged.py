@@ -18,11 +18,13 @@ import pytest
 from helpers import hub_server, run
 from tidewire.client.rsio import RsioError, connect
 from tidewire.client.rsio_staging import abort_parts, commit_parts, stage_part
+from tidewire.config import load_config
 from tidewire.hub import Hub
 from tidewire.hub.staging import STAGING_DIR, Staging, TxnPartMissing
 from tidewire.model import Batch
 from tidewire.protocols.rsio.names import OfferName, PublisherNameError
 from tidewire.protocols.rsio.staged import StagedPart, encode_parts, parse_parts
+from tidewire.server.storage_open import open_hub
 
 
 def rows(tag: str, n: int, stream: str = "s", keyed: bool = False) -> Batch:
@@ -240,3 +242,19 @@ def test_a_retention_pass_sweeps_stale_staging(tmp_path: Path) -> None:
     new = os.path.basename(staging.directory("anonymous", "s", "NEW"))
     assert staged_dirs(tmp_path) == [new]
     assert staging.staged_bytes() > 0
+
+
+def test_the_staging_ttl_is_a_setting(tmp_path: Path) -> None:
+    """``txn.staging_ttl_ms`` reaches the hub ``serve`` opens (default: a day)."""
+    async def main() -> None:
+        for given, expected in ((None, 24 * 3600 * 1000), (60_000, 60_000)):
+            more = {} if given is None else {"txn.staging_ttl_ms": given}
+            config = load_config(None, {"data_dir": str(tmp_path / f"d{given}"), **more},
+                                 environ={})  # fmt: skip
+            hub = await open_hub(config)
+            try:
+                assert hub.txns.staging_ttl_ms == expected
+            finally:
+                await hub.close()
+
+    run(main())

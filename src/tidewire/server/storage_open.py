@@ -95,7 +95,9 @@ async def open_hub(config: ServerConfig, connect: Connector | None = None) -> Hu
         "txn_expiration_ms": None if expiration < 0 else expiration,
     }
     if not config.clustered:
-        return Hub.open(config.data_dir, config.log, **options)
+        hub = Hub.open(config.data_dir, config.log, **options)
+        hub.txns.staging_ttl_ms = int(config.values["txn.staging_ttl_ms"])
+        return hub
     storage = await open_storage(config, connect)
     try:
         return Hub(storage, **options)
