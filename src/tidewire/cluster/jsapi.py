@@ -63,6 +63,10 @@ TRANSIENT = (
 connection being re-established."""
 
 
+NO_PEERS = 10005
+"""JetStream's ``err_code`` for "no suitable peers for placement" (too few servers online)."""
+
+
 class JetStreamError(LogError):
     """A JetStream API call answered with an error: ``code`` (HTTP-like) and ``err_code``."""
 
@@ -75,14 +79,18 @@ class JetStreamError(LogError):
 
 async def retrying(work: Callable[[], Awaitable[T]], seconds: float) -> T:
     """``work()``, tried again with backoff while it gets no answer or JetStream says it is
-    unavailable (a cluster starting, a stream electing its leader), for up to ``seconds``."""
+    unavailable (a cluster starting, a stream electing its leader) or has too few peers online
+    for a stream's replicas yet (a cluster whose servers are still meeting, a peer restarting:
+    error 10005, which stays an error after ``seconds`` when the cluster is too small), for up
+    to ``seconds``."""
     deadline = time.monotonic() + seconds
     delay = 0.05
     while True:
         try:
             return await work()
         except JetStreamError as exc:
-            if exc.code != 503 or time.monotonic() + delay > deadline:
+            transient = exc.code == 503 or exc.err_code == NO_PEERS
+            if not transient or time.monotonic() + delay > deadline:
                 raise
         except TRANSIENT:
             if time.monotonic() + delay > deadline:
