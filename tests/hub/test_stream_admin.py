@@ -14,10 +14,11 @@ import pytest
 from helpers import run
 from memory_storage import MemoryStorage
 from tidewire.hub import Hub
+from tidewire.hub.access import Access, Acl, Principal
 from tidewire.hub.hub import NotSupported, StreamDeleted
 from tidewire.log import LogConfig, StreamExists, StreamSettings
 from tidewire.log.admin import DELETING_PREFIX
-from tidewire.model import Batch, InvalidStreamName, UnknownStream
+from tidewire.model import Batch, Forbidden, InvalidStreamName, UnknownStream
 
 SMALL = StreamSettings(segment_bytes=4096)
 
@@ -236,3 +237,22 @@ def test_a_crash_after_delete_and_recreate_replays_nothing_of_the_old_stream(
         await hub.close()
 
     run(reopen())
+
+
+def test_the_admin_right_is_a_list_of_patterns_and_never_the_open_default() -> None:
+    ops, anonymous = Principal("token:ops"), Principal("anonymous")
+    open_hub = Access()
+    assert open_hub.may(anonymous, "write", "orders")  # (reads and writes stay open)
+    assert not open_hub.may(anonymous, "admin", "orders")
+    with pytest.raises(Forbidden, match="no ACL file grants admin"):
+        open_hub.check(anonymous, "admin", "orders")
+    acl = Acl.parse('[principal."token:*"]\nwrite = ["*"]\n'
+                    '[principal."token:ops"]\nadmin = ["orders*", "_tidewire.audit"]\n')
+    access = Access(acl)
+    access.check(ops, "admin", "orders.eu")
+    assert not access.may(ops, "admin", "clicks")
+    assert not access.may(Principal("token:ci"), "admin", "orders")  # (write is not admin)
+    assert not access.may(ops, "read", "orders")  # (admin is not read)
+    assert access.may(ops, "admin", "_tidewire.audit")  # (named; the hub refuses it anyway)
+    assert not Acl.parse('[principal.a]\nadmin = ["*"]\n').allows(
+        Principal("a"), "admin", "_tidewire.txns")
