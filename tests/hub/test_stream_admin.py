@@ -13,12 +13,12 @@ import pytest
 
 from helpers import run
 from memory_storage import MemoryStorage
-from tidewire.hub import Hub
+from tidewire.hub import EmbeddedStorage, Hub
 from tidewire.hub.access import Access, Acl, Principal
 from tidewire.hub.hub import NotSupported, StreamDeleted
 from tidewire.log import LogConfig, StreamExists, StreamSettings
 from tidewire.log.admin import DELETING_PREFIX
-from tidewire.model import Batch, Forbidden, InvalidStreamName, UnknownStream
+from tidewire.model import Batch, Forbidden, InvalidStreamName, LogError, UnknownStream
 
 SMALL = StreamSettings(segment_bytes=4096)
 
@@ -256,3 +256,29 @@ def test_the_admin_right_is_a_list_of_patterns_and_never_the_open_default() -> N
     assert access.may(ops, "admin", "_tidewire.audit")  # (named; the hub refuses it anyway)
     assert not Acl.parse('[principal.a]\nadmin = ["*"]\n').allows(
         Principal("a"), "admin", "_tidewire.txns")
+
+
+def test_appends_racing_a_delete_are_stored_or_refused_never_left_waiting(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        hub = Hub.open(str(tmp_path), LogConfig(defaults=SMALL, max_pending_bytes=64 * 1024))
+        await _fill(hub, "s", 1)
+        appends = [asyncio.ensure_future(hub.append(Batch.build("s", [b"x" * 30000]),
+                                                    assign_ids=True)) for _ in range(12)]
+        await asyncio.sleep(0)  # (each has queued, or waits for room in the queue)
+        assert isinstance(hub.storage, EmbeddedStorage)
+        deleting = asyncio.ensure_future(hub.storage.log.delete_stream("s"))
+        await asyncio.sleep(0)  # (the deletion has begun: appends from now on are refused)
+        with pytest.raises(LogError, match="being deleted"):
+            await hub.append(Batch.build("s", [b"late"]), assign_ids=True)
+        await deleting
+        results = await asyncio.wait_for(asyncio.gather(*appends, return_exceptions=True), 20)
+        refused = [r for r in results if isinstance(r, LogError)]
+        assert len(refused) + sum(isinstance(r, Batch) for r in results) == len(results)
+        assert not hub.has_stream("s")
+        stored = await hub.append(Batch.build("s", [b"again"]), assign_ids=True)
+        assert stored.first_id == 1
+        await hub.close()
+
+    run(main())

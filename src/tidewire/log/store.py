@@ -352,9 +352,8 @@ class Log:
         """Give ``name`` this retention from now on, over the configuration's, durably (the
         next retention pass applies it). :class:`UnknownStream` if there is no such stream."""
         stream = self.stream(name)
-        data = encode_override(retention_ms, retention_bytes)
-        await asyncio.get_running_loop().run_in_executor(None, write_override, stream.directory,
-                                                         data)  # fmt: skip
+        await asyncio.get_running_loop().run_in_executor(
+            None, write_override, stream.directory, encode_override(retention_ms, retention_bytes))
         stream.settings = apply_override(stream.settings, (retention_ms, retention_bytes))
         stream.runtime_retention = True
 
@@ -369,6 +368,7 @@ class Log:
         try:
             await self.settled(name)
             self._writers.pop(name, None)  # (settled: nothing queued, nothing in flight)
+            stream.failed = LogError(f"stream {name!r} was deleted")  # (appenders left waiting)
             del self._streams[name]
             self._notify(name)
             await asyncio.get_running_loop().run_in_executor(
