@@ -1,7 +1,8 @@
 """The admin API's writes over real HTTP on 127.0.0.1 (server/admin_streams.py): create,
 change retention, delete, each only with the ACL's ``admin`` right (never without an ACL),
 each audited as a ``tidewire.audit`` line and a ``_tidewire.audit`` record; a cross-site
-attempt refused before the route; a live RS.io subscriber told ``stream deleted``."""
+attempt refused before the route; live RS.io subscribers (over TCP and HTTP) told ``stream
+deleted``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import tidewire
 from browser import hub_app
 from helpers import hub_server, run, until
+from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.client.rsio import RsioError
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
@@ -203,6 +205,27 @@ def test_a_live_rsio_subscriber_is_told_the_stream_was_deleted(tmp_path: Path) -
                         await hub.delete_stream("s")
 
             with pytest.raises(RsioError, match="stream deleted"):
+                await consume()
+            assert got == [b"a"]
+
+    run(main())
+
+
+def test_a_live_http_subscriber_is_told_the_stream_was_deleted(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with hub_app(tmp_path / "d", sampler=False) as (hub, base), \
+                HttpHub(base) as client:  # fmt: skip
+            await hub.append(Batch.build("s", [b"a"]), assign_ids=True)
+            got: list[bytes] = []
+
+            async def consume() -> None:
+                async for batch in client.subscribe("s"):
+                    got.extend(batch.value(i) for i in range(len(batch)))
+                    if hub.has_stream("s"):
+                        await until(lambda: hub.live_subscriptions() != [])
+                        await hub.delete_stream("s")
+
+            with pytest.raises(HttpRsioError, match="stream deleted"):
                 await consume()
             assert got == [b"a"]
 

@@ -17,14 +17,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
-from ..log import Log, LogConfig
+from ..log import Log, LogConfig, StreamDeleted
 from ..model import (
     Batch,
     DataLossError,
     InvalidStreamName,
-    LogError,
     TidewireError,
-    UnknownStream,  # fmt: skip
+    UnknownStream,
     now_ms,
     validate_stream_name,
 )
@@ -47,14 +46,6 @@ latest committed one (only new events)."""
 
 RESERVED_PREFIX = "_tidewire."
 """Streams the hub keeps for itself (``_tidewire.txns``): readable, never written by clients."""
-
-
-class StreamDeleted(LogError):
-    """What a live subscription of a stream that an operator deleted ends with (RS.io's
-    ``onError "stream deleted"``)."""
-
-    def __str__(self) -> str:
-        return "stream deleted"
 
 
 class NotSupported(TidewireError):

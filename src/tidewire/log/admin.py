@@ -36,6 +36,7 @@ __all__ = [
     "DELETING_PREFIX",
     "RETENTION_FILE",
     "Retention",
+    "StreamDeleted",
     "StreamExists",
     "apply_override",
     "encode_override",
@@ -52,6 +53,14 @@ _TEMP = RETENTION_FILE + ".tmp"
 
 class StreamExists(LogError):
     """A stream of that name exists already (creating it again)."""
+
+
+class StreamDeleted(LogError):
+    """The stream was deleted while one waited for it or read it: what its live subscriptions
+    end with (RS.io's ``onError "stream deleted"``, docs/protocols/rsio.md)."""
+
+    def __str__(self) -> str:
+        return "stream deleted"
 
 
 @dataclass(frozen=True, slots=True)

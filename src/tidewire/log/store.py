@@ -54,10 +54,11 @@ from ..record import HEADER_SIZE
 from .admin import (
     DELETING_PREFIX,
     Retention,
+    StreamDeleted,
     StreamExists,
     apply_override,
     encode_override,
-    read_override,  # fmt: skip
+    read_override,
     remove_stream_files,
     write_override,
 )
@@ -327,8 +328,6 @@ class Log:
         """Apply every stream's retention; return how many segments were deleted."""
         return sum(s.enforce_retention(now_ms) for s in list(self._streams.values()))
 
-    # ------------------------------------------------------------------ administration
-
     def retention(self, name: str) -> Retention:
         """The retention that applies to ``name`` and its source (what it would get, if new)."""
         stream, own = self._streams.get(name), self.config.for_stream(name)
@@ -370,7 +369,7 @@ class Log:
             self._writers.pop(name, None)  # (settled: nothing queued, nothing in flight)
             stream.failed = LogError(f"stream {name!r} was deleted")  # (appenders left waiting)
             del self._streams[name]
-            self._notify(name)
+            self._notify(name, StreamDeleted(name))  # (its waiters: it will not grow again)
             await asyncio.get_running_loop().run_in_executor(
                 None, remove_stream_files, self.directory, stream, self._journal)
         finally:
@@ -589,10 +588,10 @@ class Log:
             if tail.waiters == 0 and self._tails.get(name) is tail:
                 del self._tails[name]
 
-    def _notify(self, name: str) -> None:
+    def _notify(self, name: str, error: LogError | None = None) -> None:
         tail = self._tails.pop(name, None)
-        if tail is not None and not tail.future.done():
-            tail.future.set_result(None)
+        if tail is not None and not tail.future.done():  # (an error: for every waiter)
+            tail.future.set_result(None) if error is None else tail.future.set_exception(error)
 
     # ------------------------------------------------------------------ misc
 
