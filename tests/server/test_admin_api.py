@@ -66,6 +66,7 @@ STREAM: dict[str, type | tuple[type, ...]] = {
     "events_in": int, "bytes_in": int, "events_out": int, "bytes_out": int,
     "events_in_rate": (int, float), "bytes_in_rate": (int, float),
     "events_out_rate": (int, float), "bytes_out_rate": (int, float), "protocols": dict,
+    "retention": (dict, type(None)),  # (issue 23: which retention applies, and its source)
 }  # fmt: skip
 TRAFFIC: dict[str, type | tuple[type, ...]] = {"events_in": int, "bytes_in": int,
                                               "events_out": int, "bytes_out": int}

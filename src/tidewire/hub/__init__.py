@@ -2,7 +2,7 @@
 
 from .budget import Budget, BudgetLimits, Share
 from .fairness import FairnessLimits, LoopShares, Throttle
-from .hub import RESERVED_PREFIX, Hub, Start
+from .hub import RESERVED_PREFIX, Hub, NotSupported, Start, StreamDeleted
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline, abandon
 from .ledger import Ledger
 from .storage import (
@@ -10,7 +10,9 @@ from .storage import (
     EmbeddedStorage,
     GroupStatus,
     ReplicaStatus,
+    Retention,
     Storage,
+    StreamAdmin,
     StreamStats,
 )
 from .subscription import MAX_DEMAND, RecordSubscription, Subscription
@@ -32,12 +34,16 @@ __all__ = [
     "IngestLimits",
     "Ledger",
     "LoopShares",
+    "NotSupported",
     "Pipeline",
     "RecordSubscription",
     "ReplicaStatus",
+    "Retention",
     "Share",
     "Start",
     "Storage",
+    "StreamAdmin",
+    "StreamDeleted",
     "StreamStats",
     "Subscription",
     "Throttle",

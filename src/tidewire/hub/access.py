@@ -29,6 +29,13 @@ every table whose key (itself a glob) matches its name::
     [principal."token:prometheus"]
     monitor = true                # /metrics and the admin API (/api/...)
 
+    [principal."token:ops"]
+    admin = ["orders*"]           # create, delete, change the retention of matching streams
+
+``admin`` (issue 23) is refused to everyone **without an ACL file**: unlike reads and writes,
+deleting a stream or cutting its retention destroys data, so it is never part of the open
+development default; an operator grants it explicitly.
+
 A pattern matches the hub's own streams (``_tidewire.*``, :data:`~tidewire.hub.RESERVED_PREFIX`)
 only when it names them: it starts with ``_tidewire``. So ``read = ["*"]`` is every stream a
 client writes, and ``read = ["*", "_tidewire.*"]`` adds the hub's transaction registry and
@@ -78,8 +85,9 @@ __all__ = [
     "mint_token",
 ]
 
-Action = Literal["read", "write", "monitor"]
-"""``monitor`` is not about a stream: the hub's metrics and admin API (the stream is ``""``)."""
+Action = Literal["read", "write", "monitor", "admin"]
+"""``monitor`` is not about a stream: the hub's metrics and admin API (the stream is ``""``).
+``admin``: create, delete and change the retention of a stream (only with an ACL file)."""
 
 
 class AccessFileError(TidewireError, ValueError):
@@ -116,6 +124,7 @@ class Grant:
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     monitor: bool = False  # the hub's metrics and admin API (every stream's figures, peers)
+    admin: tuple[str, ...] = ()  # streams it may create, delete, change the retention of
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +149,18 @@ class Acl:
             raise AccessFileError(f"{source}: 'principal' must be a table of tables")
         grants = []
         for name, rights in table.items():
-            if not isinstance(rights, dict) or not set(rights) <= {"read", "write", "monitor"}:
+            if not isinstance(rights, dict) or not set(rights) <= {"read", "write", "monitor",
+                                                                   "admin"}:  # fmt: skip
                 raise AccessFileError(f"{source}: principal {name!r}: only 'read' and 'write' "
-                                      "lists and 'monitor' (true/false) are allowed")  # fmt: skip
+                                      "(and 'admin') lists and 'monitor' (true/false) are "
+                                      "allowed")  # fmt: skip
             monitor = rights.get("monitor", False)
             if not isinstance(monitor, bool):
                 raise AccessFileError(f"{source}: principal {name!r}: monitor must be true or "
                                       "false")  # fmt: skip
             grants.append(Grant(name, _patterns(source, name, rights, "read"),
-                                _patterns(source, name, rights, "write"), monitor))  # fmt: skip
+                                _patterns(source, name, rights, "write"), monitor,
+                                _patterns(source, name, rights, "admin")))  # fmt: skip
         return cls(tuple(grants))
 
     @classmethod
@@ -170,7 +182,8 @@ class Acl:
                 fnmatchcase(stream, pattern)
                 for grant in self.grants
                 if fnmatchcase(principal.name, grant.principal)
-                for pattern in (grant.read if action == "read" else grant.write)
+                for pattern in (grant.read if action == "read" else
+                                grant.admin if action == "admin" else grant.write)
                 if not reserved or pattern.startswith(_RESERVED_STEM)
             )
             if len(self._cache) >= 65536:  # principals x streams is unbounded: stay bounded
@@ -368,16 +381,22 @@ class Access:
 
     def check(self, principal: Principal, action: Action, stream: str) -> None:
         """Raise :class:`Forbidden` unless ``principal`` may ``action`` ``stream``, and
-        :class:`Unauthenticated` if its token expired or was revoked."""
+        :class:`Unauthenticated` if its token expired or was revoked. ``admin`` is refused
+        to all without an ACL (module docstring)."""
         self.revalidate(principal)
+        if self.acl is None and action == "admin":
+            raise Forbidden(f"{principal} may not admin stream {stream!r}: no ACL file grants "
+                            "admin (auth.acl_file)")  # fmt: skip
         if self.acl is not None and not self.acl.allows(principal, action, stream):
             raise Forbidden(f"{principal} may not {action} stream {stream!r}")
 
     def may(self, principal: Principal, action: Action, stream: str) -> bool:
         """Whether ``principal`` may ``action`` ``stream``; :class:`Unauthenticated` if its
-        token expired or was revoked."""
+        token expired or was revoked. ``admin`` needs an ACL."""
         self.revalidate(principal)
-        return self.acl is None or self.acl.allows(principal, action, stream)
+        if self.acl is None:
+            return action != "admin"
+        return self.acl.allows(principal, action, stream)
 
     def check_monitor(self, principal: Principal) -> None:
         """Raise :class:`Forbidden` unless ``principal`` may see the metrics and admin API

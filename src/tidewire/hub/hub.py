@@ -17,17 +17,25 @@ from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
-from ..log import Log, LogConfig
-from ..model import Batch, DataLossError, InvalidStreamName, now_ms, validate_stream_name
+from ..log import Log, LogConfig, StreamDeleted
+from ..model import (
+    Batch,
+    DataLossError,
+    InvalidStreamName,
+    TidewireError,
+    UnknownStream,
+    now_ms,
+    validate_stream_name,
+)
 from .budget import Budget, Share
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
-from .storage import ClusterStatus, EmbeddedStorage, Storage, StreamStats
+from .storage import ClusterStatus, EmbeddedStorage, Retention, Storage, StreamAdmin, StreamStats
 from .subscription import RecordSubscription, Subscription
 from .traffic import Metrics
 from .txn import Transactions, TxnReceipt
 
-__all__ = ["Hub", "Start"]
+__all__ = ["Hub", "NotSupported", "Start", "StreamDeleted"]
 
 log = logging.getLogger("tidewire.hub")
 
@@ -38,6 +46,10 @@ latest committed one (only new events)."""
 
 RESERVED_PREFIX = "_tidewire."
 """Streams the hub keeps for itself (``_tidewire.txns``): readable, never written by clients."""
+
+
+class NotSupported(TidewireError):
+    """The storage cannot do this (stream administration in cluster mode, for now)."""
 
 
 def _writable(stream: str) -> None:
@@ -198,6 +210,52 @@ class Hub:
         if not stream.startswith(RESERVED_PREFIX):
             raise InvalidStreamName(f"a ledger lives in a stream named {RESERVED_PREFIX}*")
         return Ledger(self.storage, stream)
+
+    # ------------------------------------------------------------------ administration
+
+    def retention(self, stream: str) -> Retention | None:
+        """The retention that applies to ``stream`` and its source; ``None`` when the storage
+        does not say (cluster mode: JetStream's own limits)."""
+        return self.storage.retention(stream) if isinstance(self.storage, StreamAdmin) else None
+
+    def _admin(self, stream: str) -> StreamAdmin:
+        _writable(stream)  # (the hub's own streams are not the operators' to change)
+        if not isinstance(self.storage, StreamAdmin):
+            raise NotSupported("creating, deleting or re-configuring a stream is not supported "
+                               "in cluster mode yet")  # fmt: skip
+        return self.storage
+
+    def create_stream(self, stream: str, retention_ms: int | None = None,
+                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
+        """Create ``stream``, empty; with ``runtime``, with this retention (``None``: no bound)
+        instead of the configuration's, also after restarts. :class:`~tidewire.log.
+        StreamExists` if it exists; :class:`NotSupported` in cluster mode."""
+        self._admin(stream).create_stream(stream, retention_ms, retention_bytes,
+                                          runtime=runtime)  # fmt: skip
+
+    async def set_retention(self, stream: str, retention_ms: int | None,
+                            retention_bytes: int | None) -> None:  # fmt: skip
+        """Give ``stream`` this retention from now on and after restarts, over the
+        configuration's (the next retention pass applies it). :class:`UnknownStream` if
+        there is no such stream; :class:`NotSupported` in cluster mode."""
+        admin = self._admin(stream)
+        if stream not in self.storage:
+            raise UnknownStream(stream)
+        await admin.set_retention(stream, retention_ms, retention_bytes)
+
+    async def delete_stream(self, stream: str) -> None:
+        """Delete ``stream`` and all its events: its exactly-once transactions are forgotten
+        first (a stream made again under the name starts at id 1), and its live subscriptions
+        end with :class:`StreamDeleted`. :class:`UnknownStream` if there is no such stream;
+        :class:`NotSupported` in cluster mode."""
+        admin = self._admin(stream)
+        if stream not in self.storage:
+            raise UnknownStream(stream)
+        await self.txns.forget_stream(stream)
+        await admin.delete_stream(stream)
+        for sub in list(self._subscriptions):
+            if sub.stream == stream and not sub.done:
+                sub.fail(StreamDeleted(stream))
 
     @property
     def subscriptions(self) -> int:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ..log import Log, LogConfig, StreamStats
+from ..log import Log, LogConfig, Retention, StreamStats
 from ..model import Batch
 
 __all__ = [
@@ -37,7 +37,9 @@ __all__ = [
     "EmbeddedStorage",
     "GroupStatus",
     "ReplicaStatus",
+    "Retention",
     "Storage",
+    "StreamAdmin",
     "StreamStats",
 ]
 
@@ -198,6 +200,38 @@ class Storage(Protocol):
         ...
 
 
+@runtime_checkable
+class StreamAdmin(Protocol):
+    """What a storage that lets operators create, delete and re-configure streams offers
+    besides :class:`Storage` (the admin API, docs/observability.md). A separate interface: a
+    backend without it (cluster mode, issue 23: not yet) is refused by the hub with a clear
+    error rather than made to pretend."""
+
+    def retention(self, stream: str) -> Retention:
+        """The retention that applies to ``stream`` and where it comes from (``runtime``,
+        ``config``, ``default``); of a stream that does not exist: what it would get."""
+        ...
+
+    def create_stream(self, stream: str, retention_ms: int | None = None,
+                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
+        """Create ``stream``, empty; with ``runtime``, with that retention (``None``: no
+        bound) over the configuration's, durably. :class:`~tidewire.log.StreamExists` if it
+        exists."""
+        ...
+
+    async def set_retention(self, stream: str, retention_ms: int | None,
+                            retention_bytes: int | None) -> None:  # fmt: skip
+        """Give ``stream`` this retention from now on and after restarts (over the
+        configuration's); :class:`~tidewire.model.UnknownStream` if there is no such stream."""
+        ...
+
+    async def delete_stream(self, stream: str) -> None:
+        """Delete ``stream`` and every event of it, durably (appends handed over before
+        finish first); a stream created later under the name starts at id 1 again.
+        :class:`~tidewire.model.UnknownStream` if there is no such stream."""
+        ...
+
+
 class EmbeddedStorage:
     """:class:`Storage` on the embedded :class:`~tidewire.log.Log` of one data directory."""
 
@@ -283,6 +317,20 @@ class EmbeddedStorage:
     def enforce_retention(self, now_ms: int) -> int:
         return self.log.enforce_retention(now_ms)
 
+    def retention(self, stream: str) -> Retention:
+        return self.log.retention(stream)
+
+    def create_stream(self, stream: str, retention_ms: int | None = None,
+                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
+        self.log.create_stream(stream, retention_ms, retention_bytes, runtime=runtime)
+
+    async def set_retention(self, stream: str, retention_ms: int | None,
+                            retention_bytes: int | None) -> None:  # fmt: skip
+        await self.log.set_retention(stream, retention_ms, retention_bytes)
+
+    async def delete_stream(self, stream: str) -> None:
+        await self.log.delete_stream(stream)
+
     async def close(self) -> None:
         await self.log.close()
 
@@ -291,5 +339,9 @@ class EmbeddedStorage:
 
 
 def _check(storage: EmbeddedStorage) -> Storage:  # mypy: the wrapper satisfies the Protocol
+    return storage
+
+
+def _check_admin(storage: EmbeddedStorage) -> StreamAdmin:  # (and the administration's)
     return storage
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from ..model import MAX_ID, Batch, DataLossError
+from ..model import MAX_ID, Batch, DataLossError, TidewireError
 from .filters import filter_key
 from .traffic import next_subscription_id
 
@@ -94,6 +94,7 @@ class Subscription:
         self._carry: list[Batch] = []  # read, not yet delivered; starts at next_id
         self.demand = 0
         self.cancelled = False
+        self.error: TidewireError | None = None  # why it ended if it failed (:meth:`fail`)
         self.delivered = 0
         self.account: Account | None = None
         """Set by the protocol (after :meth:`Hub.subscribe`): where read-ahead is charged."""
@@ -115,6 +116,12 @@ class Subscription:
         if self.account is not None:
             self.account.hold(0)
         self._wake.set()
+
+    def fail(self, error: TidewireError) -> None:
+        """End the subscription with ``error`` (its stream was deleted): the next :meth:`take`
+        or :meth:`next` raises it, which the protocol sends as its error."""
+        self.cancel()
+        self.error = error
 
     @property
     def complete(self) -> bool:
@@ -155,6 +162,8 @@ class Subscription:
         there is nothing to deliver (no demand or events, or a key filter dropped what was
         read); ``None`` once done. Never waits for demand or commits: a protocol calls it in
         its turn at the connection's output, which a wait would hold from the others."""
+        if self.error is not None:
+            raise self.error
         if self.done:
             return None
         if self.demand <= 0 or (
@@ -172,6 +181,8 @@ class Subscription:
         ``skip_lost``), and whatever the log raises when it closes.
         """
         while True:
+            if self.error is not None:
+                raise self.error
             if self.done:
                 return None
             if self.demand <= 0:
@@ -353,6 +364,8 @@ class RecordSubscription:
     async def take(self) -> list[Batch] | None:
         """As :meth:`Subscription.take`: up to the demand in records if they can be had
         without waiting, ``[]`` if not, ``None`` once cancelled or complete."""
+        if self.sub.error is not None:
+            raise self.sub.error
         if self.sub.cancelled or self.complete:
             return None
         if not self.demand:
@@ -372,6 +385,8 @@ class RecordSubscription:
         while not self.demand and not self.sub.cancelled:
             self._wake.clear()
             await self._wake.wait()
+        if self.sub.error is not None:
+            raise self.sub.error
         if self.sub.cancelled:
             return None
         if not self._carry:

@@ -231,6 +231,9 @@ class Transactions:
         than what an entry holds changes nothing: a gateway reading its own records again
         (they landed after another's) ends where it was."""
         try:
+            if "forget_stream" in record:  # (the stream was deleted: its ids start again)
+                self._forget_stream(str(record["forget_stream"]), seq)
+                return
             txn = record["txn"]
             if not isinstance(txn, str):
                 raise TypeError(f"txn {txn!r} is not a string")
@@ -331,6 +334,18 @@ class Transactions:
         existed = os.path.isdir(directory)
         self.staging.drop(principal, stream, txn)
         return existed
+
+    async def forget_stream(self, stream: str) -> int:
+        """Forget every transaction of ``stream`` (about to be deleted: a stream made again
+        under its name reuses its ids), durably: a ledger record that reloads fold in too."""
+        seq = await self.ledger.record({"forget_stream": stream})
+        return self._forget_stream(stream, seq)
+
+    def _forget_stream(self, stream: str, seq: int) -> int:
+        gone = [k for k, e in self._entries.items() if k[1] == stream and e.seq < seq]
+        for key in gone:
+            del self._entries[key]
+        return len(gone)
 
     async def commit(self, txn: str, batch: Batch, *,
                      principal: str = "anonymous") -> TxnReceipt:  # fmt: skip

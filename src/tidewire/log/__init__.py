@@ -5,6 +5,7 @@ Written like Kafka's log: per stream, segment files of length-prefixed, CRC-chec
 coalesces concurrent appenders into one write + fsync (:mod:`.store`). See docs/log.md.
 """
 
+from .admin import Retention, StreamDeleted, StreamExists
 from .config import LogConfig, StreamSettings
 from .store import GroupItems, GroupWriter, GroupWritten, Log
 from .stream import StreamLog, StreamStats
@@ -15,6 +16,9 @@ __all__ = [
     "GroupWritten",
     "Log",
     "LogConfig",
+    "Retention",
+    "StreamDeleted",
+    "StreamExists",
     "StreamLog",
     "StreamSettings",
     "StreamStats",

@@ -45,11 +45,23 @@ from ..model import (
     InvalidBatch,
     LimitExceeded,
     LogClosedError,
+    LogError,
     StorageFullError,
     UnknownStream,
     validate_stream_name,
 )
 from ..record import HEADER_SIZE
+from .admin import (
+    DELETING_PREFIX,
+    Retention,
+    StreamDeleted,
+    StreamExists,
+    apply_override,
+    encode_override,
+    read_override,
+    remove_stream_files,
+    write_override,
+)
 from .committer import Committer, GroupItems, GroupWriter, GroupWritten, Pending, StreamQueue
 from .config import LogConfig
 from .grouping import encode_group, owned_valid
@@ -95,6 +107,7 @@ class Log:
         self._journal: Journal | None = None  # the write-ahead journal (docs/log.md)
         self._refusals = 0  # appends refused for want of space, ever (what a fence compares)
         self._refusal: StorageFullError | None = None  # the last of them
+        self._deleting: set[str] = set()  # streams being deleted: no append, no creation
         # Latency observers (the hub's histograms), seconds: each append call, to its commit;
         # each group commit's fsync.
         self.on_append: Callable[[float], None] | None = None
@@ -133,9 +146,10 @@ class Log:
             state = None if read_only else recover(self.directory)
             for entry in sorted(os.listdir(self.directory)):
                 path = os.path.join(self.directory, entry)
-                if entry.startswith(STAGING_PREFIX):
-                    if not read_only:  # a stream whose creation a crash interrupted
-                        log.info("removing %s, a stream creation that did not finish", path)
+                if entry.startswith((STAGING_PREFIX, DELETING_PREFIX)):
+                    if not read_only:  # a stream creation or deletion a crash interrupted
+                        log.info("removing %s, a stream creation or deletion that did not "
+                                 "finish", path)  # fmt: skip
                         shutil.rmtree(path, ignore_errors=True)
                     continue
                 if entry.startswith(".") or not os.path.isdir(path):
@@ -147,6 +161,9 @@ class Log:
                     continue  # not ours
                 name = read_name(path)
                 stream = StreamLog.open(path, self.config.for_stream(name), read_only=read_only)
+                if (override := read_override(path)) is not None:
+                    stream.settings = apply_override(stream.settings, override)
+                    stream.runtime_retention = True
                 self._streams[stream.name] = stream
             if not read_only:
                 self._start_journal(state)
@@ -288,12 +305,17 @@ class Log:
         stream = self._streams.get(name)
         return stream.start_id if stream is not None else 1
 
-    def _create(self, name: str) -> StreamLog:
+    def _create(self, name: str, retention: tuple[int | None, int | None] | None = None
+                ) -> StreamLog:  # fmt: skip
         validate_stream_name(name)
         if self.read_only:
             raise LogClosedError("the log is open read-only")
+        if name in self._deleting:
+            raise LogError(f"stream {name!r} is being deleted")
+        settings = apply_override(self.config.for_stream(name), retention)
+        override = None if retention is None else encode_override(*retention)
         try:
-            stream = StreamLog.create(self.directory, name, self.config.for_stream(name))
+            stream = StreamLog.create(self.directory, name, settings, override)
         except StorageFullError as exc:
             log.warning("%s (creating the stream)", exc)
             self._refused(exc)
@@ -305,6 +327,53 @@ class Log:
     def enforce_retention(self, now_ms: int) -> int:
         """Apply every stream's retention; return how many segments were deleted."""
         return sum(s.enforce_retention(now_ms) for s in list(self._streams.values()))
+
+    def retention(self, name: str) -> Retention:
+        """The retention that applies to ``name`` and its source (what it would get, if new)."""
+        stream, own = self._streams.get(name), self.config.for_stream(name)
+        if stream is not None and stream.runtime_retention:
+            return Retention(stream.settings.retention_ms, stream.settings.retention_bytes,
+                             "runtime")  # fmt: skip
+        source = "config" if name in self.config.streams else "default"
+        return Retention(own.retention_ms, own.retention_bytes, source)
+
+    def create_stream(self, name: str, retention_ms: int | None = None,
+                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
+        """Create ``name`` (empty); with ``runtime``, with that retention over the config's
+        (kept in its directory: :mod:`.admin`). :class:`StreamExists` if it exists."""
+        if name in self._streams:
+            raise StreamExists(f"stream {name!r} exists already")
+        self._create(name, (retention_ms, retention_bytes) if runtime else None
+                     ).runtime_retention = runtime  # fmt: skip
+
+    async def set_retention(self, name: str, retention_ms: int | None,
+                            retention_bytes: int | None) -> None:  # fmt: skip
+        """Give ``name`` this retention from now on, over the configuration's, durably (the
+        next retention pass applies it). :class:`UnknownStream` if there is no such stream."""
+        stream = self.stream(name)
+        await asyncio.get_running_loop().run_in_executor(
+            None, write_override, stream.directory, encode_override(retention_ms, retention_bytes))
+        stream.settings = apply_override(stream.settings, (retention_ms, retention_bytes))
+        stream.runtime_retention = True
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete ``name`` and its files (:mod:`.admin`): appends handed over before finish
+        first; later ones and creations of ``name`` are refused until it is gone; waiters of
+        the stream are woken (it then has no events). :class:`UnknownStream` if none."""
+        stream = self.stream(name)
+        if name in self._deleting:
+            raise LogError(f"stream {name!r} is being deleted")
+        self._deleting.add(name)
+        try:
+            await self.settled(name)
+            self._writers.pop(name, None)  # (settled: nothing queued, nothing in flight)
+            stream.failed = LogError(f"stream {name!r} was deleted")  # (appenders left waiting)
+            del self._streams[name]
+            self._notify(name, StreamDeleted(name))  # (its waiters: it will not grow again)
+            await asyncio.get_running_loop().run_in_executor(
+                None, remove_stream_files, self.directory, stream, self._journal)
+        finally:
+            self._deleting.discard(name)
 
     # ------------------------------------------------------------------ appending
 
@@ -338,6 +407,8 @@ class Log:
         batch = owned_valid(batch)  # (batch.owned().validate(), in C when it can be)
         if fence is not None:
             self._check_fence(batch.stream, fence)
+        if batch.stream in self._deleting:
+            raise LogError(f"stream {batch.stream!r} is being deleted")
         writer = self._writers.get(batch.stream)
         if writer is None:
             stream = self._streams.get(batch.stream) or self._create(batch.stream)
@@ -370,7 +441,7 @@ class Log:
         of the stored batch, or ``None`` when the stream's queue has no room now or others
         wait for it (nothing is queued then: call :meth:`append`). The same checks, raised
         here; the same order, durability and metrics."""
-        if self._closed or self.read_only:
+        if self._closed or self.read_only or batch.stream in self._deleting:
             return None  # (append raises what it always did)
         estimate = batch.nbytes + HEADER_SIZE
         writer = self._writers.get(batch.stream)
@@ -517,10 +588,10 @@ class Log:
             if tail.waiters == 0 and self._tails.get(name) is tail:
                 del self._tails[name]
 
-    def _notify(self, name: str) -> None:
+    def _notify(self, name: str, error: LogError | None = None) -> None:
         tail = self._tails.pop(name, None)
-        if tail is not None and not tail.future.done():
-            tail.future.set_result(None)
+        if tail is not None and not tail.future.done():  # (an error: for every waiter)
+            tail.future.set_result(None) if error is None else tail.future.set_exception(error)
 
     # ------------------------------------------------------------------ misc
 

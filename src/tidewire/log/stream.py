@@ -47,6 +47,7 @@ FULL_WARNING_SECONDS = 60.0
 """At most one warning per stream this often for refused writes (a disk that hovers at full,
 small writes fitting and big ones not, would otherwise log two lines per write)."""
 STAGING_PREFIX = ".creating-"
+RETENTION_FILE = "retention.json"  # a stream's runtime retention (.admin)
 
 
 def read_name(directory: str) -> str:
@@ -110,6 +111,7 @@ class StreamLog:
         self.name = name
         self.directory = directory
         self.settings = settings
+        self.runtime_retention = False  # settings' retention is the admin API's (.admin)
         self.segments: list[Segment] = []
         self.failed: BaseException | None = None
         self.key = os.path.basename(directory)  # the directory's name: the journal's key
@@ -131,10 +133,12 @@ class StreamLog:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, root: str, name: str, settings: StreamSettings) -> StreamLog:
+    def create(cls, root: str, name: str, settings: StreamSettings,
+               retention: bytes | None = None) -> StreamLog:  # fmt: skip
         """Create the stream's directory atomically: built under a staging name (which starts
         with a dot, so :meth:`Log.open` never takes it for a stream and removes it), then
-        renamed into place; a crash leaves either no stream or a complete one."""
+        renamed into place; a crash leaves either no stream or a complete one. ``retention``:
+        the contents of its runtime retention file (:mod:`.admin`), made with it."""
         final = os.path.join(root, directory_name(name))
         staging = os.path.join(root, STAGING_PREFIX + directory_name(name))
         shutil.rmtree(staging, ignore_errors=True)
@@ -145,6 +149,10 @@ class StreamLog:
                 f.flush()
                 os.fsync(f.fileno())
             Segment.create(staging, 1).close()
+            if retention is not None:
+                with open(os.path.join(staging, RETENTION_FILE), "wb") as f:
+                    f.write(retention)
+                    os.fsync(f.fileno())
             fsync_dir(staging)
         except OSError as exc:  # (a full disk, say): no half-made stream is left behind
             shutil.rmtree(staging, ignore_errors=True)

@@ -1,7 +1,9 @@
 """The operators' side of the HTTP app: ``/metrics`` (Prometheus), the JSON admin API
 (``/api/...``, docs/observability.md), the dashboard page at ``/`` and the stream page at
 ``/stream?name=<stream>`` (a message browser: it reads over RS.io on Tube, so it needs
-``read`` on the stream, not ``monitor``). ``/api/history`` is the dashboard's charts: the last
+``read`` on the stream, not ``monitor``). The writes (``POST /api/streams``, ``PATCH`` and
+``DELETE /api/streams/<name>``: create, re-configure, delete) are :mod:`.admin_streams`'s,
+for principals granted ``admin`` on the stream. ``/api/history`` is the dashboard's charts: the last
 ``dashboard.history_seconds`` of once-a-second points (:mod:`tidewire.hub.history`). On a
 gateway of a cluster (``storage.url``), ``/api/cluster`` and ``/api/stats``' ``cluster`` show
 the cluster as the storage last saw it (:meth:`~tidewire.hub.Hub.cluster_status`); on an
@@ -34,6 +36,7 @@ from ..observe.metrics import (
     registry,
     subscription_lag,
 )
+from .admin_streams import add_stream_admin_routes
 
 __all__ = [
     "LagReader",
@@ -94,8 +97,17 @@ def streams(hub: Hub, *, internal: bool = False) -> list[Json]:
             "events_out_rate": rate[2], "bytes_out_rate": rate[3],
             "protocols": {p: t.as_dict()
                           for p, t in sorted(metrics.traffic.get(s.name, {}).items())},
+            "retention": _retention(hub, s.name),
         })  # fmt: skip
     return out
+
+
+def _retention(hub: Hub, stream: str) -> Json | None:
+    """The retention that applies to ``stream``: ``ms``, ``bytes`` (``null``: no bound) and
+    ``source`` (``runtime``: set by the admin API, ``config``: the stream's own table of the
+    configuration, ``default``: ``[log]``'s); ``null`` in cluster mode (JetStream's limits)."""
+    r = hub.retention(stream)
+    return None if r is None else {"ms": r.ms, "bytes": r.bytes, "source": r.source}
 
 
 def connections(hub: Hub) -> list[Json]:
@@ -267,6 +279,7 @@ def add_admin_routes(app: web.Application, hub: Hub, pages: Mapping[str, bytes])
     app.router.add_get("/api/cluster", api(lambda r: cluster(hub)))
     app.router.add_get("/api/stats", api(lambda r: stats(hub, internal=internal(r))))
     app.router.add_get("/api/history", api(lambda r: history(hub, r.query.get("since"))))
+    add_stream_admin_routes(app, hub, app[ACCESS_KEY])  # (POST, PATCH, DELETE: admin)
     hub.metrics.lags = LagReader(hub)
     for path, name in (("/", "dashboard.html"), ("/stream", "stream.html")):
         if name in pages:

@@ -26,8 +26,9 @@ Security and limits (docs/protocols/rsio-http.md, "Security and limits"), in thr
 * :func:`_guard_middleware`, first for every request: the headers are complete (their
   deadline ends); the principal is settled (``Authorization: Bearer <token>``, else the
   verified client certificate, ``cert:<CN>``, else anonymous; the open paths skip this); the
-  body is read and dropped within ``body_seconds``, ``max_body_bytes`` and the principal's
-  share of the hub's memory budget (charged before a byte is read; no route takes a body);
+  body is read within ``body_seconds``, ``max_body_bytes`` and the principal's share of the
+  hub's memory budget (charged before a byte is read), and dropped, except an admin write's
+  (:func:`~.admin_streams.takes_body`: at most 64 KiB of JSON, kept for its route);
   ``max_refusals`` refused requests in a row close the connection.
   ``/static`` is served from memory: aiohttp's file responses ``sendfile`` to the socket,
   which the guard (no socket transport) cannot offer.
@@ -65,6 +66,7 @@ from ..observe.logs import connection_log
 from ..observe.throttle import LogThrottle, Refusals
 from ..protocols.rsio_http import ERROR_HEADER
 from .admin import add_admin_routes
+from .admin_streams import ADMIN_BODY_BYTES, BODY_KEY, takes_body
 from .browser import BrowserPolicy, add_security_headers, cross_site, security_headers
 from .guard import Admission, GuardedConnection, Listener, peer_certificate
 from .rsio_http import PRINCIPAL_KEY, HttpSettings, RsioHttp, escaped, principal
@@ -321,13 +323,17 @@ def _no_room(request: web.Request, nbytes: int) -> web.Response:
 
 async def _drop_body(request: web.Request, settings: HttpSettings, watch: _HttpConnection | None,
                      who: Principal) -> web.Response | None:  # fmt: skip
-    """Read and drop the request's body (no route takes one) within ``max_body_bytes``,
-    ``body_seconds`` and the hub's memory budget; or the refusal (413, 408, 503).
+    """Read and drop the request's body within ``max_body_bytes``, ``body_seconds`` and the
+    hub's memory budget; or the refusal (413, 408, 503). An admin write's body (the only
+    route that takes one, :func:`~.admin_streams.takes_body`) is kept as ``request[BODY_KEY]``,
+    within ``ADMIN_BODY_BYTES``.
 
     The body is charged to its principal's share (gauge ``body``) before a byte of it is
     read: a declared ``Content-Length`` whole, a chunked body as its bytes come.
     """
-    limit = settings.max_body_bytes
+    keep = takes_body(request.method, request.path)
+    kept = bytearray()
+    limit = min(settings.max_body_bytes, ADMIN_BODY_BYTES) if keep else settings.max_body_bytes
     length = request.content_length
     if length is not None and length > limit:
         return _too_large(request, limit)
@@ -344,12 +350,16 @@ async def _drop_body(request: web.Request, settings: HttpSettings, watch: _HttpC
                 return _too_large(request, limit)
             if length is None and not share.try_hold("body", total):
                 return _no_room(request, total)
+            if keep:
+                kept += chunk
     except _BodyTimeout as exc:  # (the guard has logged it)
         response = web.Response(status=408, text=f"{exc}\n", headers={ERROR_HEADER: "true"})
         _stop_reading(request, response)
         return response
     finally:
         share.close()
+    if keep:
+        request[BODY_KEY] = bytes(kept)
     return None
 
 
