@@ -107,6 +107,7 @@ def test_staged_commit_exactly_once(tmp_path: Path) -> None:
             assert (pa.count, pb.count) == (7, 3)
             assert await read_all(hub) == []  # staged: read by nobody
             assert len(staged_dirs(tmp_path)) == 1
+            assert hub.txns.staged_bytes() > 0  # (the stats' staged_bytes)
             receipt = await commit_parts(a, "s", "T", [pb, pa])
             assert receipt is not None
             assert (receipt.first_id, receipt.last_id) == (1, 10)
@@ -114,6 +115,7 @@ def test_staged_commit_exactly_once(tmp_path: Path) -> None:
                     + [f"a.{i}".encode() for i in range(5)] + [b"a2.0", b"a2.1"])  # fmt: skip
             assert await read_all(hub) == want
             assert staged_dirs(tmp_path) == []  # every part of the key dropped
+            assert hub.txns.staged_bytes() == 0
             again = await commit_parts(b, "s", "T", [pb, pa])  # Spark's replay
             assert again is not None
             assert (again.first_id, again.last_id) == (1, 10)

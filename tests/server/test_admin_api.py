@@ -58,7 +58,7 @@ OVERVIEW: dict[str, type | tuple[type, ...]] = {
     "streams": int, "events_in": int, "bytes_in": int, "events_out": int, "bytes_out": int,
     "events_in_rate": (int, float), "bytes_in_rate": (int, float),
     "events_out_rate": (int, float), "bytes_out_rate": (int, float),
-    "connections": dict, "subscriptions": dict,
+    "connections": dict, "subscriptions": dict, "staged_bytes": int,
 }  # fmt: skip
 STREAM: dict[str, type | tuple[type, ...]] = {
     "name": str, "events": int, "first_id": (int, type(None)), "latest_id": (int, type(None)),

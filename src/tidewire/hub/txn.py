@@ -335,6 +335,11 @@ class Transactions:
         self.staging.drop(principal, stream, txn)
         return existed
 
+    def staged_bytes(self) -> int:
+        """Bytes of staged parts on disk, waiting for a commit or an abort (0 without staging:
+        a cluster's gateways have none yet)."""
+        return 0 if self.staging is None else self.staging.staged_bytes()
+
     async def forget_stream(self, stream: str) -> int:
         """Forget every transaction of ``stream`` (about to be deleted: a stream made again
         under its name reuses its ids), durably: a ledger record that reloads fold in too."""

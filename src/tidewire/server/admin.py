@@ -77,6 +77,7 @@ def overview(hub: Hub) -> Json:
         "events_out_rate": rates[2], "bytes_out_rate": rates[3],
         "connections": conns,
         "subscriptions": subs,
+        "staged_bytes": hub.txns.staged_bytes(),
     }  # fmt: skip
 
 
