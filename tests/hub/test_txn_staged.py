@@ -140,6 +140,15 @@ def test_missing_or_different_part_fails_the_commit(tmp_path: Path) -> None:
             with pytest.raises(RsioError, match="fingerprint"):
                 await commit_parts(c, "s", "T", [wrong])
             assert await read_all(hub) == []
+            # A part a machine crash tore (parts are not fsynced: hub/staging.py): its file
+            # cut short, or with a byte changed, no longer matches what the driver names.
+            [path] = [tmp_path / STAGING_DIR / d / "0.0.log" for d in staged_dirs(tmp_path)]
+            whole = path.read_bytes()
+            for torn in (whole[: len(whole) // 2], whole[:-1] + bytes([whole[-1] ^ 1])):
+                path.write_bytes(torn)
+                with pytest.raises(RsioError, match=r"not staged|damaged"):
+                    await commit_parts(c, "s", "T", [p0])
+            path.write_bytes(whole)
             p1 = await stage_part(c, "s", "T", "1.0", [rows("y", 2)])
             receipt = await commit_parts(c, "s", "T", [p0, p1])
             assert receipt is not None

@@ -439,8 +439,9 @@ class Offers:
             self.conn.send(Committed(inlet.offer, 1, receipt.first_id, receipt.last_id))
 
     async def _finish_stage(self, inlet: Inlet, part: PartWriter) -> None:
-        """A ``stage=`` offer's end: the part made durable, ``committed(offer, records, 1,
-        events)`` (when it has records), ``offerEnded``; or the part dropped."""
+        """A ``stage=`` offer's end: the part put under its final name (hub/staging.py),
+        ``committed(offer, records, 1, events)`` (when it has records), ``offerEnded``; or the
+        part dropped."""
         offer = inlet.offer
         try:
             while inlet.ended is None and inlet.failed is None:
