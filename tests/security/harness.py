@@ -15,7 +15,9 @@ not what these tests are about.
 
 :func:`alone` runs the bystander before an attack, and :func:`assert_served` judges its run under
 the attack against that: no errors, no stall over :func:`stall_bound` (the promise, over what
-this shared machine shows with no attack at all), and, when asked, a share of its throughput.
+this shared machine shows with no attack at all, and over what a do-nothing process beside the
+bystander overslept in the same window: tests/noise.py), and, when asked, a share of its
+throughput.
 
 Test modules in ``tests/security/`` import it as ``from harness import real_hub, bystander``
 (pytest puts a test's folder on the path, as for ``tests/log/crash_child.py``).
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from certs import Pki
 from helpers import child_env, run
+from noise import MachineNoise
 from serveproc import read_until
 from tidewire.config import env_name
 from tidewire.hub.access import mint_token
@@ -196,6 +199,8 @@ class BystanderReport:
     events: int
     max_stall_s: float
     errors: list[str]
+    machine_stall_s: float = 0.0
+    """What a do-nothing process overslept over the same window (tests/noise.py)."""
 
     @property
     def events_per_s(self) -> float:
@@ -214,7 +219,8 @@ async def bystander(hub: RealHub, seconds: float, *, token: str | None = None,
         str(seconds), name, env=env, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)  # fmt: skip
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), seconds + 60)
+        async with MachineNoise() as noise:
+            out, err = await asyncio.wait_for(proc.communicate(), seconds + 60)
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -223,7 +229,7 @@ async def bystander(hub: RealHub, seconds: float, *, token: str | None = None,
         fields = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
         return BystanderReport(seconds, 0, 0.0, [f"the bystander failed: {err.decode()[-2000:]}"])
-    return BystanderReport(**fields)
+    return BystanderReport(**fields, machine_stall_s=noise.max_lag_s)
 
 
 def alone(hub: RealHub, seconds: float = 1.5, *, token: str | None = None) -> BystanderReport:
@@ -245,7 +251,10 @@ def assert_served(solo: BystanderReport | None, report: BystanderReport, *,
                   promise: float = BYSTANDER_MAX_STALL_S) -> None:  # fmt: skip
     """The bystander was served under attack: no errors, some events, no stall over
     :func:`stall_bound` of ``solo`` (the bare promise without one). What it keeps of its
-    throughput is a speed figure, so a benchmark's (benchmarks/hostile_load.py), not a test's."""
+    throughput is a speed figure, so a benchmark's (benchmarks/hostile_load.py), not a test's.
+    What the machine itself stalled over the run (``report.machine_stall_s``, a do-nothing
+    process beside it) is the hub's to be forgiven, not to be charged with."""
     assert report.errors == [], report.errors
     assert report.events > 0, report
-    assert report.max_stall_s < stall_bound(solo, promise), (solo, report)
+    bound = stall_bound(solo, promise) + report.machine_stall_s
+    assert report.max_stall_s < bound, (solo, report)

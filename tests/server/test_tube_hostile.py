@@ -22,6 +22,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from helpers import loopback_buffer_bytes, until
 from loops import Run
+from noise import MachineNoise
 from raw_wire import tube_close_code, tube_opened
 from tidewire.client.tube import TubeStream, connect
 from tidewire.hub import BudgetLimits, Hub
@@ -173,7 +174,8 @@ def test_a_deflate_bomb_is_refused_at_the_share_as_it_inflates(tmp_path: Path, r
 
 def test_a_bomb_of_refused_subscribes_does_not_hold_the_loop(tmp_path: Path, run: Run) -> None:
     """The hub's loop is the test's: a probe waking every 5 ms measures the longest it had to
-    wait while 256 KB of refused subscribes (deflated: about 1 KB) are handled."""
+    wait while 256 KB of refused subscribes (deflated: about 1 KB) are handled, over what a
+    do-nothing process beside it overslept (tests/noise.py)."""
 
     async def main() -> None:
         async with tube_hub(tmp_path) as served:
@@ -203,8 +205,9 @@ def test_a_bomb_of_refused_subscribes_does_not_hold_the_loop(tmp_path: Path, run
 
             prober = asyncio.create_task(probe())
             try:
-                stream.write(bytes(encode(ClientHello()) + frame * count))  # one deflated message
-                refused = await refusals()
+                async with MachineNoise() as noise:
+                    stream.write(bytes(encode(ClientHello()) + frame * count))  # one message
+                    refused = await refusals()
             finally:
                 prober.cancel()
                 stream.close()
@@ -212,7 +215,8 @@ def test_a_bomb_of_refused_subscribes_does_not_hold_the_loop(tmp_path: Path, run
             assert refused >= 100  # all of them, or as many as the hub took before ending it
             assert messages <= refused // 20 + 5  # answers gathered: not a message each
             assert lags
-            assert max(lags) < 0.05, f"the loop was held {max(lags) * 1000:.0f} ms"
+            held = max(lags)  # less what the machine held a do-nothing process (tests/noise.py)
+            assert held < 0.05 + noise.max_lag_s, f"the loop was held {held * 1000:.0f} ms"
 
     run(main())
 
