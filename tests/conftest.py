@@ -66,6 +66,19 @@ def run(request: pytest.FixtureRequest) -> Run:
     return runner(str(request.param), getattr(request.module, "RUN_SECONDS", RUN_SECONDS))
 
 
+@pytest.fixture
+def hub_url(tmp_path: Path) -> Iterator[str]:
+    """The RS.io URL of a ``tidewire serve`` child (embedded store in ``tmp_path/hub``, log in
+    ``tmp_path/hub.log``, free 127.0.0.1 ports), stopped by its pid when the test ends."""
+    from hubproc import HubProcess
+
+    proc = HubProcess(tmp_path / "hub", tmp_path / "hub.log")
+    try:
+        yield proc.start()["rsio"]
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One 3-node NATS JetStream cluster for the session (tests/cluster/: real nats-server

@@ -7,14 +7,13 @@ pure decisions are tested without a JVM in test_spark_kafka_options.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from hubproc import HubProcess
 from spark_rows import QUERY_TIMEOUT, publish, source_batch
 from tidewire.client.rsio import RsioClient
 
@@ -34,16 +33,6 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = QUERY_TI
         time.sleep(0.1)
 
 
-@pytest.fixture
-def hub(tmp_path: Path) -> Iterator[str]:
-    """A hub's RS.io URL; the hub is stopped (by its pid) at the end."""
-    proc = HubProcess(tmp_path / "hub", tmp_path / "hub.log")
-    try:
-        yield proc.start()["rsio"]
-    finally:
-        proc.stop()
-
-
 def _batches(query: StreamingQuery) -> list[tuple[int, float]]:
     """``(rows, trigger start in s since the epoch)`` of each micro-batch that read rows."""
     return [(p.numInputRows, datetime.fromisoformat(p.timestamp).timestamp())
@@ -51,13 +40,13 @@ def _batches(query: StreamingQuery) -> list[tuple[int, float]]:
 
 
 def test_min_offsets_per_trigger_waits_for_max_trigger_delay_then_fires(
-    spark: SparkSession, hub: str, tmp_path: Path
+    spark: SparkSession, hub_url: str, tmp_path: Path
 ) -> None:
     delay = 6.0
-    publish(hub, "src", source_batch("src", 1, 5))
+    publish(hub_url, "src", source_batch("src", 1, 5))
     df = (
         spark.readStream.format("tidewire")
-        .option("URL", hub)
+        .option("URL", hub_url)
         .option("Subscribe", "src")
         .option("StartingOffsets", " Earliest ")  # any case, blanks around: as Kafka's
         .option("MINOFFSETSPERTRIGGER", "50")
@@ -75,12 +64,12 @@ def test_min_offsets_per_trigger_waits_for_max_trigger_delay_then_fires(
         # The first trigger is never held (Kafka's): the 5 events at once. It is slow (the
         # session's first Python workers), so the delay has passed when the next 3 come.
         assert next_batch(1, "the first micro-batch")[0] == 5
-        publish(hub, "src", source_batch("src", 6, 3))
+        publish(hub_url, "src", source_batch("src", 6, 3))
         rows, held_from = next_batch(2, "the second micro-batch")
         assert rows == 3
         # 3 more, < 50 waiting: held until maxTriggerDelay has passed since that micro-batch
         published = time.time()
-        publish(hub, "src", source_batch("src", 9, 3))
+        publish(hub_url, "src", source_batch("src", 9, 3))
         rows, fired = next_batch(3, "the delayed micro-batch")
         assert rows == 3
         assert published - held_from < delay - 2, "too slow a machine: the events came late"
@@ -88,7 +77,7 @@ def test_min_offsets_per_trigger_waits_for_max_trigger_delay_then_fires(
         assert fired - held_from >= delay - 1
         assert fired - published >= 1  # held, not read at the next trigger
         # 50 waiting: fired at once, without waiting for the delay.
-        publish(hub, "src", source_batch("src", 12, 50))
+        publish(hub_url, "src", source_batch("src", 12, 50))
         rows, at_once = next_batch(4, "the micro-batch of 50")
         assert rows == 50
         assert at_once - fired < delay - 1
@@ -104,13 +93,13 @@ def _waiting(query: StreamingQuery) -> bool:
 
 
 def test_subscribe_pattern_picks_up_a_stream_created_while_the_query_runs(
-    spark: SparkSession, hub: str, tmp_path: Path
+    spark: SparkSession, hub_url: str, tmp_path: Path
 ) -> None:
-    publish(hub, "ev-a", source_batch("ev-a", 1, 4))
-    publish(hub, "other", source_batch("other", 1, 2))
+    publish(hub_url, "ev-a", source_batch("ev-a", 1, 4))
+    publish(hub_url, "other", source_batch("other", 1, 2))
     df = (
         spark.readStream.format("TIDEWIRE")
-        .option("url", hub)
+        .option("url", hub_url)
         .option("SubscribePattern", "ev-.*")
         .option("startingOffsets", "LATEST")
         .load()
@@ -124,12 +113,12 @@ def test_subscribe_pattern_picks_up_a_stream_created_while_the_query_runs(
 
     try:
         wait_for(lambda: _waiting(query), "the query to start")
-        publish(hub, "ev-a", source_batch("ev-a", 5, 2))
+        publish(hub_url, "ev-a", source_batch("ev-a", 5, 2))
         wait_for(lambda: len(rows()) >= 2, "ev-a's new events")
         # a stream created now: read from its beginning, though startingOffsets is latest
-        publish(hub, "ev-b", source_batch("ev-b", 1, 3))
-        publish(hub, "other", source_batch("other", 3, 2))
-        publish(hub, "xev-c", source_batch("xev-c", 1, 2))  # matches in part only: not read
+        publish(hub_url, "ev-b", source_batch("ev-b", 1, 3))
+        publish(hub_url, "other", source_batch("other", 3, 2))
+        publish(hub_url, "xev-c", source_batch("xev-c", 1, 2))  # matches in part only: not read
         wait_for(lambda: len(rows()) >= 5, "ev-b's events")
         assert query.exception() is None
     finally:
@@ -139,8 +128,9 @@ def test_subscribe_pattern_picks_up_a_stream_created_while_the_query_runs(
     ]  # fmt: skip
     assert rows()[0][2] == b"ev-a-value-0005"
     # a batch read with the pattern: every matching stream, from earliest
-    batch = (spark.read.format("tidewire").option("URL", hub).option("subscribePattern", "ev-[ab]")
-             .load().select("stream", "id").collect())  # fmt: skip
+    batch = (spark.read.format("tidewire").option("URL", hub_url)
+             .option("subscribePattern", "ev-[ab]").load()
+             .select("stream", "id").collect())  # fmt: skip
     assert sorted((r.stream, r.id) for r in batch) == (
         [("ev-a", i) for i in range(1, 7)] + [("ev-b", i) for i in range(1, 4)]
     )
@@ -152,13 +142,13 @@ T0 = 1_700_000_000_000  # source_batch's events: id i at T0 + 7 * i ms
 @pytest.mark.skipif(not hasattr(RsioClient, "ids_at"),
                     reason="no time index here (RsioClient.ids_at: issue 23, item 1)")  # fmt: skip
 def test_timestamp_options_start_and_end_at_times(
-    spark: SparkSession, hub: str, tmp_path: Path
+    spark: SparkSession, hub_url: str, tmp_path: Path
 ) -> None:
-    publish(hub, "t", source_batch("t", 1, 20))
-    publish(hub, "u", source_batch("u", 1, 10))
+    publish(hub_url, "t", source_batch("t", 1, 20))
+    publish(hub_url, "u", source_batch("u", 1, 10))
 
     def ids(**options: str) -> list[tuple[str, int]]:
-        reader = spark.read.format("tidewire").option("url", hub).option("streams", "t,u")
+        reader = spark.read.format("tidewire").option("url", hub_url).option("streams", "t,u")
         for key, value in options.items():
             reader = reader.option(key, value)
         return sorted((r.stream, r.id) for r in reader.load().select("stream", "id").collect())
@@ -180,7 +170,7 @@ def test_timestamp_options_start_and_end_at_times(
     assert got == [("t", i) for i in range(15, 21)]
 
     # streaming: a new query starts at the time, and reads on from there
-    df = (spark.readStream.format("tidewire").option("url", hub).option("streams", "t")
+    df = (spark.readStream.format("tidewire").option("url", hub_url).option("streams", "t")
           .option("startingOffsetsByTimestamp", f'{{"t": {T0 + 126}}}').load())  # fmt: skip
     query = (df.writeStream.format("noop").trigger(availableNow=True)
              .option("checkpointLocation", str(tmp_path / "checkpoint")).start())  # fmt: skip

@@ -383,12 +383,7 @@ class Offers:
         """A transaction offer: everything, once, at onComplete (``Hub.commit``)."""
         offer = inlet.offer
         try:
-            while inlet.ended is None and inlet.failed is None:
-                inlet.wake.clear()
-                await inlet.wake.wait()
-            reason = inlet.failed
-            if reason is None and inlet.ended:
-                reason = f"transaction abandoned: the publisher failed: {inlet.ended}"
+            reason = await _completed(inlet, "transaction")
             if reason is None and inlet.name.action is not None:
                 await self._staged_action(inlet, txn)
             elif reason is None and inlet.count:
@@ -444,12 +439,7 @@ class Offers:
         part dropped."""
         offer = inlet.offer
         try:
-            while inlet.ended is None and inlet.failed is None:
-                inlet.wake.clear()
-                await inlet.wake.wait()
-            reason = inlet.failed
-            if reason is None and inlet.ended:
-                reason = f"part abandoned: the publisher failed: {inlet.ended}"
+            reason = await _completed(inlet, "part")
             if reason is None:
                 staged = await asyncio.to_thread(part.finish)
                 if staged.records and not self.conn.closed:
@@ -471,3 +461,14 @@ class Offers:
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
 
+
+async def _completed(inlet: Inlet, what: str) -> str | None:
+    """Wait for the end of an offer taken whole at its end (a transaction, a staged part):
+    ``None`` when the publisher completed it, else why it cannot be taken (it failed here, or
+    the publisher failed: ``what`` names what that abandons)."""
+    while inlet.ended is None and inlet.failed is None:
+        inlet.wake.clear()
+        await inlet.wake.wait()
+    if inlet.failed is not None:
+        return inlet.failed
+    return f"{what} abandoned: the publisher failed: {inlet.ended}" if inlet.ended else None
