@@ -1,10 +1,8 @@
-"""The new pages' code under the Content-Security-Policy issue 23 puts on pages (no
-``'unsafe-inline'``, no ``'unsafe-eval'``: docs/research/issue23.md, item 6), in real Chromium:
-the test's app adds the policy to every response (the hub's own header comes with the HTTP
-hardening), and the page reports each violation it meets. The stream page (its module,
-its stylesheet, RS.io on Tube over ``connect-src 'self'``, a download) meets none; on the
-dashboard, neither the charts' module nor the vendored uPlot does (the dashboard's own inline
-``<style>`` is the hardening's to move into a file, and is left out of the count here)."""
+"""The pages' code under the hub's own Content-Security-Policy (no ``'unsafe-inline'``, no
+``'unsafe-eval'``: server/browser.py, docs/security.md "Browsers"), in real Chromium: the page
+reports each violation it meets. The stream page (its module, its stylesheet, RS.io on Tube
+over ``connect-src 'self'``, a download) meets none; nor does the dashboard (its module, the
+charts' module, the vendored uPlot, its stylesheets)."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from playwright.async_api import Page
 
 from browser import WAIT_MS, hub_app, in_chromium
 from tidewire.model import Batch
+from tidewire.server.browser import CONTENT_SECURITY_POLICY
 
-POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-          "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 WATCH = """window.__violations = [];
 document.addEventListener("securitypolicyviolation", (e) => window.__violations.push(
   {directive: e.effectiveDirective, blocked: e.blockedURI, source: e.sourceFile,
@@ -27,13 +24,14 @@ VIOLATIONS = "window.__violations"
 
 def test_the_stream_page_and_the_charts_run_under_a_strict_policy(tmp_path: Path) -> None:
     async def test(page: Page, errors: list[str]) -> None:
-        async with hub_app(tmp_path / "data", headers={"Content-Security-Policy": POLICY}) as (
-                hub, base):  # fmt: skip
+        async with hub_app(tmp_path / "data") as (hub, base):
             values = [json.dumps({"n": i}).encode() for i in range(30)]
             await hub.append(Batch.build("orders", values), assign_ids=True)
             await page.add_init_script(WATCH)
 
-            await page.goto(f"{base}/stream?name=orders&size=10")
+            response = await page.goto(f"{base}/stream?name=orders&size=10")
+            assert response is not None
+            assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
             await page.wait_for_function("() => window.tidewireStream.state().loads === 1",
                                          timeout=WAIT_MS)  # fmt: skip
             assert (await page.evaluate("window.tidewireStream.state()"))["ids"] == list(
@@ -55,11 +53,7 @@ def test_the_stream_page_and_the_charts_run_under_a_strict_policy(tmp_path: Path
             await page.goto(f"{base}/?refresh=200")
             await page.wait_for_function("() => window.tidewireCharts.state().charts === 5",
                                          timeout=WAIT_MS)  # fmt: skip
-            found = await page.evaluate(VIOLATIONS)
-            ours = [v for v in found if v["source"] and ("charts" in v["source"]
-                                                        or "vendor" in v["source"])]  # fmt: skip
-            assert ours == []
-            # what is left is the dashboard's own inline <style> (item 6 moves it), nothing else
-            assert all(v["directive"] == "style-src-elem" for v in found), found
+            assert await page.evaluate(VIOLATIONS) == []
+            assert errors == []
 
     in_chromium(test, downloads=True)
