@@ -453,6 +453,25 @@ def test_seguro_save_and_read(served: HubThread) -> None:
         ship.save(6, b"six")
 
 
+def test_seguro_events_page_by_page_then_follow(served: HubThread) -> None:
+    with tidewire.sync.seguro_connect(served.seguro_url, "~ravmel-ropdyl", timeout=SECONDS) as ship:
+        ship.save_many([(i, b"e%d" % i) for i in range(1, 8)])
+        with ship.pages(2, page=3) as pages:
+            assert [[i for i, _ in got] for got in pages] == [[2, 3, 4], [5, 6, 7]]
+        assert list(ship.events(page=2)) == [(i, b"e%d" % i) for i in range(1, 8)]
+        with pytest.raises(ValueError, match="page is at least 1"):
+            ship.pages(page=0)
+        # following: caught up, it READs again; a save of this very session runs between two
+        # READs (one flow at a time), and the next page brings it
+        followed = ship.events(6, page=4, follow=True, poll=0.01)
+        assert [next(followed), next(followed)] == [(6, b"e6"), (7, b"e7")]
+        ship.save(9, b"e9")
+        assert next(followed) == (9, b"e9")
+        followed.close()  # (ends the READs)
+        ship.save(10, b"e10")  # the session goes on
+        assert ship.latest == 10
+
+
 def test_seguro_with_retry_reads_what_was_saved(served: HubThread) -> None:
     from tidewire.client.backoff import Retry
 

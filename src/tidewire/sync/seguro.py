@@ -4,12 +4,14 @@ session, whose flows run the asyncio client's on ``tidewire.sync``'s loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from ..client.seguro import ReconnectingSeguroClient, SeguroClient
 from ..client.seguro import connect as seguro_async_connect
 from ..protocols.seguro import Sent
+from .hub import SyncSubscription
 from .runner import RUNNER, Bound, opened
 
 __all__ = ["SyncSeguro", "connect"]
@@ -66,6 +68,42 @@ class SyncSeguro(Bound):
         """Events ``(id, data)`` from ``start`` (or the first above it), at most ``limit``,
         and the hub's SENT summary (READ)."""
         return self.call(self._one_flow(lambda: self._client.read(start, limit)), timeout)
+
+    def pages(self, start: int = 1, *, page: int = 256, follow: bool = False,
+              poll: float = 1.0, timeout: float | None = None
+              ) -> SyncSubscription[list[tuple[int, bytes]]]:  # fmt: skip
+        """The point's events from ``start`` in order, each once, as lists of at most ``page``
+        ``(id, data)``: one READ each, from the last id handed over + 1 (the asyncio
+        :meth:`ReconnectingSeguroClient.events
+        <tidewire.client.seguro.ReconnectingSeguroClient.events>`' rule, here for either
+        client). Saves of this session run between two READs (one flow at a time). Caught
+        up: the iterator ends, or with ``follow`` READs again every ``poll`` seconds for
+        ever. ``timeout``: the most one ``next()`` waits (a timeout ends it)."""
+        if page < 1:
+            raise ValueError("page is at least 1")
+        return SyncSubscription(self, self._pages(start, page, follow, poll), timeout)
+
+    def events(self, start: int = 1, *, page: int = 256, follow: bool = False,
+               poll: float = 1.0, timeout: float | None = None
+               ) -> Iterator[tuple[int, bytes]]:  # fmt: skip
+        """:meth:`pages`, one ``(id, data)`` at a time (fetched a page at a time: one hop
+        to the loop per page, not per event); leaving the loop early ends the READs."""
+        with self.pages(start, page=page, follow=follow, poll=poll, timeout=timeout) as got:
+            for events in got:
+                yield from events
+
+    async def _pages(self, start: int, page: int, follow: bool,
+                     poll: float) -> AsyncGenerator[list[tuple[int, bytes]], None]:  # fmt: skip
+        next_id = start
+        while True:
+            got, _ = await self._one_flow(partial(self._client.read, next_id, page))
+            if got:
+                next_id = got[-1][0] + 1
+                yield got
+            if len(got) < page:
+                if not follow:
+                    return
+                await asyncio.sleep(poll)
 
     def __enter__(self) -> SyncSeguro:
         return self
