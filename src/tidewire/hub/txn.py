@@ -100,16 +100,14 @@ import asyncio
 import logging
 import os
 import sys
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from crc32c import crc32c
-
 from ..model import Batch, IdOrderError, TidewireError
 from ..record import merge
+from .fingerprint import Fingerprint, fingerprint
 from .ledger import past
 from .staging import STAGING_DIR, NamedPart, Staging
 
@@ -163,25 +161,6 @@ class _Outcome(Enum):
     OPEN = "open"  # nothing stored at or above the intent's first id yet: it may still land
     DONE = "done"  # one of the key's intents at that id is stored there
     DEAD = "dead"  # something else is stored there: none of them can ever land
-
-
-def fingerprint(batch: Batch) -> int:
-    """CRC-32C of what makes a transaction's content: values and their lengths, keys."""
-    offsets = batch.value_offsets
-    lengths = array("I", [offsets[i + 1] - offsets[i] for i in range(len(batch))])
-    fp = crc32c(lengths.tobytes())
-    fp = crc32c(batch.values, fp)
-    flags = batch.key_flags
-    # (key columns whose flags are all 0 mean "no key" as much as no key columns do: a batch
-    # read back from a record shared with keyed events has them)
-    if flags is not None and flags.tobytes().strip(b"\0") and batch.keys is not None and (
-        batch.key_offsets is not None
-    ):
-        fp = crc32c(flags, fp)
-        k = batch.key_offsets
-        fp = crc32c(array("I", [k[i + 1] - k[i] for i in range(len(batch))]).tobytes(), fp)
-        fp = crc32c(batch.keys, fp)
-    return fp
 
 
 class Transactions:
@@ -539,13 +518,7 @@ def _done(key: TxnKey) -> dict[str, Any]:
 
 
 def _fingerprint_all(batches: list[Batch]) -> int:
-    if len(batches) == 1:
-        return fingerprint(batches[0])
-    values: list[bytes] = []
-    keys: list[bytes | None] = []
+    acc = Fingerprint()
     for b in batches:
-        values += [b.value(i) for i in range(len(b))]
-        keys += [b.key(i) for i in range(len(b))]
-    merged = Batch.build(batches[0].stream, values,
-                         keys=keys if any(k is not None for k in keys) else None)  # fmt: skip
-    return fingerprint(merged)
+        acc.add(b)
+    return acc.value()
