@@ -56,6 +56,7 @@ __all__ = [
     "HEADER",
     "HEADER_SIZE",
     "EncodedRecord",
+    "Extent",
     "RecordHeader",
     "decode_body",
     "encode",
@@ -101,6 +102,24 @@ class EncodedRecord:
     base_id: int
     last_id: int
     max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """What a segment's index needs of a record written (an :class:`EncodedRecord` has the
+    same fields): kept instead of the record when its bytes must not stay in memory (a bulk
+    append, log/bulk.py)."""
+
+    length: int
+    count: int
+    base_id: int
+    last_id: int
+    max_timestamp: int
+
+    @classmethod
+    def of(cls, record: EncodedRecord | Extent) -> Extent:
+        return cls(record.length, record.count, record.base_id, record.last_id,
+                   record.max_timestamp)  # fmt: skip
 
 
 def encode(batch: Batch, first_id: int | None = None) -> EncodedRecord:

@@ -24,7 +24,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..model import Batch, LogClosedError, LogError, StorageFullError
 from .stream import StreamLog, Unpublished
@@ -67,11 +67,11 @@ class StreamQueue:
     queued_bytes: int = 0
     inflight_bytes: int = 0  # the group being written
     busy: bool = False  # a group of this stream is in flight (in a round, or on its own)
-    task: asyncio.Task[None] | None = None  # the task committing it (shared or its own)
+    task: asyncio.Task[Any] | None = None  # the task committing it (shared or its own)
     room: asyncio.Event = field(default_factory=asyncio.Event)
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0  # appenders in the admission queue
-    writing: asyncio.Future[list[Outcome]] | None = None  # the round's write, while it runs
+    writing: asyncio.Future[Any] | None = None  # the round's (or bulk's) write, while it runs
 
 
 class Committer:
@@ -86,9 +86,9 @@ class Committer:
         self._remember = remember
         self._ready: dict[str, StreamQueue] = {}  # streams with a queue and no group in flight
         self.task: asyncio.Task[None] | None = None  # the shared task, while it has work
-        self.solo: set[asyncio.Task[None]] = set()  # groups on their own
+        self.solo: set[asyncio.Task[Any]] = set()  # groups on their own
 
-    def tasks(self) -> list[asyncio.Task[None]]:
+    def tasks(self) -> list[asyncio.Task[Any]]:
         """The tasks committing now (a round that ends may start another: wait in a loop)."""
         return [*self.solo, *([self.task] if self.task is not None else [])]
 

@@ -39,6 +39,7 @@ from ..model import Batch, CorruptLogError, LogError
 from ..record import (
     HEADER_SIZE,
     EncodedRecord,
+    Extent,
     HeaderError,
     RecordHeader,
     decode_body,
@@ -227,10 +228,11 @@ class Segment:
 
     # ------------------------------------------------------------------ writing
 
-    def write(self, records: Sequence[EncodedRecord]) -> int:
-        """Write ``records`` at the end (past the committed size) in one ``writev``, resuming a
-        short one. Returns the new size; the caller makes it durable (:meth:`sync`) and publishes
-        it (:meth:`commit`).
+    def write(self, records: Sequence[EncodedRecord], at: int | None = None) -> int:
+        """Write ``records`` at the end (past the committed size; or at ``at``, past records
+        written but not committed yet: a bulk append, log/bulk.py) in one ``writev``, resuming
+        a short one. Returns the new end; the caller makes it durable (:meth:`sync`) and
+        publishes it (:meth:`commit`).
 
         On failure the file is cut back to its committed size, durably (:meth:`rollback`),
         before the error propagates: the file ends at the last committed record again, and what
@@ -239,8 +241,9 @@ class Segment:
         """
         pending: list[bytes | bytearray | memoryview] = [r.data for r in records]
         total = sum(r.length for r in records)
+        start = self.size if at is None else at
         try:
-            offset = self.size
+            offset = start
             left = total
             while pending:  # pwritev may write less than asked: resume where it stopped
                 n = os.pwritev(self.fd, pending[:_IOV_MAX], offset)
@@ -254,7 +257,7 @@ class Segment:
         except BaseException:
             self.rollback()
             raise
-        return self.size + total
+        return start + total
 
     def sync(self) -> float:
         """``fdatasync`` what :meth:`write` wrote; how long it took (seconds)."""
@@ -277,7 +280,7 @@ class Segment:
                 f"could not cut {self.path} back to its committed {self.size} bytes: {exc}"
             ) from exc
 
-    def commit(self, records: Sequence[EncodedRecord], interval: int) -> None:
+    def commit(self, records: Sequence[EncodedRecord | Extent], interval: int) -> None:
         """Publish records written by :meth:`write` (call with the stream lock held)."""
         pos = self.size
         for r in records:

@@ -62,12 +62,12 @@ from .admin import (
     remove_stream_files,
     write_override,
 )
+from .bulk import BulkAppender, Source, read_recent, remember
 from .committer import Committer, GroupItems, GroupWriter, GroupWritten, Pending, StreamQueue
 from .config import LogConfig
 from .grouping import encode_group, owned_valid
 from .journal import Journal, JournalState
 from .journal_replay import recover, remove_journal
-from .segment import ReadBudget
 from .stream import NAME_FILE, STAGING_PREFIX, StreamLog, StreamStats, read_name
 
 __all__ = ["GroupItems", "GroupWriter", "GroupWritten", "Log"]
@@ -75,13 +75,6 @@ __all__ = ["GroupItems", "GroupWriter", "GroupWritten", "Log"]
 log = logging.getLogger("tidewire.log")
 
 LOCK_FILE = ".lock"
-
-RECENT_BATCH_OVERHEAD = 1024
-"""Bytes one batch of the in-memory tail costs beyond its ``nbytes``: the batch object and its
-views, the record's header and buffer (measured: about 1.1 KB). ``recent_bytes`` counts it, so
-that it bounds the memory held and not only the payload: without it, a stream of one-event
-appends (the hub's own state records, ten a second) kept about ten times its bound."""
-
 
 @dataclass(slots=True)
 class _Tail:
@@ -100,7 +93,9 @@ class Log:
         self.read_only = read_only
         self._streams: dict[str, StreamLog] = {}
         self._writers: dict[str, StreamQueue] = {}
-        self._committer = Committer(self, self._refused, self._notify, self._remember)
+        self._committer = Committer(self, self._refused, self._notify, lambda q, batches:
+                                    remember(q, batches, config.recent_bytes))  # fmt: skip
+        self._bulk = BulkAppender(self, self._committer.ready, self._notify, self._committer.solo)
         self._tails: dict[str, _Tail] = {}
         self._lock_fd = -1
         self._closed = False
@@ -409,10 +404,7 @@ class Log:
             self._check_fence(batch.stream, fence)
         if batch.stream in self._deleting:
             raise LogError(f"stream {batch.stream!r} is being deleted")
-        writer = self._writers.get(batch.stream)
-        if writer is None:
-            stream = self._streams.get(batch.stream) or self._create(batch.stream)
-            writer = self._writers[batch.stream] = StreamQueue(stream, stream.latest)
+        writer = self._writers.get(batch.stream) or self._queue(batch.stream)
         if writer.waiting or self._full(writer, estimate):
             # FIFO: while anyone waits (for the lock or for room), newcomers queue behind it;
             # the count covers the hand-off, when the lock is free but its next owner not yet
@@ -432,6 +424,25 @@ class Log:
         if self.on_append is not None and started:  # (not if it was set while this waited)
             self.on_append(time.perf_counter() - started)
         return stored
+
+    def _queue(self, name: str) -> StreamQueue:
+        """The queue of ``name``, made (and the stream created) on first use."""
+        stream = self._streams.get(name) or self._create(name)
+        writer = self._writers[name] = StreamQueue(stream, stream.latest)
+        return writer
+
+    async def append_bulk(self, stream: str, first_id: int, count: int, size_hint: int,
+                          source: Source) -> tuple[int, int]:  # fmt: skip
+        """Append ``count`` events that ``source`` gives (in a worker thread, as it is
+        written: never all in memory) as ids ``first_id``.., visible all at once and durable
+        when this returns, all or none after a crash (with the journal): :mod:`.bulk`.
+        ``size_hint``: about their bytes (to roll the segment first). Returns (first, last)."""
+        if self._closed or self.read_only:
+            raise LogClosedError("the log is closed" if self._closed else "read-only")
+        if stream in self._deleting:
+            raise LogError(f"stream {stream!r} is being deleted")
+        writer = self._writers.get(stream) or self._queue(stream)
+        return await self._bulk.append(writer, first_id, count, size_hint, source)
 
     def submit(
         self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
@@ -489,34 +500,6 @@ class Log:
         self._committer.ready(writer)
         return future
 
-    def _remember(self, writer: StreamQueue, batches: list[Batch]) -> None:
-        """Keep the newest committed batches in memory so live tails read without disk I/O."""
-        limit = self.config.recent_bytes
-        for batch in batches:
-            writer.recent.append(batch)
-            writer.recent_bytes += batch.nbytes + RECENT_BATCH_OVERHEAD
-        while writer.recent and writer.recent_bytes > limit:
-            writer.recent_bytes -= writer.recent.popleft().nbytes + RECENT_BATCH_OVERHEAD
-
-    def _read_recent(
-        self, name: str, from_id: int, max_bytes: int, max_events: int
-    ) -> list[Batch] | None:
-        """Serve a read from the in-memory tail, or ``None`` if it starts before it."""
-        writer = self._writers.get(name)
-        if writer is None or not writer.recent or from_id < writer.recent[0].first_id:
-            return None
-        if from_id < writer.stream.start_id:  # retention got there first: let read() say so
-            return None
-        if writer.recent[-1].last_id < writer.stream.latest:
-            # A commit was published by the writer thread but is not remembered yet: the disk
-            # has it, the memory does not (yet).
-            return None
-        budget = ReadBudget(from_id, max_bytes, max_events)
-        for batch in writer.recent:
-            if not budget.add(batch):
-                break
-        return budget.out
-
     def _write(self, stream: StreamLog, items: GroupItems) -> GroupWritten:
         """Encode a group (in a worker thread) and write it durably. Returns the batch stored for
         each item, the batches of the records written, and how long the fsync took."""
@@ -553,7 +536,7 @@ class Log:
         by an earlier read, so this is memory access, not a hand-off to a thread and back),
         else in a worker thread, which maps what it reads, so a read that has to open a
         mapping never runs on the event loop (docs/log.md, "Reads")."""
-        recent = self._read_recent(name, from_id, max_bytes, max_events)
+        recent = read_recent(self._writers.get(name), from_id, max_bytes, max_events)
         if recent is not None:
             return recent
         stream = self._streams.get(name)

@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -30,7 +30,7 @@ from ..model import (
     StorageFullError,
     validate_stored_stream_name,
 )
-from ..record import EncodedRecord
+from ..record import EncodedRecord, Extent
 from .config import StreamSettings
 from .journal import Journal
 from .segment import ReadBudget, RollbackError, Segment, segment_name
@@ -100,8 +100,8 @@ class Unpublished:
     published (:meth:`StreamLog.publish_written`) once the journal says it is durable."""
 
     segment: Segment
-    records: Sequence[EncodedRecord]
-    lsn: int
+    records: Sequence[EncodedRecord | Extent]
+    lsn: int  # (-1: no journal; durable already)
 
 
 class StreamLog:
@@ -304,7 +304,57 @@ class StreamLog:
         """Publish a group written ahead, once its journal entry is durable."""
         self._commit(written.segment, written.records)
 
-    def _commit(self, segment: Segment, records: Sequence[EncodedRecord]) -> None:
+    def write_bulk(self, groups: Iterable[Sequence[EncodedRecord]], size_hint: int,
+                   journal: Journal | None, *, fsync: bool) -> Unpublished | None:  # fmt: skip
+        """Write every record of ``groups``, one group after another, past the committed end
+        of one segment, publishing none of them (log/bulk.py: a transaction of many records
+        that readers see all at once). The active segment is rolled first if ``size_hint``
+        bytes would not fit it, never in between: a bulk append may make a segment larger
+        than ``segment_bytes``. Then the segment is fdatasynced (with ``fsync`` or a
+        ``journal``) and one payload-less journal entry covers it all: recovery cuts the
+        segment back before the whole bulk unless that entry is durable. The caller publishes
+        (:meth:`publish_written`) once it is. Only the records' extents are kept, not their
+        bytes. ``None`` if ``groups`` had no record.
+
+        An error of ``groups`` itself (the source: a part missing, say) cuts the segment back
+        and propagates; the stream stays open. Errors of the disk are :meth:`write`'s."""
+        self._check_open()
+        written: list[Extent] = []
+        active = self.segments[-1]
+        try:
+            if active.size and active.size + size_hint > self.settings.segment_bytes:
+                active = self._roll(active)
+            end, source = active.size, iter(groups)
+            while True:
+                try:
+                    records = next(source, None)
+                except Exception as exc:
+                    if written:
+                        active.rollback()  # (RollbackError: fails the stream, below)
+                    raise _SourceError(exc) from exc
+                if records is None:
+                    break
+                end = _written(self.name, active, records, end)
+                written += [Extent.of(r) for r in records]
+            if not written:
+                return None
+            if fsync or journal is not None:
+                try:
+                    active.sync()
+                except BaseException:
+                    with contextlib.suppress(RollbackError):
+                        active.rollback()
+                    raise
+            lsn = -1 if journal is None else journal.submit(
+                self.key, active, active.size, [], end - active.size, synced=True)
+        except _SourceError as exc:
+            raise exc.error from None
+        except BaseException as exc:
+            self._failed_write(exc, written)
+            raise
+        return Unpublished(active, written, lsn)
+
+    def _commit(self, segment: Segment, records: Sequence[EncodedRecord | Extent]) -> None:
         """Publish ``records`` written to ``segment``: readers see them from now on."""
         with self._lock:
             segment.commit(records, self.settings.index_interval_bytes)
@@ -320,7 +370,8 @@ class StreamLog:
         if self.failed is not None:
             raise LogClosedError(f"stream {self.name!r} failed earlier: {self.failed}")
 
-    def _failed_write(self, exc: BaseException, records: Sequence[EncodedRecord]) -> None:
+    def _failed_write(self, exc: BaseException,
+                      records: Sequence[EncodedRecord | Extent]) -> None:  # fmt: skip
         """A write's error: out of space, refused (logged, the stream stays open); anything
         else fails the stream until a restart. (A ``try`` in each writer, not a context
         manager: this runs once per commit.)"""
@@ -341,12 +392,7 @@ class StreamLog:
         incoming = sum(r.length for r in records)
         if active.size and active.size + incoming > self.settings.segment_bytes:
             active = self._roll(active)
-        try:
-            active.write(records)
-        except OSError as exc:
-            if exc.errno not in NO_SPACE:
-                raise
-            raise StorageFullError(self.name, exc.errno, f"writing {active.path}") from exc
+        _written(self.name, active, records, active.size)
         if not sync(incoming):
             return active, incoming, None
         try:
@@ -356,7 +402,8 @@ class StreamLog:
                 active.rollback()
             raise
 
-    def _refused(self, exc: StorageFullError, records: Sequence[EncodedRecord]) -> None:
+    def _refused(self, exc: StorageFullError,
+                 records: Sequence[EncodedRecord | Extent]) -> None:  # fmt: skip
         """Log a refusal: the first of a run as a warning (at most one per
         ``FULL_WARNING_SECONDS``), the rest (appenders retrying on a full disk) at debug level,
         until a write succeeds."""
@@ -534,3 +581,20 @@ class StreamLog:
             if seg.base_id <= from_id:
                 lo = i
         return segs[lo:]
+
+
+class _SourceError(Exception):
+    """A bulk append's source failed (``error``): not the disk's fault."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _written(name: str, segment: Segment, records: Sequence[EncodedRecord], at: int) -> int:
+    """:meth:`Segment.write` at ``at``; a full disk: :class:`StorageFullError`."""
+    try:
+        return segment.write(records, at)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise StorageFullError(name, exc.errno, f"writing {segment.path}") from exc
