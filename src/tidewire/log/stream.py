@@ -306,18 +306,14 @@ class StreamLog:
 
     def write_bulk(self, groups: Iterable[Sequence[EncodedRecord]], size_hint: int,
                    journal: Journal | None, *, fsync: bool) -> Unpublished | None:  # fmt: skip
-        """Write every record of ``groups``, one group after another, past the committed end
-        of one segment, publishing none of them (log/bulk.py: a transaction of many records
-        that readers see all at once). The active segment is rolled first if ``size_hint``
-        bytes would not fit it, never in between: a bulk append may make a segment larger
-        than ``segment_bytes``. Then the segment is fdatasynced (with ``fsync`` or a
-        ``journal``) and one payload-less journal entry covers it all: recovery cuts the
-        segment back before the whole bulk unless that entry is durable. The caller publishes
-        (:meth:`publish_written`) once it is. Only the records' extents are kept, not their
-        bytes. ``None`` if ``groups`` had no record.
-
-        An error of ``groups`` itself (the source: a part missing, say) cuts the segment back
-        and propagates; the stream stays open. Errors of the disk are :meth:`write`'s."""
+        """Write every record of ``groups`` past the committed end of one segment, publishing
+        none (log/bulk.py), rolling first if ``size_hint`` bytes would not fit, never in
+        between (a segment may outgrow ``segment_bytes``); fdatasync it (with ``fsync`` or a
+        ``journal``) and submit one payload-less journal entry for it all: recovery cuts the
+        segment back before the bulk unless that entry is durable. The caller publishes
+        (:meth:`publish_written`) once it is. Only extents are kept, not bytes. ``None`` if
+        ``groups`` had no record. An error of ``groups`` itself (a part missing, say) cuts
+        the segment back and propagates, the stream open; the disk's are :meth:`write`'s."""
         self._check_open()
         written: list[Extent] = []
         active = self.segments[-1]
@@ -583,10 +579,11 @@ class StreamLog:
         return segs[lo:]
 
 
-class _SourceError(Exception):
+class _SourceError(LogError):
     """A bulk append's source failed (``error``): not the disk's fault."""
 
     def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
         self.error = error
 
 
