@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from loops import LOOPS
 from tidewire.hub import Budget, BudgetLimits, Hub
 from tidewire.hub.access import Access
+from tidewire.log import LogConfig
 from tidewire.server.guard import Admission, ConnectionLimits
 from tidewire.server.rsio import RsioServer, RsioSettings, start_rsio_server
 
@@ -115,11 +116,12 @@ async def hub_server(
     limits: ConnectionLimits | None = None,
     tls: ssl.SSLContext | None = None,
     budget: BudgetLimits | None = None,
+    log: LogConfig | None = None,
 ) -> AsyncIterator[tuple[Hub, RsioServer, str]]:
-    """A hub on ``path`` (with a memory ``budget`` of its own, when given) and its RS.io server
-    on 127.0.0.1 (any free port; with ``access``, the guard's ``limits`` and ``tls`` as given),
-    with the server's URL; both closed on exit."""
-    hub = Hub.open(str(path))
+    """A hub on ``path`` (with a memory ``budget`` of its own and a ``log`` configuration,
+    when given) and its RS.io server on 127.0.0.1 (any free port; with ``access``, the guard's
+    ``limits`` and ``tls`` as given), with the server's URL; both closed on exit."""
+    hub = Hub.open(str(path), log)
     if budget is not None:
         hub.budget = Budget(budget)
     admission = Admission(limits) if limits is not None else None

@@ -3,6 +3,8 @@ the whole, however the events are split; its CRC-32C combine agrees with the crc
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,12 +39,12 @@ def test_any_split_has_the_whole_fingerprint(events: list[tuple[bytes, bytes | N
     whole = fingerprint(_batch(events))
     bounds = sorted({0, len(events), *(c for c in cuts if c < len(events))})
     acc = Fingerprint()
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in pairwise(bounds):
         acc.add(_batch(events[lo:hi]))  # (a part with no key has no key columns at all)
     assert (acc.count, acc.value()) == (len(events), whole)
     sliced = Fingerprint()  # slices of one batch (offsets not starting at 0)
     batch = _batch(events)
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in pairwise(bounds):
         sliced.add(batch.slice(lo, hi))
     assert sliced.value() == whole
 

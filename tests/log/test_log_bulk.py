@@ -116,8 +116,12 @@ def _until(directory: Path, mode: str, line: str, stderr: Path) -> list[str]:
         proc = subprocess.Popen([sys.executable, str(CHILD), str(directory), mode],
                                 stdout=subprocess.PIPE, stderr=err)  # fmt: skip
     lines: queue.Queue[bytes] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(r) for r in proc.stdout or ()],
-                              daemon=True)  # fmt: skip
+
+    def pump() -> None:
+        for raw in proc.stdout or ():
+            lines.put(raw)
+
+    reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     seen: list[str] = []
     try:

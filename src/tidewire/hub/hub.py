@@ -33,7 +33,7 @@ from .ledger import Ledger
 from .storage import ClusterStatus, EmbeddedStorage, Retention, Storage, StreamAdmin, StreamStats
 from .subscription import RecordSubscription, Subscription
 from .traffic import Metrics
-from .txn import Transactions, TxnReceipt
+from .txn import Content, Transactions, TxnReceipt
 
 __all__ = ["Hub", "NotSupported", "Start", "StreamDeleted"]
 
@@ -326,6 +326,17 @@ class Hub:
         receipt = await self.txns.commit(txn, batch, principal=principal)
         if not receipt.already:
             self.metrics.received(via, batch.stream, len(batch), batch.nbytes)
+        return receipt
+
+    async def commit_content(self, txn: str, stream: str, content: Content, nbytes: int, *,
+                             via: str = "api",
+                             principal: str = "anonymous") -> TxnReceipt:  # fmt: skip
+        """:meth:`commit` of a :class:`~.txn.Content` of about ``nbytes`` (a staged
+        transaction's bulk append, :meth:`~.txn.Transactions.commit_staged`)."""
+        _writable(stream)
+        receipt = await self.txns.commit_content(txn, stream, content, principal=principal)
+        if not receipt.already:
+            self.metrics.received(via, stream, content.count, nbytes)
         return receipt
 
     async def read(

@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import mmap
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -163,17 +164,30 @@ class Staging:
     def writer(self, principal: str | None, stream: str, txn: str, part: str) -> PartWriter:
         return PartWriter(self.directory(principal, stream, txn), part)
 
+    def size(self, principal: str | None, stream: str, txn: str,
+             parts: Sequence[NamedPart]) -> int:  # fmt: skip
+        """The bytes of the named parts' files (a missing one counts 0: :meth:`load` says)."""
+        directory, total = self.directory(principal, stream, txn), 0
+        for named in parts:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(directory, f"{named.part}.log")).st_size
+        return total
+
     def load(self, principal: str | None, stream: str, txn: str,
-             parts: Sequence[NamedPart]) -> Iterator[Batch]:  # fmt: skip
+             parts: Sequence[NamedPart], *, mapped: bool = False) -> Iterator[Batch]:  # fmt: skip
         """The batches of the named ``parts``, in order, each part checked against its count
         and fingerprint first (:class:`TxnPartMissing`). Blocking: call it in a thread. Each
-        part's file is read whole (one part: one task's rows for one stream)."""
+        part's file is read whole (one part: one task's rows for one stream), or with
+        ``mapped`` mapped (the page cache's pages, not a copy: a bulk commit's)."""
         directory = self.directory(principal, stream, txn)
         for named in parts:
             path = os.path.join(directory, f"{named.part}.log")
             try:
                 with open(path, "rb") as f:
-                    data = memoryview(f.read())
+                    if mapped and os.fstat(f.fileno()).st_size:
+                        data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                    else:
+                        data = memoryview(f.read())
             except FileNotFoundError:
                 raise TxnPartMissing(f"part {named.part!r} of transaction {txn!r} into "
                                      f"{stream!r} is not staged (stage it again)") from None

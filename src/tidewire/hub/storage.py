@@ -31,8 +31,10 @@ from typing import Protocol, runtime_checkable
 
 from ..log import Log, LogConfig, Retention, StreamStats
 from ..model import Batch
+from ..record import HEADER_SIZE
 
 __all__ = [
+    "BulkAppends",
     "ClusterStatus",
     "EmbeddedStorage",
     "GroupStatus",
@@ -232,6 +234,26 @@ class StreamAdmin(Protocol):
         ...
 
 
+@runtime_checkable
+class BulkAppends(Protocol):
+    """What a storage that appends one stream's events as a source gives them, visible all at
+    once, offers besides :class:`Storage` (the embedded log: log/bulk.py): a staged
+    transaction bigger than one append takes (hub/staging.py) is committed that way."""
+
+    @property
+    def bulk_from_bytes(self) -> int | None:
+        """Commits bigger than this are bulk appends (the biggest one append takes); ``None``:
+        none is (without the journal a crash could leave part of one)."""
+        ...
+
+    async def append_bulk(self, stream: str, first_id: int, count: int, size_hint: int,
+                          source: Callable[[], Iterator[Batch]]) -> tuple[int, int]:  # fmt: skip
+        """Append the ``count`` events ``source`` gives (called once, in a worker thread) as
+        ids ``first_id``..; durable, and visible all at once, when it returns; the ids stored.
+        :class:`~tidewire.model.IdOrderError` as :meth:`Storage.append`'s."""
+        ...
+
+
 class EmbeddedStorage:
     """:class:`Storage` on the embedded :class:`~tidewire.log.Log` of one data directory."""
 
@@ -296,6 +318,17 @@ class EmbeddedStorage:
         self, batch: Batch, *, assign_ids: bool = False, fence: int | None = None
     ) -> Batch:
         return await self.log.append(batch, assign_ids=assign_ids, fence=fence)
+
+    @property
+    def bulk_from_bytes(self) -> int | None:
+        config = self.log.config
+        if config.fsync and self.log.journal is None:
+            return None
+        return config.max_record_bytes - HEADER_SIZE
+
+    async def append_bulk(self, stream: str, first_id: int, count: int, size_hint: int,
+                          source: Callable[[], Iterator[Batch]]) -> tuple[int, int]:  # fmt: skip
+        return await self.log.append_bulk(stream, first_id, count, size_hint, source)
 
     async def read(
         self, stream: str, from_id: int, max_bytes: int, max_events: int

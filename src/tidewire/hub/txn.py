@@ -100,7 +100,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -110,6 +110,7 @@ from ..record import merge
 from .fingerprint import Fingerprint, fingerprint
 from .ledger import past
 from .staging import STAGING_DIR, NamedPart, Staging
+from .storage import BulkAppends
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -155,6 +156,17 @@ class _Entry:
     @property
     def last(self) -> int:
         return self.first + self.count - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What a commit stores: ``count`` events of fingerprint ``fp``, and how to append them
+    as ids ``first``.. (returning the ids stored): one batch (:meth:`Transactions.commit`), or
+    a bulk append of staged parts that never is in memory at once (:meth:`commit_staged`)."""
+
+    count: int
+    fp: int
+    append: Callable[[int], Awaitable[tuple[int, int]]]
 
 
 class _Outcome(Enum):
@@ -297,11 +309,44 @@ class Transactions:
             staging.drop(principal, stream, txn)
             return TxnReceipt(stream, 0, 0, 0, already=False)
         # (a running commit of the key is waited for in commit(), which then answers DONE)
-        batches = await asyncio.to_thread(lambda: list(staging.load(principal, stream, txn, parts)))
-        batch = merge([(b, None) for b in batches]) if len(batches) > 1 else batches[0]
-        receipt = await self.hub.commit(txn, batch, via=via, principal=principal)
+        storage, nbytes = self.hub.storage, staging.size(principal, stream, txn, parts)
+        limit = storage.bulk_from_bytes if isinstance(storage, BulkAppends) else None
+        if limit is not None and nbytes > limit:  # more than one append takes: a bulk append
+            receipt = await self._commit_bulk(txn, stream, parts, nbytes, principal, via)
+        else:
+            batches = await asyncio.to_thread(
+                lambda: list(staging.load(principal, stream, txn, parts)))
+            batch = merge([(b, None) for b in batches]) if len(batches) > 1 else batches[0]
+            receipt = await self.hub.commit(txn, batch, via=via, principal=principal)
         staging.drop(principal, stream, txn)
         return receipt
+
+    async def _commit_bulk(self, txn: str, stream: str, parts: Sequence[NamedPart],
+                           nbytes: int, principal: str, via: str) -> TxnReceipt:  # fmt: skip
+        """A staged transaction as one bulk append (log/bulk.py): its fingerprint from a first
+        pass over the parts (which checks each against its name), then the parts appended as
+        they are read again; never all in memory (the page cache's pages, mapped)."""
+        staging, storage = self.staging, self.hub.storage
+        assert staging is not None
+        assert isinstance(storage, BulkAppends)
+
+        def source() -> Iterator[Batch]:
+            return staging.load(principal, stream, txn, parts, mapped=True)
+
+        def fingerprinted() -> Fingerprint:
+            acc = Fingerprint()
+            for batch in source():
+                acc.add(batch)
+            return acc
+
+        acc = await asyncio.to_thread(fingerprinted)
+
+        async def append(first: int) -> tuple[int, int]:
+            return await storage.append_bulk(stream, first, acc.count, nbytes, source)
+
+        content = Content(acc.count, acc.value(), append)
+        return await self.hub.commit_content(txn, stream, content, nbytes, via=via,
+                                             principal=principal)  # fmt: skip
 
     def abort_staged(self, txn: str, stream: str, *, principal: str = "anonymous") -> bool:
         """Drop the staged parts of that key unless a commit of it is running; whether any
@@ -337,18 +382,30 @@ class Transactions:
         ``batch.stream`` before; return where its events are either way. Another principal's
         transaction of the same id, or this one's into another stream, is another
         transaction."""
+        storage = self.hub.storage
+
+        async def append(first: int) -> tuple[int, int]:
+            stored = await storage.append(batch.with_ids(first))
+            return stored.first_id, stored.last_id
+
+        return await self.commit_content(txn, batch.stream, Content(len(batch), fingerprint(batch),
+                                                                    append), principal=principal)
+
+    async def commit_content(self, txn: str, stream: str, content: Content, *,
+                             principal: str = "anonymous") -> TxnReceipt:  # fmt: skip
+        """:meth:`commit` of any :class:`Content`."""
         if not txn or len(txn.encode()) > MAX_TXN_BYTES:
             raise TidewireError(f"a transaction id is 1..{MAX_TXN_BYTES} bytes")
         # Shielded: a caller that goes away (its connection dropped) does not stop a commit
         # half-way; a retry of the same transaction waits for it, then finds it done.
-        return await asyncio.shield(self._locked_commit(_key(principal, batch.stream, txn), batch))
+        return await asyncio.shield(self._locked_commit(_key(principal, stream, txn), content))
 
-    async def _locked_commit(self, key: TxnKey, batch: Batch) -> TxnReceipt:
+    async def _locked_commit(self, key: TxnKey, content: Content) -> TxnReceipt:
         lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
-            async with lock, self._stream_locks.setdefault(batch.stream, asyncio.Lock()):
-                return await self._commit(key, batch)
+            async with lock, self._stream_locks.setdefault(key[1], asyncio.Lock()):
+                return await self._commit(key, content)
         finally:
             users[0] -= 1
             if not users[0]:
@@ -363,14 +420,14 @@ class Transactions:
         entry = self._entries.get(legacy)
         return None if entry is None else (legacy, entry)
 
-    async def _commit(self, key: TxnKey, batch: Batch) -> TxnReceipt:
+    async def _commit(self, key: TxnKey, content: Content) -> TxnReceipt:
         """One decision per turn (module docstring, "Several gateways"): catch up unless the
         key is known done; settle its live intent; then complete that intent (same content),
         or write an intent at its first id (other content), or a fresh intent (none live),
         the last two only with :meth:`~.ledger.Ledger.record_exclusive`; append the data at
         the intent's ids; a refusal of either starts the next turn."""
         _, stream, txn = key
-        fp, count = fingerprint(batch), len(batch)
+        fp, count = content.fp, content.count
         storage = self.hub.storage
         collisions = 0
         for _ in range(TRIES):
@@ -409,7 +466,7 @@ class Transactions:
                     continue  # someone recorded something: catch up, decide again
                 self._apply(intent, self.hub.clock(), seq)
             try:
-                stored = await storage.append(batch.with_ids(first))
+                first_id, last_id = await content.append(first)
             except IdOrderError:
                 collisions += 1
                 if collisions > RETRIES:
@@ -417,7 +474,7 @@ class Transactions:
                 continue  # another writer took those ids: the next turn settles them
             if (done := self._entries.get(target)) is not None:
                 await self._record_done(target, done, fp)
-            return TxnReceipt(stream, count, stored.first_id, stored.last_id, False)
+            return TxnReceipt(stream, count, first_id, last_id, False)
         raise TidewireError(f"transaction {txn!r}: {stream!r} is too busy (gave up)")
 
     async def _settle(self, key: TxnKey, entry: _Entry) -> tuple[_Outcome, int]:
@@ -426,25 +483,29 @@ class Transactions:
         and the highest id seen at or above it."""
         storage, stream = self.hub.storage, key[1]
         candidates = [(entry.count, entry.fp), *entry.rivals]
-        run, seen = await self._run(stream, entry.first, max(c for c, _ in candidates))
+        counts = {c for c, _ in candidates}
+        fps, seen = await self._run(stream, entry.first, counts)
         if seen == 0 and storage.accepted_latest(stream) >= entry.first:
             await past(storage, stream, entry.first - 1)  # (in flight there: its outcome)
-            run, seen = await self._run(stream, entry.first, max(c for c, _ in candidates))
+            fps, seen = await self._run(stream, entry.first, counts)
         if seen == 0:
             return _Outcome.OPEN, 0
         for count, fp in candidates:
-            if sum(len(b) for b in run) >= count and _fingerprint_all(_take(run, count)) == fp:
+            if fps.get(count) == fp:
                 if not entry.done:
                     entry.count, entry.fp = count, fp
                     await self._record_done(key, entry, fp)
                 return _Outcome.DONE, seen
         return _Outcome.DEAD, seen
 
-    async def _run(self, stream: str, first: int, count: int) -> tuple[list[Batch], int]:
-        """The events at ids ``first``, ``first + 1``, ... (at most ``count``, no gap) and the
-        highest id read (0: nothing stored at or above ``first``)."""
-        run: list[Batch] = []
-        next_id, left, seen = first, count, 0
+    async def _run(self, stream: str, first: int,
+                   counts: set[int]) -> tuple[dict[int, int], int]:  # fmt: skip
+        """The fingerprint of the first ``c`` events at ids ``first``, ``first + 1``, ... (no
+        gap) for each ``c`` of ``counts`` that many are stored, and the highest id read (0:
+        nothing stored at or above ``first``). Read a chunk at a time: a transaction of any
+        size is fingerprinted with one read's batches in memory."""
+        sums = {c: Fingerprint() for c in counts}
+        next_id, read, seen, left = first, 0, 0, max(counts)
         while left > 0:
             got = await self.hub.storage.read(stream, next_id, 8 * 1024 * 1024, left)
             if not got:
@@ -452,11 +513,15 @@ class Transactions:
             seen = max(seen, got[-1].last_id)
             for b in got:
                 if b.first_id != next_id or b.last_id != b.first_id + len(b) - 1 or not len(b):
-                    return run, seen
-                run.append(b)
+                    left = 0
+                    break
+                for c, acc in sums.items():
+                    if read < c:
+                        acc.add(b if read + len(b) <= c else b.slice(0, c - read))
+                read += len(b)
                 left -= len(b)
                 next_id = b.last_id + 1
-        return run, seen
+        return {c: acc.value() for c, acc in sums.items() if acc.count == c}, seen
 
     async def _record_done(self, key: TxnKey, entry: _Entry, fp: int) -> None:
         """Record that ``key``'s intent of fingerprint ``fp`` is stored, and fold it in."""
@@ -491,17 +556,6 @@ def _already(entry: _Entry, stream: str, txn: str, count: int) -> TxnReceipt:
     return TxnReceipt(stream, entry.count, entry.first, entry.last, already=True)
 
 
-def _take(batches: list[Batch], count: int) -> list[Batch]:
-    """The first ``count`` events of ``batches``."""
-    out: list[Batch] = []
-    for b in batches:
-        if count <= 0:
-            break
-        out.append(b if len(b) <= count else b.slice(0, count))
-        count -= len(out[-1])
-    return out
-
-
 def _key(principal: object, stream: object, txn: str) -> TxnKey:
     """A record's key (interned: many entries share a principal and a stream)."""
     if not isinstance(stream, str) or not (principal is None or isinstance(principal, str)):
@@ -515,10 +569,3 @@ def _done(key: TxnKey) -> dict[str, Any]:
     if principal is not None:  # (an old entry stays keyless: it matches as before on reload)
         record["principal"] = principal
     return record
-
-
-def _fingerprint_all(batches: list[Batch]) -> int:
-    acc = Fingerprint()
-    for b in batches:
-        acc.add(b)
-    return acc.value()

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..model import MAX_ID, Batch, IdOrderError, InvalidBatch, LimitExceeded, LogClosedError
-from ..record import EncodedRecord, encode
+from ..record import HEADER_SIZE, EncodedRecord, encode
 from .committer import StreamQueue
 from .segment import ReadBudget
 from .stream import StreamLog, Unpublished
@@ -140,11 +140,12 @@ class BulkAppender:
             for batch in source():
                 if next_id + len(batch) - 1 > first_id + count - 1:
                     raise ValueError(f"a bulk append's source gave more than {count} event(s)")
-                record = encode(batch, next_id)
-                if record.length > limit:
-                    raise LimitExceeded("record bytes", limit, record.length)
+                records = [encode(piece, next_id + at) for at, piece in _fitting(batch, limit)]
+                for record in records:
+                    if record.length > limit:  # (one event alone too big)
+                        raise LimitExceeded("record bytes", limit, record.length)
                 next_id += len(batch)
-                yield [record]
+                yield records
             if next_id != first_id + count:
                 raise ValueError(f"a bulk append's source gave {next_id - first_id} "
                                  f"event(s), not {count}")  # fmt: skip
@@ -154,6 +155,20 @@ class BulkAppender:
         if written is None:  # (count >= 1: groups() raised already)
             raise ValueError("a bulk append's source gave no event")
         return written
+
+
+def _fitting(batch: Batch, limit: int, at: int = 0) -> Iterator[tuple[int, Batch]]:
+    """``batch`` in slices (with their offsets) that each fit a record of ``limit`` bytes, as
+    :meth:`Log.append <tidewire.log.store.Log.append>` estimates it (halved until they do):
+    a source's batch need not fit this log's records (a staged record is checked against
+    the staging hub's limit)."""
+    n = len(batch)
+    if n == 1 or batch.nbytes + HEADER_SIZE <= limit:
+        yield at, batch
+        return
+    half = n // 2
+    yield from _fitting(batch.slice(0, half), limit, at)
+    yield from _fitting(batch.slice(half, n), limit, at + half)
 
 
 def remember(queue: StreamQueue, batches: list[Batch], limit: int) -> None:

@@ -4,7 +4,7 @@ session, whose flows run the asyncio client's on ``tidewire.sync``'s loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -85,7 +85,7 @@ class SyncSeguro(Bound):
 
     def events(self, start: int = 1, *, page: int = 256, follow: bool = False,
                poll: float = 1.0, timeout: float | None = None
-               ) -> Iterator[tuple[int, bytes]]:  # fmt: skip
+               ) -> Generator[tuple[int, bytes], None, None]:  # fmt: skip
         """:meth:`pages`, one ``(id, data)`` at a time (fetched a page at a time: one hop
         to the loop per page, not per event); leaving the loop early ends the READs."""
         with self.pages(start, page=page, follow=follow, poll=poll, timeout=timeout) as got:
