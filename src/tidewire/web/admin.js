@@ -286,7 +286,8 @@ export function streamAdmin(stream, { onDeleted, askToken }) {
   }, refused);
   wireDelete(() => stream, () => {
     state.deleted = true;
-    $("manage").hidden = true;
+    $("manage").hidden = true; // (nothing left to manage, nor a retention to show)
+    $("retention-line").hidden = true;
     onDeleted();
   }, refused);
   exposeState();
