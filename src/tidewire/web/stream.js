@@ -227,6 +227,7 @@ async function load(where) {
     else if (where.oldest) page = await pageForward(hub, info.first_id, size);
     else if (where.from !== undefined) page = await pageForward(hub, Math.max(where.from, info.first_id), size);
     else page = await pageBackward(hub, where.before ?? info.latest_id, size);
+    if (state.deleted) return; // (deleted while this page was read: the page says so)
     state.events = page.events;
     state.cut = page.cut;
     state.loads += 1;
@@ -262,6 +263,7 @@ function gone() {
 }
 
 function failed(err) {
+  if (state.deleted) return; // (the connection closed by gone(), or "stream deleted")
   const reason = String(err.message || err);
   if (err instanceof Refused && /may not|token|authenticat/.test(reason)) {
     askToken(`The hub refused: ${reason}. A token of a principal that may read this stream?`);
