@@ -4,19 +4,27 @@ where it comes from, changing it (checked on the hub and through ``GET /api/stre
 deleting the stream after typing its name (a wrong name deletes nothing; the page then says the
 stream is gone and links back to the dashboard), and refused actions shown with the hub's own
 words: 401 (anonymous, and the page asks for a token), 403 (no ``admin`` right; no ACL file),
-404 (deleted meanwhile by someone else). Screenshots go to ``$TIDEWIRE_ARTIFACTS``."""
+404 (deleted meanwhile by someone else), 501 (a gateway of a cluster, whose retention is
+JetStream's). Screenshots go to ``$TIDEWIRE_ARTIFACTS``."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 from playwright.async_api import Page, Request
 
 from browser import hub_app, in_chromium, page_until, screenshot
+from clustered_storage import ClusteredStorage
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.model import Batch
+from tidewire.server.app import build_app, start_http_site
+from tidewire.server.guard import Admission, ConnectionLimits
+from tidewire.server.rsio_http import HttpSettings
 
 ADMIN = "window.tidewireAdmin.state()"
 STREAM = "window.tidewireStream.state()"
@@ -63,6 +71,24 @@ async def open_page(page: Page, base: str, token: str | None) -> None:
         await page.click("#token-submit")
     await shown(page, 1)
     await page_until(page, f"{ADMIN}.retention !== undefined && {ADMIN}.retention !== null")
+
+
+@asynccontextmanager
+async def gateway(access: Access) -> AsyncIterator[tuple[Hub, str]]:
+    """A hub on a storage that says it is a cluster (tests/clustered_storage.py: no stream
+    administration, as JetStream's today) and its app on a guarded site: ``(hub, base URL)``."""
+    hub = Hub(ClusteredStorage())
+    settings = HttpSettings()
+    runner = web.AppRunner(build_app(hub, settings, access=access), handle_signals=False,
+                           access_log=None, shutdown_timeout=5.0)  # fmt: skip
+    await runner.setup()
+    port = await start_http_site(runner, "127.0.0.1", 0, admission=Admission(ConnectionLimits()),
+                                 tls=None, settings=settings)  # fmt: skip
+    try:
+        yield hub, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await hub.close()
 
 
 def test_change_retention_then_delete_with_the_typed_name(tmp_path: Path) -> None:
@@ -226,5 +252,40 @@ def test_a_hub_without_an_acl_file_refuses_admin_and_the_page_says_why(tmp_path:
             assert hub.has_stream("orders")
             assert not await page.is_visible("#auth")  # (a token would not help)
             assert [e for e in errors if "status of 40" not in e] == []
+
+    in_chromium(test)
+
+
+def test_a_gateway_of_a_cluster_says_so(tmp_path: Path) -> None:
+    ops, ops_table = mint_token("ops")
+    acl = Acl.parse('[principal."token:ops"]\nmonitor = true\nread = ["orders*"]\n'
+                    'admin = ["orders*"]\n')  # fmt: skip
+    access = Access(acl, Tokens.parse(ops_table))
+
+    async def test(page: Page, errors: list[str]) -> None:
+        async with gateway(access) as (hub, base):
+            await orders(hub)
+            await page.goto(f"{base}/stream?name=orders&size=10")
+            await page.wait_for_selector("#auth", state="visible")
+            await page.fill("#token", ops)
+            await page.click("#token-submit")
+            await shown(page, 1)
+            await page_until(page, f"{ADMIN}.retention === null && {ADMIN}.streams.length > 0")
+            assert await page.inner_text("#retention-current") == (
+                "JetStream's own limits (cluster mode)")  # fmt: skip
+            await page.click("#manage summary")
+            await page.fill("#retention-ms", "1000")
+            await page.click("#retention-submit")
+            assert await result(page, 1) == (
+                "501: creating, deleting or re-configuring a stream is not supported in cluster "
+                "mode yet", "error")  # fmt: skip
+            await page.fill("#delete-confirm", "orders")
+            await page.click("#delete-submit")
+            text, cls = await result(page, 2)
+            assert (text[:4], cls) == ("501:", "error")
+            assert hub.has_stream("orders")
+            assert not await page.is_visible("#gone")
+            await screenshot(page, "stream-admin-cluster")
+            assert [e for e in errors if "status of 40" not in e and "status of 501" not in e] == []
 
     in_chromium(test)

@@ -102,8 +102,8 @@ def test_each_helper_is_defined_once() -> None:
                             "positive"],
               "session.js": ["token", "tubeUrl"]}  # fmt: skip
     pages = sorted(p for p in WEB_DIR.glob("*.js"))
-    names = {p.name for p in pages}
-    assert {"dashboard.js", "stream.js", "admin.js", "charts.js", "tail.js"} <= names
+    found = {p.name for p in pages}
+    assert {"dashboard.js", "stream.js", "admin.js", "charts.js", "tail.js"} <= found
     for page in pages:
         source = page.read_text()
         for module, names in shared.items():
