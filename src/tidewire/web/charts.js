@@ -8,12 +8,13 @@
 //
 // Query (shared with dashboard.js): ?refresh=<ms> (how often to poll).
 
+import { withToken } from "/static/session.js";
+import { positive } from "/static/values.js";
 import uPlot from "/static/vendor/uplot-1.6.32/uPlot.esm.js";
 
 const REFRESH_MS = 2000;
 const FETCH_TIMEOUT_MS = 10000;
 const HEIGHT = 180;
-const TOKEN_KEY = "tidewire.token"; // the dashboard's (sessionStorage: the tab's)
 // Colour-blind-friendly (Okabe-Ito, then Tol's muted), picked by a hash of the stream's name so
 // that a stream keeps its colour from one chart, poll and page to the next.
 const PALETTE = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#332288",
@@ -23,11 +24,6 @@ const QUANTILES = [["p50", "#0072b2"], ["p99", "#d55e00"]];
 const params = new URLSearchParams(location.search);
 const refreshMs = positive(params.get("refresh"), REFRESH_MS);
 const $ = (id) => document.getElementById(id);
-
-function positive(text, fallback) {
-  const n = Number(text);
-  return text !== null && Number.isFinite(n) && n > 0 ? Math.floor(n) : fallback;
-}
 
 export function colour(name) {
   let h = 0;
@@ -132,8 +128,6 @@ window.addEventListener("resize", () => {
 
 const poll = { polls: 0, error: null, timer: null, last: null };
 
-function token() { return sessionStorage.getItem(TOKEN_KEY); }
-
 function chartStatus(message, error = false) {
   $("charts-status").textContent = message;
   $("charts-status").className = error ? "error" : "";
@@ -144,8 +138,7 @@ async function refresh() {
   const abort = new AbortController();
   const timeout = setTimeout(() => abort.abort(), Math.max(FETCH_TIMEOUT_MS, refreshMs));
   try {
-    const headers = { Accept: "application/json" };
-    if (token() !== null) headers.Authorization = `Bearer ${token()}`;
+    const headers = withToken({ Accept: "application/json" });
     const since = poll.last === null ? "" : `?since=${poll.last}`;
     const response = await fetch(`/api/history${since}`, { headers, cache: "no-store", signal: abort.signal });
     if (response.status === 401 || response.status === 403) { // (the dashboard asks for a token)

@@ -1,77 +1,35 @@
 // The hub's dashboard (served at /): polls /api/stats (docs/observability.md) and renders it
 // (on a gateway of a cluster also its "cluster": nodes, each group's leader and replicas),
 // and tails one stream live over RS.io on Tube on WebSocket (/static/tube.js), with
-// backpressure. A plain ES module, no build step. Data reaches the DOM as textContent only.
+// backpressure; its "Manage streams" section is /static/admin.js's. Values become text through
+// /static/values.js, as on the other pages. A plain ES module, no build step. Data reaches the
+// DOM as textContent only.
 //
 // Query: ?refresh=<ms> (how often to poll), ?tail=<stream> (tail it at once), ?window=<n>
 // (the tail's demand window).
 
+import { manageStreams } from "/static/admin.js";
+import { forgetToken, setToken, token, tubeOptions, tubeUrl, withToken } from "/static/session.js";
 import { RsioOverTube, decodeEnvelope } from "/static/tube.js";
+import { asText, bytes, duration, positive, time } from "/static/values.js";
 
 const REFRESH_MS = 2000; // how often /api/stats is polled
 const FETCH_TIMEOUT_MS = 10000; // a poll that takes longer counts as failed
 const TAIL_WINDOW = 16; // demand asked for at a time; topped up when half of it is used
 const TAIL_KEEP = 200; // rows the tail shows
 const TAIL_RETRY_MS = [1000, 2000, 5000, 10000]; // reconnecting a tail whose connection closed
-const TOKEN_KEY = "tidewire.token"; // in sessionStorage: the tab's, gone with it
 
 const params = new URLSearchParams(location.search);
 const refreshMs = positive(params.get("refresh"), REFRESH_MS);
 const tailWindow = Math.max(2, positive(params.get("window"), TAIL_WINDOW));
 
 const $ = (id) => document.getElementById(id);
-const utf8 = new TextDecoder("utf-8", { fatal: true });
-
-function positive(text, fallback) {
-  const n = Number(text);
-  return text !== null && Number.isFinite(n) && n > 0 ? Math.floor(n) : fallback;
-}
 
 // ---------------------------------------------------------------- formatting
 
 function integer(n) { return n === null || n === undefined ? "—" : String(n); }
 
 function rate(n) { return Number(n || 0).toFixed(1); }
-
-function bytes(n) {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n || 0), i = 0;
-  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
-  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${units[i]}`;
-}
-
-function duration(seconds) {
-  let s = Math.floor(seconds || 0);
-  const d = Math.floor(s / 86400); s -= d * 86400;
-  const h = Math.floor(s / 3600); s -= h * 3600;
-  const m = Math.floor(s / 60); s -= m * 60;
-  const pad = (x) => String(x).padStart(2, "0");
-  if (d) return `${d}d ${pad(h)}h ${pad(m)}m`;
-  if (h) return `${h}h ${pad(m)}m ${pad(s)}s`;
-  return m ? `${m}m ${pad(s)}s` : `${s}s`;
-}
-
-// Bytes as UTF-8 text; else (not UTF-8, or control characters other than tab and newlines)
-// printable ASCII with every other byte as \xNN and a backslash as \\.
-function text(b) {
-  if (b === null) return "";
-  try {
-    const decoded = utf8.decode(b);
-    if (!/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/.test(decoded)) return decoded;
-  } catch { /* not UTF-8 */ }
-  let out = "";
-  for (const c of b) {
-    if (c === 0x5c) out += "\\\\";
-    else if (c >= 0x20 && c < 0x7f) out += String.fromCharCode(c);
-    else out += `\\x${c.toString(16).padStart(2, "0")}`;
-  }
-  return out;
-}
-
-function time(ms) { // an event's timestamp (any 64-bit value: not every one is a Date)
-  const d = new Date(ms);
-  return Number.isNaN(d.getTime()) ? String(ms) : d.toISOString();
-}
 
 // ---------------------------------------------------------------- tables
 
@@ -238,8 +196,6 @@ function render(stats) {
 const poll = { timer: null, busy: false, again: false, refreshes: 0, last: null, error: null,
                needsToken: false };
 
-function token() { return sessionStorage.getItem(TOKEN_KEY); }
-
 function status(message, error = false) {
   $("status").textContent = message;
   $("status").className = error ? "error" : "";
@@ -260,8 +216,7 @@ async function refresh() {
   const abort = new AbortController();
   const timeout = setTimeout(() => abort.abort(), Math.max(FETCH_TIMEOUT_MS, refreshMs));
   try {
-    const headers = { Accept: "application/json" };
-    if (token() !== null) headers.Authorization = `Bearer ${token()}`;
+    const headers = withToken({ Accept: "application/json" });
     const response = await fetch("/api/stats", { headers, cache: "no-store", signal: abort.signal });
     if (response.status === 401 || response.status === 403) {
       const why = (await response.text()).trim();
@@ -299,7 +254,7 @@ $("auth").addEventListener("submit", (event) => {
   event.preventDefault();
   const value = $("token").value.trim();
   if (!value) return;
-  sessionStorage.setItem(TOKEN_KEY, value);
+  setToken(value);
   $("token").value = "";
   $("auth").hidden = true;
   status("trying the token");
@@ -308,7 +263,7 @@ $("auth").addEventListener("submit", (event) => {
 });
 
 $("token-forget").addEventListener("click", () => {
-  sessionStorage.removeItem(TOKEN_KEY);
+  forgetToken();
   $("token-forget").hidden = true;
   refresh();
   if (tail !== null) chooseTail(tail.stream); // again, anonymous
@@ -339,7 +294,7 @@ function addEvent(e) {
   tr.className = "event";
   tr.dataset.id = String(e.id);
   const cells = [["id num", String(e.id)], ["time", time(e.timestamp)],
-                 ["key", text(e.key)], ["value", text(e.value)]];
+                 ["key", asText(e.key)], ["value", asText(e.value)]];
   for (const [cls, shown] of cells) {
     const td = document.createElement("td");
     td.className = cls;
@@ -382,9 +337,7 @@ function chooseTail(stream) {
 }
 
 function connectTail(t, from) {
-  const url = new URL("/tube", location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  const hub = new RsioOverTube(url.href, token() === null ? {} : { token: token() });
+  const hub = new RsioOverTube(tubeUrl(), tubeOptions());
   t.hub = hub;
   t.sub = null;
   t.outstanding = 0;
@@ -466,3 +419,4 @@ window.tidewireDashboard = {
 
 if (params.get("tail")) chooseTail(params.get("tail"));
 refresh();
+manageStreams(); // (the "Manage streams" section: /static/admin.js)

@@ -7,12 +7,18 @@
 // A plain ES module, no build step, no inline script or style; data reaches the DOM as
 // textContent only.
 //
+// The page's "Manage this stream" section (the retention that applies, changing it, deleting
+// the stream) is /static/admin.js's; once the stream is deleted from here the page says it is
+// gone and stops reading. Values become text through /static/values.js, as on the dashboard.
+//
 // Query: ?name=<stream> (required), &from=<id>|newest, &time=<ms>, &key=<text>, &size=<n>,
 // &view=text|json|hex (kept up to date, so a link shows the same page).
 
+import { streamAdmin } from "/static/admin.js";
+import { forgetToken, setToken, token, tubeOptions, tubeUrl } from "/static/session.js";
 import { RsioOverTube, decodeEnvelope } from "/static/tube.js";
+import { asHex, asJson, asText, bytes, time, utf8text } from "/static/values.js";
 
-const TOKEN_KEY = "tidewire.token"; // the dashboard's (sessionStorage: the tab's)
 const PAGE_BYTES = 8 * 1024 * 1024; // a page holds at most this many key and value bytes
 const SHOWN_BYTES = 16 * 1024; // of one value, shown in the table (copy and download: all)
 const MAX_SCAN = 1_000_000; // ids a backward page with a key filter looks through at most
@@ -22,7 +28,6 @@ const SIZES = [10, 25, 50, 100, 500];
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const stream = params.get("name") || "";
-const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 const state = {
   hub: null, // the open RsioOverTube, made on first use (again after a close)
@@ -34,62 +39,10 @@ const state = {
   loads: 0, // pages shown (for tests)
   error: null,
   busy: false,
+  deleted: false, // deleted from this page: nothing more to read
 };
 
 // ---------------------------------------------------------------- formatting
-
-function bytes(n) {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n || 0), i = 0;
-  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
-  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${units[i]}`;
-}
-
-function time(ms) { // an event's timestamp (any 64-bit value: not every one is a Date)
-  const d = new Date(ms);
-  return Number.isNaN(d.getTime()) ? String(ms) : d.toISOString();
-}
-
-// Bytes as UTF-8 text; else (not UTF-8, or control characters other than tab and newlines)
-// printable ASCII with every other byte as \xNN and a backslash as \\ (as the dashboard).
-export function asText(b) {
-  if (b === null) return "";
-  const decoded = utf8text(b);
-  if (decoded !== null && !/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/.test(decoded)) return decoded;
-  let out = "";
-  for (const c of b) {
-    if (c === 0x5c) out += "\\\\";
-    else if (c >= 0x20 && c < 0x7f) out += String.fromCharCode(c);
-    else out += `\\x${c.toString(16).padStart(2, "0")}`;
-  }
-  return out;
-}
-
-function utf8text(b) { try { return utf8.decode(b); } catch { return null; } }
-
-// JSON pretty-printed when the value parses as JSON; else null.
-export function asJson(b) {
-  const decoded = utf8text(b);
-  if (decoded === null) return null;
-  try { return JSON.stringify(JSON.parse(decoded), null, 2); } catch { return null; }
-}
-
-// `hexdump -C`: offset, 16 bytes in hex (two groups of 8), the printable ASCII.
-export function asHex(b) {
-  const lines = [];
-  for (let at = 0; at < b.length; at += 16) {
-    const row = b.subarray(at, at + 16);
-    let hex = "";
-    for (let i = 0; i < 16; i++) {
-      hex += i < row.length ? row[i].toString(16).padStart(2, "0") + " " : "   ";
-      if (i === 7) hex += " ";
-    }
-    let ascii = "";
-    for (const c of row) ascii += c >= 0x20 && c < 0x7f ? String.fromCharCode(c) : ".";
-    lines.push(`${at.toString(16).padStart(8, "0")}  ${hex} |${ascii}|`);
-  }
-  return lines.join("\n");
-}
 
 // The value as the current view shows it (and as "copy" copies it): [text, note or null].
 function rendered(value, view, limit = Infinity) {
@@ -107,8 +60,6 @@ function rendered(value, view, limit = Infinity) {
 
 // ---------------------------------------------------------------- the hub
 
-function token() { return sessionStorage.getItem(TOKEN_KEY); }
-
 function status(message, error = false) {
   $("status").textContent = message;
   $("status").className = error ? "error" : "";
@@ -117,9 +68,7 @@ function status(message, error = false) {
 
 async function connect() {
   if (state.hub !== null && state.hub.closed === null) return state.hub;
-  const url = new URL("/tube", location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  const hub = new RsioOverTube(url.href, token() === null ? {} : { token: token() });
+  const hub = new RsioOverTube(tubeUrl(), tubeOptions());
   state.hub = hub;
   try {
     await hub.ready;
@@ -261,7 +210,7 @@ async function pageBackward(hub, end, size) {
 
 // Show a page: where = {from: id} | {time: ms} | {before: id} | {newest: true} | {oldest: true}.
 async function load(where) {
-  if (state.busy) return;
+  if (state.busy || state.deleted) return;
   state.busy = true;
   status("reading");
   try {
@@ -278,6 +227,7 @@ async function load(where) {
     else if (where.oldest) page = await pageForward(hub, info.first_id, size);
     else if (where.from !== undefined) page = await pageForward(hub, Math.max(where.from, info.first_id), size);
     else page = await pageBackward(hub, where.before ?? info.latest_id, size);
+    if (state.deleted) return; // (deleted while this page was read: the page says so)
     state.events = page.events;
     state.cut = page.cut;
     state.loads += 1;
@@ -292,12 +242,31 @@ async function load(where) {
   }
 }
 
+function askToken(message) {
+  $("auth-message").textContent = message;
+  $("auth").hidden = false;
+  $("token-forget").hidden = token() === null;
+}
+
+// The stream was deleted from this page (admin.js): say so, with the way back, and read no more.
+function gone() {
+  state.deleted = true;
+  if (state.hub !== null && state.hub.closed === null) state.hub.close();
+  state.hub = null;
+  state.events = [];
+  $("browser").hidden = true;
+  $("stream-info").hidden = true;
+  $("auth").hidden = true;
+  $("gone-name").textContent = stream;
+  $("gone").hidden = false;
+  status("deleted");
+}
+
 function failed(err) {
+  if (state.deleted) return; // (the connection closed by gone(), or "stream deleted")
   const reason = String(err.message || err);
   if (err instanceof Refused && /may not|token|authenticat/.test(reason)) {
-    $("auth-message").textContent = `The hub refused: ${reason}. A token of a principal that may read this stream?`;
-    $("auth").hidden = false;
-    $("token-forget").hidden = token() === null;
+    askToken(`The hub refused: ${reason}. A token of a principal that may read this stream?`);
   } else if (err instanceof Refused && /from-time/.test(reason)) {
     showTimeControl(false); // (refused after all: an older hub behind the same address)
   }
@@ -504,12 +473,12 @@ $("auth").addEventListener("submit", (event) => {
   event.preventDefault();
   const value = $("token").value.trim();
   if (!value) return;
-  sessionStorage.setItem(TOKEN_KEY, value);
+  setToken(value);
   $("token").value = "";
   reconnectAndShow();
 });
 $("token-forget").addEventListener("click", () => {
-  sessionStorage.removeItem(TOKEN_KEY);
+  forgetToken();
   reconnectAndShow();
 });
 
@@ -517,6 +486,8 @@ function reconnectAndShow() { // (another principal: a connection of its own)
   if (state.hub !== null && state.hub.closed === null) state.hub.close();
   state.hub = null;
   state.timeIndex = null;
+  $("auth").hidden = true;
+  if (admin !== null) admin.reload(); // (what this principal may see of the retention)
   show();
 }
 
@@ -525,14 +496,16 @@ function reconnectAndShow() { // (another principal: a connection of its own)
 window.tidewireStream = {
   state: () => ({
     stream, loads: state.loads, busy: state.busy, error: state.error, view: state.view,
-    timeIndex: state.timeIndex, info: state.info, cut: state.cut,
+    timeIndex: state.timeIndex, info: state.info, cut: state.cut, deleted: state.deleted,
     ids: state.events.map((e) => e.id),
   }),
 };
 
 document.title = `tidewire: ${stream}`;
 $("stream-name").textContent = stream || "(none)";
+const admin = stream ? streamAdmin(stream, { onDeleted: gone, askToken }) : null;
 if (!stream) {
+  $("admin").hidden = true;
   status("no stream: open /stream?name=<stream>", true);
 } else {
   if (params.get("key") !== null) $("key").value = params.get("key");

@@ -1,6 +1,8 @@
 // The live-tail page (web/tail.html): a file, not inline, for the hub's Content-Security-Policy
 // (script-src 'self', no 'unsafe-inline').
+import { tubeUrl } from "./session.js";
 import { RsioOverTube, decodeEnvelope } from "./tube.js";
+import { asText, time } from "./values.js";
 
 const params = new URLSearchParams(location.search);
 const stream = params.get("stream") || "";
@@ -9,7 +11,6 @@ const WINDOW = Number(params.get("window") || 16); // demand asked for at a time
 const KEEP = 500; // rows shown
 const $ = (id) => document.getElementById(id);
 $("stream").textContent = stream;
-const text = new TextDecoder("utf-8");
 let paused = false, outstanding = 0, count = 0, sub = null;
 
 function status(s, error = false) { $("status").textContent = s; $("status").className = error ? "error" : ""; }
@@ -26,8 +27,8 @@ function topUp() { // ask for more only when not paused and half the window is u
 function row(e) {
   const tr = document.createElement("tr");
   tr.className = "event";
-  for (const cell of [String(e.id), new Date(e.timestamp).toISOString(),
-                      e.key ? text.decode(e.key) : "", text.decode(e.value)]) {
+  // (as the dashboard's tail and the stream page show them: values.js)
+  for (const cell of [String(e.id), time(e.timestamp), asText(e.key), asText(e.value)]) {
     const td = document.createElement("td");
     td.textContent = cell;
     tr.appendChild(td);
@@ -50,9 +51,7 @@ window.tidewireTail = { pause: () => { if (!paused) $("pause").click(); },
 if (!stream) {
   status("no stream given (?stream=<name>)", true);
 } else {
-  const url = new URL("/tube", location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  const hub = new RsioOverTube(url.href);
+  const hub = new RsioOverTube(tubeUrl()); // (anonymous: the page takes no token)
   hub.ready.then(() => {
     status("live");
     const name = `${encodeURIComponent(stream)}?from=${encodeURIComponent(from)}`;
