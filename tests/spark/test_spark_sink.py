@@ -1,8 +1,10 @@
 """The staged exactly-once sink (docs/spark.md "Sink") in real Spark (local[2]) against a
-real ``tidewire serve`` whose ``rsio.max_txn_bytes`` is made tiny (4 KiB): a micro-batch
-hundreds of times bigger is written whole, since its rows never pass through the driver (the
-executors stage them on the hub, the driver commits parts by name); a replayed micro-batch
-adds nothing; a batch write takes the same path; nothing stays staged afterwards."""
+real ``tidewire serve`` whose ``rsio.max_txn_bytes`` is made tiny (4 KiB) and whose
+``log.max_record_bytes`` (64 KiB) is a few times smaller than one stream's micro-batch: a
+micro-batch hundreds of times bigger than the first is written whole, since its rows never
+pass through the driver (the executors stage them on the hub, the driver commits parts by
+name), and as one bulk append (log/bulk.py), since it is bigger than the second; a replayed
+micro-batch adds nothing; a batch write takes the same path; nothing stays staged afterwards."""
 
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ if TYPE_CHECKING:
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install tidewire[spark])")
 
 TXN_BYTES = 4096
+RECORD_BYTES = 64 * 1024
 
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[HubProcess]:
     proc = HubProcess(tmp_path / "data", tmp_path / "hub.log",
-                      env={"TIDEWIRE_RSIO_MAX_TXN_BYTES": str(TXN_BYTES)})  # fmt: skip
+                      env={"TIDEWIRE_RSIO_MAX_TXN_BYTES": str(TXN_BYTES),
+                           "TIDEWIRE_LOG_MAX_RECORD_BYTES": str(RECORD_BYTES)})  # fmt: skip
     try:
         yield proc
     finally:
@@ -56,7 +60,9 @@ def test_a_micro_batch_far_above_max_txn_bytes_is_written_once_and_a_replay_adds
     url = hub.start()["rsio"]
     source = source_batch("src", 1, 4000, pad=60)  # ~330 KB: 80 x max_txn_bytes
     assert source.nbytes > 50 * TXN_BYTES
-    publish(url, "src", source)
+    assert source.nbytes > 4 * RECORD_BYTES
+    for at in range(0, 4000, 500):  # (appends of less than log.max_record_bytes each)
+        publish(url, "src", source.slice(at, at + 500))
     checkpoint = tmp_path / "checkpoint"
 
     def run() -> StreamingQuery:
@@ -85,7 +91,7 @@ def test_a_batch_write_far_above_max_txn_bytes_is_stored_at_once(
     spark: SparkSession, hub: HubProcess
 ) -> None:
     url = hub.start()["rsio"]
-    rows = [(f"s{i % 2}", f"row-{i:05d}-" + "x" * 50) for i in range(3000)]
+    rows = [(f"s{i % 2}", f"row-{i:05d}-" + "x" * 50) for i in range(6000)]  # 2 x 190 KB
     df = spark.createDataFrame(rows, "stream string, value string").repartition(3)
     df.write.format("tidewire").option("url", url).mode("append").save()
     for name in ("s0", "s1"):
