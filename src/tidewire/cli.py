@@ -1,10 +1,10 @@
 """The ``tidewire`` command: ``serve`` runs the hub; ``streams`` and ``stats`` ask a running hub
-(its admin API, docs/observability.md), ``streams --data-dir`` and ``dump`` read a data
-directory offline (read-only: no lock taken, nothing repaired, safe while a server runs);
-``tail``, ``publish`` and ``bench`` talk RS.io to a running hub (cli_rsio.py), ``seguro``
-Seguro (cli_seguro.py); the options they share are in cli_options.py. ``serve --storage``
-runs a gateway of a NATS JetStream cluster, ``cluster local`` a local cluster (cli_cluster.py,
-docs/cluster.md).
+(its admin API, docs/observability.md), ``streams create/retention/delete`` manage its streams
+(cli_streams.py), ``streams --data-dir`` and ``dump`` read a data directory offline
+(read-only: no lock taken, nothing repaired, safe while a server runs); ``tail``, ``publish``
+and ``bench`` talk RS.io to a running hub (cli_rsio.py), ``seguro`` Seguro (cli_seguro.py);
+the options they share are in cli_options.py. ``serve --storage`` runs a gateway of a NATS
+JetStream cluster, ``cluster local`` a local cluster (cli_cluster.py, docs/cluster.md).
 
 click is the library for the command line, rich for its tables and progress bars (progress
 goes to stderr, so that stdout stays the data).
@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import sys
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -36,13 +36,13 @@ from .cli_options import (
 )
 from .cli_rsio import bench, publish, tail
 from .cli_seguro import seguro
+from .cli_streams import streams
 from .cli_time import HELP as TIME_HELP
 from .cli_time import TIME
 from .cli_views import (
     make_console,
     progress_bars,
     stats_view,
-    streams_table,
 )
 from .config import SETTINGS, ConfigError, env_name, load_config
 from .model import LogError, TidewireError, UnknownStream
@@ -133,43 +133,6 @@ def serve(
 
 @main.command()
 @HTTP_URL
-@click.option("--data-dir", default=None,
-              help="read this data directory instead, offline (no hub needed; no rates)")
-@click.option("--internal", is_flag=True, help="include the hub's own streams (_tidewire.*)")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per stream")
-@credential_options
-def streams(url: str, data_dir: str | None, internal: bool, as_json: bool,
-            **credentials: Any) -> None:  # fmt: skip
-    """List the streams of a running hub (its admin API): name, events, first/latest id,
-    bytes, and the events per second in and out. With --data-dir, list those of a data
-    directory instead, read directly (read-only: no lock, no repair; safe while a server
-    runs)."""
-    from .hub.hub import RESERVED_PREFIX
-
-    rows: list[dict[str, Any]]
-    if data_dir is not None:
-        log = open_read_only(data_dir)
-        try:
-            rows = [{"name": s.name, "events": s.events, "first_id": s.first_id,
-                     "latest_id": s.latest_id, "bytes": s.bytes} for s in log.stats()]  # fmt: skip
-        finally:
-            log.close_sync()
-        rows = [r for r in rows if internal or not r["name"].startswith(RESERVED_PREFIX)]
-        keys = ["name", "events", "first_id", "latest_id", "bytes"]
-    else:
-        admin = admin_client(url, **credentials)
-        rows = cast(list[dict[str, Any]], ask(admin, lambda a: a.streams(internal=internal)))
-        keys = ["name", "events", "first_id", "latest_id", "bytes", "events_in_rate",
-                "events_out_rate", "bytes_in_rate", "bytes_out_rate"]  # fmt: skip
-    if as_json:
-        for row in rows:
-            click.echo(json.dumps({k: row.get(k) for k in keys}))
-        return
-    make_console().print(streams_table(rows, rates=data_dir is None))
-
-
-@main.command()
-@HTTP_URL
 @click.option("--json", "as_json", is_flag=True,
               help="print /api/stats as one JSON object (with --watch: one per refresh)")
 @click.option("--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
@@ -234,7 +197,6 @@ def stats(url: str, as_json: bool, watch: float | None, count: int | None,
 
     with contextlib.suppress(KeyboardInterrupt):
         ask(admin, run)
-
 
 
 @main.command()
@@ -307,7 +269,7 @@ def token_create(name: str, days: float | None) -> None:
     click.echo(table, err=True, nl=False)
 
 
-for command in (tail, publish, bench, seguro, cluster):
+for command in (streams, tail, publish, bench, seguro, cluster):
     main.add_command(command)
 
 

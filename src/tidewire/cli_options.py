@@ -148,21 +148,27 @@ def admin_client(url: str, token: str | None, ca_file: str | None, cert_file: st
         raise click.BadParameter(str(exc), param_hint="--url") from None
 
 
-def admin_message(exc: AdminError) -> str:
-    """The error, with what to do about it."""
+def admin_message(exc: AdminError, right: str = "monitor") -> str:
+    """The error, with what to do about it; ``right`` is what the request needs of the ACL:
+    ``monitor`` (the readings) or ``admin`` (the writes: there a 404 is the hub's "no such
+    stream", which needs no hint)."""
     hint = {
         0: "is the hub running? --url or $TIDEWIRE_HTTP_URL names it",
         401: "give a token with --token or $TIDEWIRE_TOKEN",
-        403: "the ACL must grant this principal monitor = true",
-        404: "does this hub serve the admin API (/api)?",
+        403: "the ACL must grant this principal monitor = true" if right == "monitor" else
+             "the ACL must grant this principal admin on the stream, e.g. admin = "
+             '["orders*"]; docs/security.md',
+        404: "does this hub serve the admin API (/api)?" if right == "monitor" else None,
     }.get(exc.status)
     if exc.tls:
         hint = "--ca-file names the CA that signed the hub's certificate"
     return f"{exc} ({hint})" if hint else str(exc)
 
 
-def ask(admin: AdminClient, call: Callable[[AdminClient], Awaitable[T]]) -> T:
-    """Run ``call(admin)`` in a fresh event loop; an :class:`AdminError` is the command's."""
+def ask(admin: AdminClient, call: Callable[[AdminClient], Awaitable[T]],
+        right: str = "monitor") -> T:  # fmt: skip
+    """Run ``call(admin)`` in a fresh event loop; an :class:`AdminError` is the command's
+    (one line, exit status 1, with :func:`admin_message`'s hint for ``right``)."""
     import asyncio
 
     from .client.admin import AdminError
@@ -174,7 +180,8 @@ def ask(admin: AdminClient, call: Callable[[AdminClient], Awaitable[T]]) -> T:
     try:
         return asyncio.run(run())
     except AdminError as exc:
-        raise click.ClickException(admin_message(exc)) from None
+        raise click.ClickException(admin_message(exc, right)) from None
+
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()

@@ -2,7 +2,8 @@
 (issue 23, item 7): a wrong example fails here, not in a reader's terminal.
 
 Each Markdown file with examples to run gets its own hub (``tidewire serve`` as a child
-process on free 127.0.0.1 ports, data in ``./tidewire-data`` of a scratch directory) and runs
+process on free 127.0.0.1 ports, data in ``./tidewire-data`` of a scratch directory, an ACL
+that grants everyone everything, ``admin`` included: ``EXAMPLES_ACL``) and runs
 its blocks in order, in that directory, so that a block may use what an earlier one made. The
 fence line's mode (tests/docs/doc_blocks.py) says how:
 
@@ -75,6 +76,17 @@ output (it is judged on what it printed, and a loaded machine may be slow to sta
 
 STOP_SECONDS = 10.0
 """How long a stopped block has to exit after SIGTERM before its group gets SIGKILL."""
+
+EXAMPLES_ACL = """\
+[principal."*"]
+read = ["*", "_tidewire.*"]
+write = ["*"]
+monitor = true
+admin = ["*"]
+"""
+"""The examples' hub's ACL: what a hub without one allows (everything, to everyone), and
+``admin``, which no hub without an ACL grants, so that the stream-management examples (README,
+"Managing streams") run as written. ``tolliver.allow_plaintext`` keeps Tolliver as open."""
 
 PYTHON_RUNNER = """\
 import ast, asyncio, sys, types
@@ -231,7 +243,10 @@ def test_the_examples_run(name: str, tmp_path: Path, request: pytest.FixtureRequ
     """Every block of ``name`` with ``run`` or ``run=until-<N>s`` does what its mode says,
     against a hub of its own; the failures of all blocks are reported together."""
     scratch = workdir(tmp_path / "cwd")
-    hub = HubProcess(scratch / "tidewire-data", tmp_path / "hub.log")
+    acl = tmp_path / "acl.toml"
+    acl.write_text(EXAMPLES_ACL, encoding="utf-8")
+    hub = HubProcess(scratch / "tidewire-data", tmp_path / "hub.log",
+                     "--set", f"auth.acl_file={acl}", "--set", "tolliver.allow_plaintext=true")
     try:
         urls = hub.start()
         ports = {name: int(urlsplit(urls[name]).port or 0) for name in urls if name != "ws"}
