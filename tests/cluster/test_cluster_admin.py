@@ -17,7 +17,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+import tidewire
 from helpers import run, until
+from tidewire.client.rsio import RsioError
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.local import LocalCluster, free_port
 from tidewire.cluster.subjects import admin_subject
@@ -26,6 +28,7 @@ from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.log import LogConfig, StreamExists, StreamSettings
 from tidewire.model import Batch, UnknownStream
 from tidewire.server.app import build_app
+from tidewire.server.rsio import start_rsio_server
 
 SECONDS = 20.0  # a notification between gateways on one machine: milliseconds; bounded
 
@@ -305,5 +308,36 @@ def test_the_admin_api_in_cluster_mode_answers_through_either_gateway(
             status, body = await call(http, "PATCH", f"{a}/api/streams/{s}",
                                       {"retention_ms": 1})  # fmt: skip
             assert status == 404, body
+
+    run(main(), 120)
+
+
+def test_a_live_rsio_subscriber_of_the_other_gateway_is_told_the_stream_was_deleted(
+    cluster: LocalCluster,
+) -> None:
+    s = name("sub")
+
+    async def main() -> None:
+        hub_a = Hub(await JetStreamStorage.connect(cluster.urls))
+        hub_b = Hub(await JetStreamStorage.connect(cluster.urls))
+        server = await start_rsio_server(hub_b, "127.0.0.1", 0)
+        try:
+            await hub_a.append(Batch.build(s, [b"a"]), assign_ids=True)
+            got: list[bytes] = []
+            async with await tidewire.connect(f"rsio://127.0.0.1:{server.port}") as client:
+
+                async def consume() -> None:
+                    async for batch in client.subscribe(s):
+                        got.extend(batch.value(i) for i in range(len(batch)))
+                        await until(lambda: hub_b.live_subscriptions() != [], "live", SECONDS)
+                        await hub_a.delete_stream(s)  # (through the other gateway)
+
+                with pytest.raises(RsioError, match="stream deleted"):
+                    await asyncio.wait_for(consume(), SECONDS)
+            assert got == [b"a"]
+        finally:
+            await server.close()
+            for hub in (hub_a, hub_b):
+                await hub.close()
 
     run(main(), 120)

@@ -186,13 +186,18 @@ class Catalog:
 
     async def wait(self, stream: str, after_id: int) -> None:
         """Return once ``stream``'s head is above ``after_id``; :class:`LogClosedError` when
-        the catalog closes. Waiters of a stream share one future, dropped with the last one."""
+        the catalog closes; :class:`~tidewire.log.StreamDeleted` when the stream is deleted
+        meanwhile, or was deleted (nothing stored since) and ``after_id`` is an id of it (a
+        subscriber that was between two reads when the tombstone came). Waiters of a stream
+        share one future, dropped with the last one."""
         while True:
             if self.closed:
                 raise LogClosedError("the JetStream storage is closed")
             head = self.heads.get(stream)
             if head is not None and head.latest > after_id:
                 return
+            if head is not None and head.fence_seq and head.last is None and after_id > 0:
+                raise StreamDeleted(stream)
             tail = self._tails.get(stream)
             if tail is None:
                 tail = self._tails[stream] = _Tail(asyncio.get_running_loop().create_future())
