@@ -27,7 +27,14 @@ from nats.aio.msg import Msg
 
 from ..hub.storage import ClusterStatus, Storage, StreamAdmin, StreamStats
 from ..log import LogConfig, Retention
-from ..model import Batch, LogClosedError, LogError, StorageFullError, now_ms
+from ..model import (
+    Batch,
+    LogClosedError,
+    LogError,
+    StorageFullError,
+    now_ms,
+    validate_stream_name,
+)
 from . import admin
 from .admin import StoredEntry
 from .catalog import Catalog, Head, RecordPoint
@@ -535,6 +542,7 @@ class JetStreamStorage:
                             retention_bytes: int | None = None, *,
                             runtime: bool = False) -> None:  # fmt: skip
         self._check_open()
+        validate_stream_name(stream)
         await admin.create(self, stream, (retention_ms, retention_bytes) if runtime else None)
 
     async def set_retention(self, stream: str, retention_ms: int | None,
