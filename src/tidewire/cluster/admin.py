@@ -180,8 +180,10 @@ async def _pause(attempt: int) -> None:
     await asyncio.sleep(min(0.01 * 2**attempt, 0.5))
 
 
-async def _store(host: AdminHost, head: Head, decide: Callable[[StoredEntry | None], AdminEntry],
-                 ) -> StoredEntry:  # fmt: skip
+Decide = Callable[[StoredEntry | None], Awaitable[AdminEntry]]
+
+
+async def _store(host: AdminHost, head: Head, decide: Decide) -> StoredEntry:
     """Read the stream's entry, ``decide`` the next one from it (or raise), store it
     conditionally; again from the read when another gateway's entry came first."""
     for attempt in range(ATTEMPTS):
@@ -190,7 +192,7 @@ async def _store(host: AdminHost, head: Head, decide: Callable[[StoredEntry | No
         current = await retrying(lambda: read_entry(host.api, head), host.append_timeout_s)
         if current is not None:
             host.learn(head.name, current)
-        entry = decide(current)
+        entry = await decide(current)
         seq = await _write(host, head, entry, current.seq if current is not None else 0)
         if seq is not None:
             stored = StoredEntry(seq, entry)
@@ -219,7 +221,7 @@ async def create(host: AdminHost, stream: str, runtime: Runtime | None) -> None:
     if await retrying(lambda: _last_record(host, head), host.append_timeout_s) is not None:
         raise StreamExists(f"stream {stream!r} exists already")
 
-    def decide(current: StoredEntry | None) -> AdminEntry:
+    async def decide(current: StoredEntry | None) -> AdminEntry:
         if current is not None and current.entry.live:
             raise StreamExists(f"stream {stream!r} exists already")
         return AdminEntry("create", runtime)
@@ -232,12 +234,12 @@ async def set_retention(host: AdminHost, stream: str, runtime: Runtime) -> None:
     """Give ``stream`` this runtime retention; :class:`UnknownStream` when it has neither a
     record nor a live entry in the cluster."""
     head = host.catalog.head(stream)
-    has_records = await retrying(lambda: _last_record(host, head),
-                                 host.append_timeout_s) is not None  # fmt: skip
 
-    def decide(current: StoredEntry | None) -> AdminEntry:
-        if not has_records and (current is None or not current.entry.live):
-            raise UnknownStream(stream)
+    async def decide(current: StoredEntry | None) -> AdminEntry:
+        if current is None or not current.entry.live:  # (then it exists by its records)
+            last = await retrying(lambda: _last_record(host, head), host.append_timeout_s)
+            if last is None:
+                raise UnknownStream(stream)
         return AdminEntry("retention", runtime)
 
     await _store(host, head, decide)
@@ -263,8 +265,11 @@ async def delete(host: AdminHost, stream: str) -> None:
         lambda: host.api.call(f"$JS.API.STREAM.PURGE.{head.jetstream}", purge),
         host.append_timeout_s,
     )
+    async def deleted(_: StoredEntry | None) -> AdminEntry:
+        return AdminEntry("delete")
+
     if live:
-        await _store(host, head, lambda _: AdminEntry("delete"))
+        await _store(host, head, deleted)
     log.info("deleted stream %r: %s records purged from %s, tombstone at %d", stream,
              answer.get("purged", "?"), head.jetstream, seq)  # fmt: skip
 
