@@ -138,7 +138,8 @@ class Catalog:
         """The stream was deleted: its tombstone is at ``seq``. Unless a later record is known
         already (the stream made again: it stays), empty its head in place, expect the
         tombstone as the subject's last message, and end the waiters with
-        :class:`~tidewire.log.StreamDeleted`; True when it did."""
+        :class:`~tidewire.log.StreamDeleted`. True when the tombstone is news (what was read
+        of the stream before it is then stale)."""
         head = self.head(stream)
         if seq <= head.fence_seq:
             return False
@@ -146,7 +147,7 @@ class Catalog:
         if head.last is not None and head.last.seq > seq:
             if head.first is not None and head.first.seq < seq:
                 head.first = None  # (a record of the stream deleted: its start is found again)
-            return False
+            return True
         self.emptied(stream)
         self._notify(stream, StreamDeleted(stream))
         return True

@@ -342,8 +342,8 @@ class JetStreamStorage:
 
     def tombstoned(self, stream: str, seq: int) -> None:
         """``stream`` was deleted, its tombstone at ``seq``: unless a later record is known,
-        its head is emptied and its waiters ended (:meth:`Catalog.fenced`), its read
-        positions forgotten and its queued appends' ids planned from nothing."""
+        its head is emptied and its waiters ended (:meth:`Catalog.fenced`); its read
+        positions are forgotten and its queued appends' ids planned from the head again."""
         if not self.catalog.fenced(stream, seq):
             return
         self.reader.forget(stream)
