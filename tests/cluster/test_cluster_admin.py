@@ -341,3 +341,37 @@ def test_a_live_rsio_subscriber_of_the_other_gateway_is_told_the_stream_was_dele
                 await hub.close()
 
     run(main(), 120)
+
+
+def test_a_gateway_that_missed_the_tombstone_finds_it_on_its_next_append(
+    cluster: LocalCluster,
+) -> None:
+    s = name("missed")
+
+    async def body(a: JetStreamStorage, b: JetStreamStorage) -> None:
+        for i in range(5):
+            await b.append(Batch.build(s, [b"old%d" % i]), assign_ids=True)
+        await until(lambda: a.latest(s) == 5, "a follows", SECONDS)
+        head = b.catalog.heads[s]
+        stale = (head.last, head.first, head.records)
+        await a.delete_stream(s)
+        await until(lambda: s not in b, "b hears of it", SECONDS)
+        # as if b had never heard (a notification lost): its head says the old records
+        head.last, head.first, head.records = stale
+        head.fence_seq = 0
+        assert b.latest(s) == 5
+        c = await JetStreamStorage.connect(cluster.urls)  # (a gateway starting now)
+        try:
+            assert s not in c
+            assert c.latest(s) == 0
+            stored = await b.append(Batch.build(s, [b"new"]), assign_ids=True)
+            assert stored.first_id == 1  # the tombstone, found by the refused append
+            assert head.fence_seq > 0
+            await until(lambda: c.latest(s) == 1, "c sees the new stream", SECONDS)
+            assert c.start_id(s) == 1
+            got = await c.read(s, 1, 1 << 20, 10)
+            assert [bytes(x.value(i)) for x in got for i in range(len(x))] == [b"new"]
+        finally:
+            await c.close()
+
+    with_storages(cluster, 2, body)
