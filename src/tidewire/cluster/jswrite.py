@@ -83,6 +83,11 @@ class WriterHost(Protocol):
         """An append was refused for want of space: bump the fence."""
         ...
 
+    def tombstoned(self, stream: str, seq: int) -> None:
+        """The stream was deleted, its tombstone at ``seq`` (found by a refused append):
+        forget its records (:meth:`Catalog.fenced`), and what was read of them."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class _Append:
@@ -362,7 +367,7 @@ class StreamWriter:
         except Tombstone as tomb:
             # The stream was deleted since this head was read: plan from nothing, as the
             # stream made again under the name (ids from 1), after its tombstone.
-            self.host.catalog.fenced(head.name, tomb.seq)
+            self.host.tombstoned(head.name, tomb.seq)
             self.rebase()
             return None
         if last is not None:
