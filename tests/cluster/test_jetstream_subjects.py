@@ -7,10 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidewire.cluster.subjects import (
+    AdminEntry,
     RecordSum,
+    admin_subject,
     notify_subject,
     parse_ids,
     shard_of,
+    stream_of_admin_subject,
     stream_of_subject,
     subject_of,
     token,
@@ -78,3 +81,40 @@ def test_a_bad_record_sum_is_refused() -> None:
     for bad in ("1 2 3", "1 2 3 0 5 6", "a b c d e f", "-1 0 0 1 1 0"):
         with pytest.raises(ValueError, match=r"Tw-Sum|invalid literal"):
             RecordSum.parse(bad)
+
+
+@given(names)
+def test_an_admin_subject_is_never_a_record_subject_and_round_trips(name: str) -> None:
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return
+    subject = admin_subject(name, 16)
+    assert subject == subject_of(name, 16) + ".admin"
+    assert stream_of_admin_subject(subject) == name
+    assert stream_of_admin_subject("twn." + subject.removeprefix("tw.")) == name
+    with pytest.raises(ValueError, match="not a tidewire subject"):
+        stream_of_subject(subject)
+    with pytest.raises(ValueError, match="not a tidewire admin subject"):
+        stream_of_admin_subject(subject_of(name, 16))
+
+
+def test_admin_entries_as_written_and_refused() -> None:
+    created = AdminEntry("create", (86_400_000, None))
+    assert created.header() == '{"op":"create","retention_ms":86400000,"retention_bytes":null}'
+    assert AdminEntry("create").header() == '{"op":"create"}'
+    assert AdminEntry("delete").header() == '{"op":"delete"}'
+    assert AdminEntry("retention", (None, 4096)).header() == (
+        '{"op":"retention","retention_ms":null,"retention_bytes":4096}')
+    for entry in (created, AdminEntry("create"), AdminEntry("delete"),
+                  AdminEntry("retention", (None, None))):  # fmt: skip
+        assert AdminEntry.parse(entry.header()) == entry
+    assert not AdminEntry("delete").live
+    assert created.live
+    for bad in ('{"op":"drop"}', '{"op":"retention"}', '{"op":"delete","retention_ms":1,'
+                '"retention_bytes":null}', '{"op":"create","retention_ms":-1,'
+                '"retention_bytes":null}', '{"op":"create","retention_ms":1}', "[]", "{",
+                '{"op":"create","x":1}', '{"op":"create","retention_ms":true,'
+                '"retention_bytes":null}'):  # fmt: skip
+        with pytest.raises(ValueError, match="bad Tw-Admin header"):
+            AdminEntry.parse(bad)

@@ -18,8 +18,9 @@ from helpers import run
 from memory_storage import MemoryStorage
 from tidewire.cluster.local import LocalCluster
 from tidewire.hub import EmbeddedStorage, Hub, Storage
-from tidewire.log import LogConfig
-from tidewire.model import Batch, IdOrderError
+from tidewire.hub.storage import StreamAdmin
+from tidewire.log import LogConfig, Retention, StreamExists
+from tidewire.model import Batch, IdOrderError, UnknownStream
 
 Opener = Callable[[], AbstractAsyncContextManager[Storage]]
 
@@ -201,3 +202,50 @@ def test_stats_count_events_bytes_and_the_first_id_stored(opener: Opener) -> Non
         assert storage.start_id(s) == 1  # (nothing removed: ids below 5 were never there)
 
     go(opener, body)
+
+
+def test_stream_administration_the_same_where_it_is_offered(opener: Opener) -> None:
+    """``StreamAdmin``: the embedded log and JetStream keep one contract (the same errors, a
+    stream made again from id 1, the runtime retention kept over a reopen); the memory storage
+    does not offer it (the hub refuses with ``NotSupported``)."""
+    s, other, unknown = name("adm"), name("adm-data"), name("adm-none")
+
+    async def main() -> None:
+        async with opener() as storage:
+            if not isinstance(storage, StreamAdmin):
+                assert Hub(storage).retention(s) is None
+                return
+            assert storage.retention(s) == Retention(None, None, "default")
+            await storage.create_stream(s, 60_000, None, runtime=True)
+            assert s in storage
+            assert s in storage.streams()
+            assert storage.latest(s) == 0
+            assert storage.retention(s) == Retention(60_000, None, "runtime")
+            with pytest.raises(StreamExists):
+                await storage.create_stream(s)
+            await storage.append(Batch.build(other, [b"x"]), assign_ids=True)
+            with pytest.raises(StreamExists):
+                await storage.create_stream(other)
+            await storage.set_retention(other, None, 1 << 20)
+            with pytest.raises(UnknownStream):
+                await storage.set_retention(unknown, 1, 1)
+            with pytest.raises(UnknownStream):
+                await storage.delete_stream(unknown)
+            await storage.append(Batch.build(s, [b"a", b"b"]), assign_ids=True)
+        async with opener() as storage:  # (reopened: a restart, or another gateway)
+            assert isinstance(storage, StreamAdmin)
+            assert storage.retention(s) == Retention(60_000, None, "runtime")
+            assert storage.retention(other) == Retention(None, 1 << 20, "runtime")
+            assert storage.latest(s) == 2
+            await storage.delete_stream(s)
+            assert s not in storage
+            assert storage.latest(s) == 0
+            assert storage.retention(s) == Retention(None, None, "default")
+            with pytest.raises(UnknownStream):
+                await storage.delete_stream(s)
+            stored = await storage.append(Batch.build(s, [b"new"]), assign_ids=True)
+            assert stored.first_id == 1
+            got = await storage.read(s, 1, 1 << 20, 10)
+            assert values(got) == [b"new"]
+
+    run(main(), 60)

@@ -47,12 +47,12 @@ def test_created_stream_keeps_its_runtime_retention_over_the_config_across_resta
         assert before is not None
         assert (before.ms, before.bytes, before.source) == (
             1000, None, "config")
-        hub.create_stream("orders", None, 8192, runtime=True)
-        hub.create_stream("plain")
+        await hub.create_stream("orders", None, 8192, runtime=True)
+        await hub.create_stream("plain")
         assert hub.has_stream("orders")
         assert hub.latest("orders") == 0
         with pytest.raises(StreamExists):
-            hub.create_stream("orders")
+            await hub.create_stream("orders")
         now = hub.retention("orders")
         assert now is not None
         assert (now.ms, now.bytes, now.source) == (None, 8192, "runtime")
@@ -189,8 +189,8 @@ def test_refusals() -> None:
     async def main() -> None:
         hub = Hub(MemoryStorage())
         assert hub.retention("s") is None
-        with pytest.raises(NotSupported, match="not supported in cluster mode yet"):
-            hub.create_stream("s")
+        with pytest.raises(NotSupported, match="not supported by this storage"):
+            await hub.create_stream("s")
         with pytest.raises(NotSupported):
             await hub.delete_stream("s")
 

@@ -5,7 +5,11 @@ acks, direct gets, and the headers-only notifications JetStream republishes on `
 every record any gateway stored. From them the cheap queries of the storage interface
 (``latest``, ``start_id``, ``streams``, ``stats``) answer from memory, and :meth:`Catalog.wait`
 wakes ``wait_for`` callers. A head only moves forward (a notification older than what a direct
-get already showed changes nothing). Nothing here does I/O.
+get already showed changes nothing), except when the stream is deleted: :meth:`Catalog.fenced`
+(its tombstone, :mod:`.subjects`) empties it in place (writers and readers holding the head see
+it empty; the writers expect the tombstone as the subject's last message) and ends its waiters.
+A head also keeps the stream's administration entry (created empty, runtime retention,
+deleted: :class:`~.subjects.AdminEntry`). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..log import StreamStats
-from ..model import LogClosedError
+from ..log import StreamDeleted, StreamStats
+from ..model import LogClosedError, LogError
 from .jsapi import StoredRecord
-from .subjects import RecordSum, shard_of, shard_stream, subject_of
+from .subjects import AdminEntry, RecordSum, admin_subject, shard_of, shard_stream, subject_of
 
 __all__ = ["Catalog", "Head", "RecordPoint"]
 
@@ -45,6 +49,21 @@ class Head:
     last: RecordPoint | None = None
     first: RecordPoint | None = None  # None: not known yet (fetched in the background)
     records: int = 0  # messages on the subject, as far as this gateway saw
+    admin_subject: str = ""  # tw.<k>.<token>.admin
+    admin: AdminEntry | None = None  # its last administration entry, if it has one
+    admin_seq: int = 0  # that entry's sequence (entries only move forward too)
+    fence_seq: int = 0  # the latest tombstone known on the subject (0: none)
+
+    @property
+    def exists(self) -> bool:
+        """Whether this is a stream: it has a record, or was created (and not deleted)."""
+        return self.last is not None or (self.admin is not None and self.admin.live)
+
+    @property
+    def runtime(self) -> tuple[int | None, int | None] | None:
+        """Its runtime retention (ms, bytes), set through the admin API; ``None``: none."""
+        admin = self.admin
+        return admin.runtime if admin is not None and admin.live else None
 
     @property
     def latest(self) -> int:
@@ -52,7 +71,9 @@ class Head:
 
     @property
     def last_seq(self) -> int:
-        return self.last.seq if self.last is not None else 0
+        """The subject's last message as known: the last record, else its tombstone, else 0
+        (what an append expects, ``Nats-Expected-Last-Subject-Sequence``)."""
+        return self.last.seq if self.last is not None else self.fence_seq
 
     @property
     def start_id(self) -> int:
@@ -93,14 +114,50 @@ class Catalog:
         head = self.heads.get(stream)
         if head is None:
             k = shard_of(stream, self.shards)
-            head = Head(stream, shard_stream(k), subject_of(stream, self.shards))
+            head = Head(stream, shard_stream(k), subject_of(stream, self.shards),
+                        admin_subject=admin_subject(stream, self.shards))  # fmt: skip
             self.heads[stream] = head
         return head
 
     def known(self, stream: str) -> bool:
-        """Whether the stream has a record (is a stream at all)."""
+        """Whether the stream exists: it has a record, or was created and not deleted."""
         head = self.heads.get(stream)
-        return head is not None and head.last is not None
+        return head is not None and head.exists
+
+    def configure(self, stream: str, entry: AdminEntry, seq: int) -> bool:
+        """Learn of the stream's administration entry stored at ``seq``; True when it is newer
+        than the one known (a ``delete`` entry only ends the entry's own state, created and
+        runtime retention: the records' end is the tombstone's, :meth:`fenced`)."""
+        head = self.head(stream)
+        if seq <= head.admin_seq:
+            return False
+        head.admin, head.admin_seq = entry, seq
+        return True
+
+    def fenced(self, stream: str, seq: int) -> bool:
+        """The stream was deleted: its tombstone is at ``seq``. Unless a later record is known
+        already (the stream made again: it stays), empty its head in place, expect the
+        tombstone as the subject's last message, and end the waiters with
+        :class:`~tidewire.log.StreamDeleted`. True when the tombstone is news (what was read
+        of the stream before it is then stale)."""
+        head = self.head(stream)
+        if seq <= head.fence_seq:
+            return False
+        head.fence_seq = seq
+        if head.last is not None and head.last.seq > seq:
+            if head.first is not None and head.first.seq < seq:
+                head.first = None  # (a record of the stream deleted: its start is found again)
+            return True
+        self.emptied(stream)
+        self._notify(stream, StreamDeleted(stream))
+        return True
+
+    def emptied(self, stream: str) -> None:
+        """The stream's subject holds no record (the leader says so): forget its records, so
+        that appends plan from nothing again (ids from 1)."""
+        head = self.head(stream)
+        head.last = head.first = None
+        head.records = 0
 
     def advance(self, stream: str, point: RecordPoint) -> bool:
         """Learn of a stored record; True when it moved the head (waiters are woken)."""
@@ -130,13 +187,18 @@ class Catalog:
 
     async def wait(self, stream: str, after_id: int) -> None:
         """Return once ``stream``'s head is above ``after_id``; :class:`LogClosedError` when
-        the catalog closes. Waiters of a stream share one future, dropped with the last one."""
+        the catalog closes; :class:`~tidewire.log.StreamDeleted` when the stream is deleted
+        meanwhile, or was deleted (nothing stored since) and ``after_id`` is an id of it (a
+        subscriber that was between two reads when the tombstone came). Waiters of a stream
+        share one future, dropped with the last one."""
         while True:
             if self.closed:
                 raise LogClosedError("the JetStream storage is closed")
             head = self.heads.get(stream)
             if head is not None and head.latest > after_id:
                 return
+            if head is not None and head.fence_seq and head.last is None and after_id > 0:
+                raise StreamDeleted(stream)
             tail = self._tails.get(stream)
             if tail is None:
                 tail = self._tails[stream] = _Tail(asyncio.get_running_loop().create_future())
@@ -152,10 +214,14 @@ class Catalog:
         """The streams someone waits on (to re-check after a reconnect)."""
         return list(self._tails)
 
-    def _notify(self, stream: str) -> None:
+    def _notify(self, stream: str, error: LogError | None = None) -> None:
         tail = self._tails.pop(stream, None)
         if tail is not None and not tail.future.done():
-            tail.future.set_result(None)
+            if error is None:
+                tail.future.set_result(None)
+            else:  # (every waiter raises it; retrieved here so that none is left unheard)
+                tail.future.set_exception(error)
+                tail.future.exception()
 
     def close(self) -> None:
         """Wake every waiter with :class:`LogClosedError`."""

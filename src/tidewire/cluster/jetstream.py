@@ -3,9 +3,10 @@ JetStream cluster, so that any number of gateways serve the same streams (docs/c
 
 The work is split by concern: :mod:`.subjects` maps names to subjects and headers (pure),
 :mod:`.catalog` keeps every stream's head in memory, :mod:`.jswrite` publishes appends,
-:mod:`.jsread` reads, :mod:`.retention` purges and :mod:`.status` describes the cluster. This
-module connects them: it creates the shard streams, loads the catalog at connect, follows the
-stored-record notifications (``twn.>``), and runs the background passes (retention, status).
+:mod:`.jsread` reads, :mod:`.retention` purges, :mod:`.admin` creates, re-configures and
+deletes streams and :mod:`.status` describes the cluster. This module connects them: it creates
+the shard streams, loads the catalog at connect, follows the stored-record notifications
+(``twn.>``), and runs the background passes (retention, status).
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from ..hub.storage import ClusterStatus, Storage, StreamStats
-from ..log import LogConfig
-from ..model import Batch, LogClosedError, LogError, StorageFullError, now_ms
+from ..hub.storage import ClusterStatus, Storage, StreamAdmin, StreamStats
+from ..log import LogConfig, Retention
+from ..model import (
+    Batch,
+    LogClosedError,
+    LogError,
+    StorageFullError,
+    now_ms,
+    validate_stream_name,
+)
+from . import admin
+from .admin import StoredEntry
 from .catalog import Catalog, Head, RecordPoint
 from .jsapi import (
     STREAM_NAME_IN_USE,
@@ -35,13 +45,14 @@ from .jsapi import (
     CorruptRecordError,
     JetStreamError,
     StoredRecord,
+    Tombstone,
     retrying,
 )
 from .jsread import Reader, find_time
 from .jswrite import StreamWriter
 from .retention import enforce
 from .status import cluster_status
-from .subjects import shard_stream, stream_of_subject
+from .subjects import shard_stream, stream_of_admin_subject, stream_of_subject
 
 __all__ = ["JetStreamStorage"]
 
@@ -56,10 +67,11 @@ NOTIFY_PENDING_BYTES = 64 * MiB  # the notification subscription's bound (header
 
 
 class JetStreamStorage:
-    """:class:`~tidewire.hub.storage.Storage` on NATS JetStream: make one with
-    :meth:`connect`. Several of them (gateways, processes) may write and read the same streams
-    at once: appends to a stream are conditional on its head, so ids stay strictly increasing
-    across gateways (docs/cluster.md "Design")."""
+    """:class:`~tidewire.hub.storage.Storage` and :class:`~tidewire.hub.storage.StreamAdmin`
+    on NATS JetStream: make one with :meth:`connect`. Several of them (gateways, processes)
+    may write and read the same streams at once: appends to a stream are conditional on its
+    head, so ids stay strictly increasing across gateways (docs/cluster.md "Design"); so are
+    the streams' administration entries (:mod:`.admin`)."""
 
     def __init__(
         self,
@@ -174,9 +186,9 @@ class JetStreamStorage:
             if stream.startswith(RESERVED_PREFIX) and self.catalog.known(stream):
                 self._reserved[stream] = await self._read_all(stream)
         self._spawn(self._every(self.status_interval_s, self.refresh_status))
-        settings = [self.config.defaults, *self.config.streams.values()]
-        if any(s.retention_bytes is not None or s.retention_ms is not None for s in settings):
-            self._spawn(self._every(self.retention_interval_s, self.retention_pass, wait=True))
+        # (always: a runtime retention may be set on any stream, by any gateway, at any time;
+        # a pass over streams without limits reads nothing)
+        self._spawn(self._every(self.retention_interval_s, self.retention_pass, wait=True))
 
     def shard_config(self, shard: int) -> dict[str, Any]:
         """The JetStream configuration of shard stream ``TW_<shard>`` (docs/cluster.md)."""
@@ -218,19 +230,38 @@ class JetStreamStorage:
                            f"cannot use: {json.dumps(config)}")  # fmt: skip
 
     async def _load_catalog(self, concurrency: int) -> None:
-        """Every stream of every shard, with its first and last records (concurrently, at
-        most ``concurrency`` requests in flight)."""
-        heads: list[Head] = []
+        """Every stream of every shard: its administration entry, then its first and last
+        records (concurrently, at most ``concurrency`` requests in flight)."""
+        found: list[tuple[Head, int]] = []
+        administered: list[Head] = []
         for shard in range(self.shards):
             for subject, count in (await self._subjects(shard)).items():
                 try:
-                    head = self.catalog.head(stream_of_subject(subject))
+                    found.append((self.catalog.head(stream_of_subject(subject)), count))
+                    continue
+                except ValueError:
+                    pass
+                try:
+                    administered.append(self.catalog.head(stream_of_admin_subject(subject)))
                 except ValueError:
                     log.warning("ignoring subject %r (not a tidewire stream)", subject)
-                    continue
-                head.records = count
-                heads.append(head)
         gate = asyncio.Semaphore(concurrency)
+
+        async def load_entry(head: Head) -> None:
+            async with gate:
+                try:
+                    stored = await retrying(lambda: admin.read_entry(self.api, head),
+                                            self.startup_s)  # fmt: skip
+                except CorruptRecordError as exc:
+                    log.error("stream %r: %s", head.name, exc)
+                    return
+                if stored is not None:
+                    self.learn(head.name, stored)
+
+        await asyncio.gather(*(load_entry(h) for h in administered))
+        heads = [head for head, _ in found]
+        for head, count in found:
+            head.records = count
 
         async def load(head: Head) -> None:
             async with gate:
@@ -259,7 +290,11 @@ class JetStreamStorage:
 
     async def refresh_head(self, head: Head) -> None:
         """Read the stream's last (and, if unknown, first) record from JetStream."""
-        last = await self.api.direct_get(head.jetstream, {"last_by_subj": head.subject})
+        try:
+            last = await self.api.direct_get(head.jetstream, {"last_by_subj": head.subject})
+        except Tombstone as tomb:  # (deleted, not made again)
+            self.tombstoned(head.name, tomb.seq)
+            return
         if last is None:
             return
         self.catalog.advance(head.name, RecordPoint.of(last))
@@ -271,9 +306,15 @@ class JetStreamStorage:
                 self.catalog.trimmed(head.name, RecordPoint.of(first))  # fmt: skip
 
     async def _on_notify(self, msg: Msg) -> None:
+        if msg.subject.count(".") == 3:  # twn.<k>.<token>.admin (a record's has 2 dots)
+            self._on_admin(msg)
+            return
         try:
-            record = StoredRecord.from_headers(msg.headers or {})
             stream = stream_of_subject(msg.subject)
+            record = StoredRecord.from_headers(msg.headers or {})
+        except Tombstone as tomb:
+            self.tombstoned(stream, tomb.seq)
+            return
         except (KeyError, ValueError):
             return  # (not a record of ours: nothing to learn)
         self.catalog.advance(stream, RecordPoint.of(record))
@@ -283,6 +324,32 @@ class JetStreamStorage:
             # records purged): its first record gives its start id and counts.
             self._finding_first.add(stream)
             self._spawn(self._find_first(head))
+
+    def _on_admin(self, msg: Msg) -> None:
+        try:
+            stream = stream_of_admin_subject(msg.subject)
+            head = self.catalog.head(stream)
+            stored = admin.entry_of(head.jetstream, head.admin_subject, msg.headers or {})
+        except (ValueError, CorruptRecordError) as exc:
+            log.warning("ignoring an administration notification on %r: %s", msg.subject, exc)
+            return
+        self.learn(stream, stored)
+
+    def learn(self, stream: str, stored: StoredEntry) -> None:
+        """Apply ``stream``'s administration entry ``stored`` if it is newer than the one
+        known (created, runtime retention, or neither any more: deleted)."""
+        self.catalog.configure(stream, stored.entry, stored.seq)
+
+    def tombstoned(self, stream: str, seq: int) -> None:
+        """``stream`` was deleted, its tombstone at ``seq``: unless a later record is known,
+        its head is emptied and its waiters ended (:meth:`Catalog.fenced`); its read
+        positions are forgotten and its queued appends' ids planned from the head again."""
+        if not self.catalog.fenced(stream, seq):
+            return
+        self.reader.forget(stream)
+        writer = self.writers.get(stream)
+        if writer is not None:
+            writer.rebase()
 
     async def _find_first(self, head: Head) -> None:
         try:
@@ -460,6 +527,37 @@ class JetStreamStorage:
     def enforce_retention(self, now_ms: int) -> int:
         return 0  # (the backend's own pass on the loop: retention_pass)
 
+    # ------------------------------------------------------------------ administration
+
+    def retention(self, stream: str) -> Retention:
+        head = self.catalog.heads.get(stream)
+        runtime = head.runtime if head is not None else None
+        if runtime is not None:
+            return Retention(runtime[0], runtime[1], "runtime")
+        own = self.config.for_stream(stream)
+        source = "config" if stream in self.config.streams else "default"
+        return Retention(own.retention_ms, own.retention_bytes, source)
+
+    async def create_stream(self, stream: str, retention_ms: int | None = None,
+                            retention_bytes: int | None = None, *,
+                            runtime: bool = False) -> None:  # fmt: skip
+        self._check_open()
+        validate_stream_name(stream)
+        await admin.create(self, stream, (retention_ms, retention_bytes) if runtime else None)
+
+    async def set_retention(self, stream: str, retention_ms: int | None,
+                            retention_bytes: int | None) -> None:  # fmt: skip
+        self._check_open()
+        await admin.set_retention(self, stream, (retention_ms, retention_bytes))
+
+    async def delete_stream(self, stream: str) -> None:
+        self._check_open()
+        await admin.delete(self, stream)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError("the JetStream storage is closed")
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -482,4 +580,8 @@ class JetStreamStorage:
 
 
 def _check(storage: JetStreamStorage) -> Storage:  # mypy: the backend satisfies the Protocol
+    return storage
+
+
+def _check_admin(storage: JetStreamStorage) -> StreamAdmin:  # (and the administration's)
     return storage

@@ -26,8 +26,8 @@ from nats.errors import (
 )
 from nats.errors import TimeoutError as NatsTimeout
 
-from ..model import CorruptLogError, LogError
-from .subjects import IDS, SUM, WRITE, RecordSum, parse_ids
+from ..model import CorruptLogError, LogError, TidewireError
+from .subjects import DELETED, IDS, SUM, WRITE, RecordSum, parse_ids
 
 __all__ = [
     "TRANSIENT",
@@ -36,6 +36,7 @@ __all__ = [
     "CorruptRecordError",
     "JetStreamError",
     "StoredRecord",
+    "Tombstone",
     "is_storage_full",
     "retrying",
 ]
@@ -119,7 +120,19 @@ class CorruptRecordError(CorruptLogError):
         return f"corrupt record in {self.path}, message {self.seq}: {self.reason}"
 
 
+class Tombstone(TidewireError):  # (a signal, caught in the package: a message not a record)
+    """The message found is a deleted stream's tombstone (``Tw-Deleted``, :mod:`.subjects`),
+    at ``seq``, written by ``write``: the stream has no record at or before it."""
+
+    def __init__(self, seq: int, write: str) -> None:
+        super().__init__(f"tombstone at {seq} ({write})")
+        self.seq = seq
+        self.write = write
+
+
 def _record(jetstream: str, headers: Mapping[str, str], data: bytes = b"") -> StoredRecord:
+    """The record of a message; :class:`Tombstone` for a tombstone,
+    :class:`CorruptRecordError` for anything else that is not a record."""
     try:
         return StoredRecord.from_headers(headers, data)
     except (KeyError, ValueError) as exc:
@@ -144,7 +157,10 @@ class StoredRecord:
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], data: bytes = b"") -> StoredRecord:
-        """Parse the headers (``ValueError``/``KeyError`` when they are not the backend's)."""
+        """Parse the headers (``ValueError``/``KeyError`` when they are not the backend's;
+        :class:`Tombstone` for a tombstone's)."""
+        if DELETED in headers:
+            raise Tombstone(int(headers["Nats-Sequence"]), headers[DELETED])
         first, last = parse_ids(headers[IDS])
         return cls(int(headers["Nats-Sequence"]), first, last, RecordSum.parse(headers[SUM]),
                    headers.get(WRITE, ""), data)  # fmt: skip
@@ -191,31 +207,45 @@ class Api:
 
     async def direct_get(self, stream: str, body: Mapping[str, Any]) -> StoredRecord | None:
         """One direct get (``last_by_subj``, or ``seq`` + ``next_by_subj``); ``None`` when no
-        message matches."""
-        msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}", json.dumps(body).encode(),
-                                    timeout=self.timeout)  # fmt: skip
-        status = _status(msg)
-        if status == "404":
-            return None
-        if status is not None or not msg.headers:
-            raise JetStreamError(int(status or 0), 0, f"direct get {body}: status {status}")
-        return _record(stream, msg.headers, msg.data)
+        message matches. A tombstone found by ``next_by_subj`` is skipped (the next record
+        after it is asked for); found by ``last_by_subj``, it is raised (:class:`Tombstone`)."""
+        while True:
+            payload = json.dumps(body).encode()
+            msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}", payload,
+                                        timeout=self.timeout)  # fmt: skip
+            status = _status(msg)
+            if status == "404":
+                return None
+            if status is not None or not msg.headers:
+                raise JetStreamError(int(status or 0), 0, f"direct get {body}: status {status}")
+            try:
+                return _record(stream, msg.headers, msg.data)
+            except Tombstone as tomb:
+                if "next_by_subj" not in body:
+                    raise
+                body = {**body, "seq": tomb.seq + 1}
 
     async def leader_get(self, stream: str, body: Mapping[str, Any]) -> StoredRecord | None:
         """A message get answered by the stream's leader (never a lagging replica, unlike a
         direct get): used where a stale answer could store a record twice. ``None`` when no
-        message matches."""
-        try:
-            answer = await self.call(f"$JS.API.STREAM.MSG.GET.{stream}", body)
-        except JetStreamError as exc:
-            if exc.code == 404:
-                return None
-            raise
-        message = answer["message"]
-        headers = parse_header_block(base64.b64decode(message.get("hdrs", "")))
-        headers["Nats-Sequence"] = str(message["seq"])
-        headers.setdefault("Nats-Subject", str(message.get("subject", "?")))
-        return _record(stream, headers, base64.b64decode(message.get("data", "")))
+        message matches. Tombstones as in :meth:`direct_get`."""
+        while True:
+            try:
+                answer = await self.call(f"$JS.API.STREAM.MSG.GET.{stream}", body)
+            except JetStreamError as exc:
+                if exc.code == 404:
+                    return None
+                raise
+            message = answer["message"]
+            headers = parse_header_block(base64.b64decode(message.get("hdrs", "")))
+            headers["Nats-Sequence"] = str(message["seq"])
+            headers.setdefault("Nats-Subject", str(message.get("subject", "?")))
+            try:
+                return _record(stream, headers, base64.b64decode(message.get("data", "")))
+            except Tombstone as tomb:
+                if "next_by_subj" not in body:
+                    raise
+                body = {**body, "seq": tomb.seq + 1}
 
     async def direct_batch(
         self, stream: str, subject: str, seq: int, batch: int, max_bytes: int
@@ -238,7 +268,10 @@ class Api:
                     return out
                 if status is not None or not msg.headers:
                     raise JetStreamError(int(status or 0), 0, f"direct get batch: {status}")
-                out.append(_record(stream, msg.headers, msg.data))
+                try:
+                    out.append(_record(stream, msg.headers, msg.data))
+                except Tombstone:
+                    continue  # (a deleted stream's mark: no record, and nothing before it)
         finally:
             await sub.unsubscribe()
 

@@ -171,6 +171,12 @@ class Reader:
             raise DataLossError(head.name, from_id, (first or record).sum.prev + 1)
         return True
 
+    def forget(self, stream: str) -> None:
+        """Drop every position remembered for ``stream`` (deleted: its sequences are gone, and
+        a stream made again under the name reuses its ids)."""
+        for key in [k for k in self._positions if k[0] == stream]:
+            del self._positions[key]
+
     def _remember(self, stream: str, next_id: int, seq: int) -> None:
         self._positions[(stream, next_id)] = seq
         self._positions.move_to_end((stream, next_id))

@@ -42,7 +42,14 @@ from ..model import (
 )
 from ..record import HEADER_SIZE, encode, merge
 from .catalog import Catalog, Head, RecordPoint
-from .jsapi import WRONG_LAST_SEQUENCE, Api, JetStreamError, StoredRecord, is_storage_full
+from .jsapi import (
+    WRONG_LAST_SEQUENCE,
+    Api,
+    JetStreamError,
+    StoredRecord,
+    Tombstone,
+    is_storage_full,
+)
 from .subjects import IDS, SUM, WRITE, RecordSum
 
 __all__ = ["RECORD_BYTES", "StreamWriter", "WriterHost"]
@@ -74,6 +81,11 @@ class WriterHost(Protocol):
 
     def refused(self, exc: StorageFullError) -> None:
         """An append was refused for want of space: bump the fence."""
+        ...
+
+    def tombstoned(self, stream: str, seq: int) -> None:
+        """The stream was deleted, its tombstone at ``seq`` (found by a refused append):
+        forget its records (:meth:`Catalog.fenced`), and what was read of them."""
         ...
 
 
@@ -350,9 +362,21 @@ class StreamWriter:
                 if found.write == write:
                     return found
                 seq = found.seq + 1
-        last = await api.leader_get(head.jetstream, {"last_by_subj": head.subject})
+        try:
+            last = await api.leader_get(head.jetstream, {"last_by_subj": head.subject})
+        except Tombstone as tomb:
+            # The stream was deleted since this head was read: plan from nothing, as the
+            # stream made again under the name (ids from 1), after its tombstone.
+            self.host.tombstoned(head.name, tomb.seq)
+            self.rebase()
+            return None
         if last is not None:
             self.host.catalog.advance(head.name, RecordPoint.of(last))
+        elif head.last is not None:
+            # No message at all (retention always keeps the last record, a deletion its
+            # tombstone: purged by hand?): plan from nothing, not from a sequence that will
+            # never be the subject's last again.
+            self.host.catalog.emptied(head.name)
         return None
 
     # ------------------------------------------------------------------ outcomes
@@ -397,6 +421,10 @@ class StreamWriter:
     def _fail_queue(self, exc: LogError) -> None:
         for item in list(self.queue):
             self._finish(item, exc)
+
+    def rebase(self) -> None:
+        """The head was emptied (the stream deleted): what the queued appends would get now."""
+        self.accepted = max(self.head.latest, self._replan_accepted())
 
     def _replan_accepted(self) -> int:
         """The last id the queued appends would get from the head now."""

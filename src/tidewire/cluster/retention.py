@@ -8,6 +8,11 @@ the subject below it (``$JS.API.STREAM.PURGE.TW_<k>`` with ``filter`` and ``seq`
 idempotent, so gateways running it at once do no harm. The rule is the embedded log's, with
 records for segments: drop the oldest while the rest still holds ``retention_bytes``, or while
 it is older than ``retention_ms``; the last record always stays.
+
+The limits of a stream are the configuration's (``[log.streams."<name>"]``, ``[log]``'s
+defaults) unless it has a runtime retention (set through the admin API: its administration
+entry, kept in the cluster beside its records, :mod:`.subjects`), which every gateway's pass
+then applies in their place: :func:`settings_for`.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from __future__ import annotations
 import logging
 
 from ..log import LogConfig, StreamSettings
+from ..log.admin import apply_override
 from .catalog import Catalog, Head, RecordPoint
 from .jsapi import Api
 from .jsread import seek
 
-__all__ = ["enforce", "targets"]
+__all__ = ["enforce", "settings_for", "targets"]
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +50,18 @@ def targets(head: Head, settings: StreamSettings, now_ms: int) -> tuple[int | No
     return by_bytes, by_age
 
 
+def settings_for(config: LogConfig, head: Head) -> StreamSettings:
+    """The stream's settings: the configuration's, with its runtime retention in place of the
+    configuration's retention when it has one. Pure."""
+    return apply_override(config.for_stream(head.name), head.runtime)
+
+
 async def enforce(api: Api, catalog: Catalog, config: LogConfig, now_ms: int) -> int:
-    """Apply every known stream's retention at ``now_ms``; return how many records were
-    purged."""
+    """Apply every known stream's retention (:func:`settings_for`) at ``now_ms``; return how
+    many records were purged."""
     removed = 0
     for head in list(catalog.heads.values()):
-        settings = config.for_stream(head.name)
+        settings = settings_for(config, head)
         if settings.retention_bytes is None and settings.retention_ms is None:
             continue
         removed += await _enforce_one(api, catalog, head, settings, now_ms)

@@ -49,7 +49,8 @@ RESERVED_PREFIX = "_tidewire."
 
 
 class NotSupported(TidewireError):
-    """The storage cannot do this (stream administration in cluster mode, for now)."""
+    """The storage cannot do this (stream administration on a storage without
+    :class:`~.storage.StreamAdmin`)."""
 
 
 def _writable(stream: str) -> None:
@@ -215,29 +216,31 @@ class Hub:
 
     def retention(self, stream: str) -> Retention | None:
         """The retention that applies to ``stream`` and its source; ``None`` when the storage
-        does not say (cluster mode: JetStream's own limits)."""
+        does not say (one without :class:`~.storage.StreamAdmin`)."""
         return self.storage.retention(stream) if isinstance(self.storage, StreamAdmin) else None
 
     def _admin(self, stream: str) -> StreamAdmin:
         _writable(stream)  # (the hub's own streams are not the operators' to change)
         if not isinstance(self.storage, StreamAdmin):
             raise NotSupported("creating, deleting or re-configuring a stream is not supported "
-                               "in cluster mode yet")  # fmt: skip
+                               f"by this storage ({type(self.storage).__name__})")  # fmt: skip
         return self.storage
 
-    def create_stream(self, stream: str, retention_ms: int | None = None,
-                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
+    async def create_stream(self, stream: str, retention_ms: int | None = None,
+                            retention_bytes: int | None = None, *,
+                            runtime: bool = False) -> None:  # fmt: skip
         """Create ``stream``, empty; with ``runtime``, with this retention (``None``: no bound)
         instead of the configuration's, also after restarts. :class:`~tidewire.log.
-        StreamExists` if it exists; :class:`NotSupported` in cluster mode."""
-        self._admin(stream).create_stream(stream, retention_ms, retention_bytes,
-                                          runtime=runtime)  # fmt: skip
+        StreamExists` if it exists; :class:`NotSupported` on a storage without
+        :class:`~.storage.StreamAdmin`."""
+        await self._admin(stream).create_stream(stream, retention_ms, retention_bytes,
+                                                runtime=runtime)  # fmt: skip
 
     async def set_retention(self, stream: str, retention_ms: int | None,
                             retention_bytes: int | None) -> None:  # fmt: skip
         """Give ``stream`` this retention from now on and after restarts, over the
         configuration's (the next retention pass applies it). :class:`UnknownStream` if
-        there is no such stream; :class:`NotSupported` in cluster mode."""
+        there is no such stream; :class:`NotSupported` without :class:`~.storage.StreamAdmin`."""
         admin = self._admin(stream)
         if stream not in self.storage:
             raise UnknownStream(stream)
@@ -247,7 +250,7 @@ class Hub:
         """Delete ``stream`` and all its events: its exactly-once transactions are forgotten
         first (a stream made again under the name starts at id 1), and its live subscriptions
         end with :class:`StreamDeleted`. :class:`UnknownStream` if there is no such stream;
-        :class:`NotSupported` in cluster mode."""
+        :class:`NotSupported` without :class:`~.storage.StreamAdmin`."""
         admin = self._admin(stream)
         if stream not in self.storage:
             raise UnknownStream(stream)

@@ -205,20 +205,22 @@ class Storage(Protocol):
 @runtime_checkable
 class StreamAdmin(Protocol):
     """What a storage that lets operators create, delete and re-configure streams offers
-    besides :class:`Storage` (the admin API, docs/observability.md). A separate interface: a
-    backend without it (cluster mode, issue 23: not yet) is refused by the hub with a clear
-    error rather than made to pretend."""
+    besides :class:`Storage` (the admin API, docs/observability.md): the embedded log and the
+    JetStream backend (cluster mode: docs/cluster.md, "Stream administration"). A separate
+    interface: a backend without it (the tests' memory storage) is refused by the hub with a
+    clear error rather than made to pretend."""
 
     def retention(self, stream: str) -> Retention:
         """The retention that applies to ``stream`` and where it comes from (``runtime``,
         ``config``, ``default``); of a stream that does not exist: what it would get."""
         ...
 
-    def create_stream(self, stream: str, retention_ms: int | None = None,
-                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
-        """Create ``stream``, empty; with ``runtime``, with that retention (``None``: no
-        bound) over the configuration's, durably. :class:`~tidewire.log.StreamExists` if it
-        exists."""
+    async def create_stream(self, stream: str, retention_ms: int | None = None,
+                            retention_bytes: int | None = None, *,
+                            runtime: bool = False) -> None:  # fmt: skip
+        """Create ``stream``, empty, durably; with ``runtime``, with that retention (``None``:
+        no bound) over the configuration's. :class:`~tidewire.log.StreamExists` if it exists.
+        (Asynchronous: a remote backend stores the creation in its cluster.)"""
         ...
 
     async def set_retention(self, stream: str, retention_ms: int | None,
@@ -353,8 +355,9 @@ class EmbeddedStorage:
     def retention(self, stream: str) -> Retention:
         return self.log.retention(stream)
 
-    def create_stream(self, stream: str, retention_ms: int | None = None,
-                      retention_bytes: int | None = None, *, runtime: bool = False) -> None:
+    async def create_stream(self, stream: str, retention_ms: int | None = None,
+                            retention_bytes: int | None = None, *,
+                            runtime: bool = False) -> None:  # fmt: skip
         self.log.create_stream(stream, retention_ms, retention_bytes, runtime=runtime)
 
     async def set_retention(self, stream: str, retention_ms: int | None,

@@ -106,7 +106,8 @@ def streams(hub: Hub, *, internal: bool = False) -> list[Json]:
 def _retention(hub: Hub, stream: str) -> Json | None:
     """The retention that applies to ``stream``: ``ms``, ``bytes`` (``null``: no bound) and
     ``source`` (``runtime``: set by the admin API, ``config``: the stream's own table of the
-    configuration, ``default``: ``[log]``'s); ``null`` in cluster mode (JetStream's limits)."""
+    configuration, ``default``: ``[log]``'s); ``null`` for a storage without stream
+    administration."""
     r = hub.retention(stream)
     return None if r is None else {"ms": r.ms, "bytes": r.bytes, "source": r.source}
 

@@ -12,10 +12,12 @@ stream (none without an ACL file), and each audited (docs/observability.md, "Aud
 
 Errors are JSON ``{"error": "<reason>"}``: ``400`` (a body that is not the object above, a
 bad name, the hub's own ``_tidewire.*`` streams), ``401``/``403`` (no ``admin`` right),
-``404`` (no such stream), ``409`` (it exists already), ``501`` (cluster mode), ``507`` (the
-disk is full), ``500`` (the storage failed otherwise). The cross-site rules of :mod:`.browser`
-(``X-Tidewire-Request: 1``, ``Content-Type: application/json``, ``Origin``) are applied before
-any of this, by the app's middleware; so is authentication (a bad token never gets here).
+``404`` (no such stream), ``409`` (it exists already), ``501`` (a storage without stream
+administration: none that ``tidewire serve`` runs; the embedded log and cluster mode both have
+it), ``507`` (the disk, or the cluster, is full), ``500`` (the storage failed otherwise). The
+cross-site rules of :mod:`.browser` (``X-Tidewire-Request: 1``, ``Content-Type:
+application/json``, ``Origin``) are applied before any of this, by the app's middleware; so
+is authentication (a bad token never gets here).
 
 **Audit**: every request that reaches these routes, allowed or refused, is one ``INFO`` line
 on the ``tidewire.audit`` logger (principal, peer, action, stream, old -> new, result; never a
@@ -199,9 +201,9 @@ def add_stream_admin_routes(app: web.Application, hub: Hub, access: Access) -> N
         async def work() -> tuple[Any, web.Response]:
             wanted = parse_retention(doc, None)
             if wanted is None:
-                hub.create_stream(name)
+                await hub.create_stream(name)
             else:
-                hub.create_stream(name, *wanted, runtime=True)
+                await hub.create_stream(name, *wanted, runtime=True)
             now = _shown(hub.retention(name))
             return now, web.json_response({"name": name, "retention": now}, status=201)
 
