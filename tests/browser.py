@@ -61,13 +61,13 @@ async def screenshot(page: Page, name: str) -> Path:
 
 @asynccontextmanager
 async def hub_app(path: Path, access: Access | None = None, *, sampler: bool = True,
-                  headers: Mapping[str, str] | None = None,
+                  headers: Mapping[str, str] | None = None, log: LogConfig | None = None,
                   ) -> AsyncIterator[tuple[Hub, str]]:  # fmt: skip
     """A hub on ``path`` and its app on a guarded site on a free port: ``(hub, base URL)``.
     ``sampler=False``: the hub's background tasks are not started, so the test takes the
     metrics' samples itself (``hub.metrics.sample(now, wall)``: a fake clock). ``headers``:
-    added to every response (a policy the hub does not send yet)."""
-    hub = Hub.open(str(path), LogConfig(fsync=False))
+    added to every response. ``log``: the log's configuration (default: no fsync)."""
+    hub = Hub.open(str(path), log or LogConfig(fsync=False))
     if sampler:
         await hub.start()
     settings = HttpSettings()

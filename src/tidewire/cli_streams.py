@@ -172,7 +172,7 @@ def create(ctx: click.Context, /, name: str, retention: str | None, retention_ms
     """Create the stream NAME, empty, with its retention (kafka-topics --create, nats stream
     add). Without retention options the configuration's applies; with any, the stream's own
     retention is what they say, kept over the configuration across restarts (a bound not
-    given is then none: give both, or change one later with `streams retention`)."""
+    given is the configuration's)."""
     wanted = _wanted(retention, retention_ms, retention_bytes)
     admin = admin_client(**_connection(ctx, options))
     answer = ask(admin, lambda a: a.create_stream(name, **wanted), right="admin")

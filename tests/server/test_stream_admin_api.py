@@ -21,6 +21,7 @@ from tidewire.client.http import HttpHub, HttpRsioError
 from tidewire.client.rsio import RsioError
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
+from tidewire.log import LogConfig, StreamSettings
 from tidewire.model import Batch
 from tidewire.server.admin_streams import AUDIT_STREAM
 
@@ -120,6 +121,30 @@ def test_admin_writes_with_the_right_and_their_audit(
     assert OPS not in text
     assert ALICE not in text
     assert OPS.split(".")[1] not in text
+
+
+def test_a_retention_key_not_given_at_creation_is_the_configurations(tmp_path: Path) -> None:
+    config = LogConfig(fsync=False, defaults=StreamSettings(retention_bytes=5 << 20),
+                       streams={"orders-c": StreamSettings(retention_ms=3_600_000)})  # fmt: skip
+
+    async def main() -> None:
+        async with hub_app(tmp_path / "d", _access(), sampler=False, log=config) as (
+                hub, base), aiohttp.ClientSession() as http:  # fmt: skip
+            api = f"{base}/api/streams"
+            status, body = await _call(http, "POST", api, OPS, {"name": "orders-a"})
+            assert (status, body["retention"]) == (201, {"ms": None, "bytes": 5 << 20,
+                                                         "source": "default"})  # fmt: skip
+            status, body = await _call(http, "POST", api, OPS,
+                                       {"name": "orders-b", "retention_ms": 60000})  # fmt: skip
+            assert (status, body["retention"]) == (201, {"ms": 60000, "bytes": 5 << 20,
+                                                         "source": "runtime"})  # fmt: skip
+            status, body = await _call(http, "POST", api, OPS,
+                                       {"name": "orders-c", "retention_bytes": None})  # fmt: skip
+            assert (status, body["retention"]) == (201, {"ms": 3_600_000, "bytes": None,
+                                                         "source": "runtime"})  # fmt: skip
+            assert hub.retention("orders-c").ms == 3_600_000
+
+    run(main())
 
 
 def test_without_an_acl_admin_is_refused_though_writes_are_open(tmp_path: Path) -> None:

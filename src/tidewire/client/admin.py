@@ -24,9 +24,9 @@ them to everyone, ``403``)::
         await admin.delete_stream("orders")
 
 A retention argument that is not given is not sent (:data:`NOT_GIVEN`); ``None`` is sent as
-``null``: no bound. Changing, a key not sent keeps the value that applies now. Creating, the
-hub's rule is per request, not per key: with neither key the configuration's retention applies;
-with either, both are the stream's runtime retention and the one not sent has no bound. The
+``null``: no bound. A key not sent keeps the value that applies now (creating: the
+configuration's); with either key sent, the stream's retention is its own (runtime), kept
+over the configuration across restarts. The
 writes carry the headers the hub's cross-site rules require of a script
 (``X-Tidewire-Request: 1``, ``Content-Type: application/json``).
 """

@@ -3,9 +3,10 @@ retention, delete a stream; each allowed only to a principal the ACL grants ``ad
 stream (none without an ACL file), and each audited (docs/observability.md, "Audit").
 
 * ``POST /api/streams`` ``{"name": "orders", "retention_ms": 86400000, "retention_bytes":
-  null}`` -> ``201`` and the stream's retention. The retention keys are optional: absent,
-  the configuration's values apply; given (``null``: no bound), they are the stream's runtime
-  retention, kept over the configuration's across restarts.
+  null}`` -> ``201`` and the stream's retention. The retention keys are optional: both
+  absent, the configuration's values apply; given (``null``: no bound), they are the stream's
+  runtime retention, kept over the configuration's across restarts, a key not given taking
+  the configuration's value (as ``PATCH`` keeps an absent key).
 * ``PATCH /api/streams/<name>`` ``{"retention_ms": ..., "retention_bytes": ...}`` (either or
   both; an absent one keeps the value that applies now) -> ``200`` and the new retention.
 * ``DELETE /api/streams/<name>`` -> ``200`` ``{"deleted": "<name>"}``.
@@ -199,7 +200,7 @@ def add_stream_admin_routes(app: web.Application, hub: Hub, access: Access) -> N
             return _error(400, str(exc))
 
         async def work() -> tuple[Any, web.Response]:
-            wanted = parse_retention(doc, None)
+            wanted = parse_retention(doc, hub.retention(name))  # (one key: the other's as now)
             if wanted is None:
                 await hub.create_stream(name)
             else:
