@@ -142,7 +142,9 @@ def test_a_retention_key_not_given_at_creation_is_the_configurations(tmp_path: P
                                        {"name": "orders-c", "retention_bytes": None})  # fmt: skip
             assert (status, body["retention"]) == (201, {"ms": 3_600_000, "bytes": None,
                                                          "source": "runtime"})  # fmt: skip
-            assert hub.retention("orders-c").ms == 3_600_000
+            kept = hub.retention("orders-c")
+            assert kept is not None
+            assert kept.ms == 3_600_000
 
     run(main())
 
