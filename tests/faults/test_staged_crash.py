@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run, until
+from helpers import run, stream_values, until
 from hubproc import HubProcess
 from tidewire.client.rsio import RsioError, connect
 from tidewire.client.rsio_staging import commit_parts, stage_part
@@ -49,15 +49,6 @@ def stage_by_hand(hub: Hub, txn: str, parts: int) -> tuple[list[StagedPart], Bat
     return named, merge([(b, None) for b in batches])
 
 
-async def read_values(hub: Hub) -> list[bytes]:
-    out: list[bytes] = []
-    next_id = 1
-    while got := await hub.read("s", next_id, 1 << 20):
-        out += [b.value(i) for b in got for i in range(len(b))]
-        next_id = got[-1].last_id + 1
-    return out
-
-
 @pytest.mark.parametrize("landed", [False, True])
 def test_replay_after_a_crash_between_intent_and_done(tmp_path: Path, landed: bool) -> None:
     """The intent is recorded (and with ``landed`` the data appended at its ids), no
@@ -83,7 +74,7 @@ def test_replay_after_a_crash_between_intent_and_done(tmp_path: Path, landed: bo
             assert (receipt.first_id, receipt.last_id, receipt.already) == (2, 13, landed)
             again = await hub.txns.commit_staged("T", "s", named)
             assert (again.first_id, again.already) == (2, True)
-            values = await read_values(hub)
+            values = await stream_values(hub)
             assert values[0] == b"before"
             assert values[1:] == [f"T/{p}/{i}".encode() for p in range(3) for i in range(4)]
             assert os.listdir(tmp_path / STAGING_DIR) == []

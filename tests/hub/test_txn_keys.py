@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import tidewire
+from helpers import stream_values
 from tidewire.hub import Hub
 from tidewire.hub.access import Access, Acl, Tokens, mint_token
 from tidewire.hub.txn import TXN_STREAM, TxnReceipt, fingerprint
@@ -37,10 +38,6 @@ def arun(coro: Coroutine[Any, Any, None]) -> None:
 
 def receipt(stream: str, first: int, n: int, already: bool) -> TxnReceipt:
     return TxnReceipt(stream, n, first, first + n - 1, already)
-
-
-async def values(hub: Hub, stream: str) -> list[bytes]:
-    return [e.value for b in await hub.read(stream, 1, 1 << 30) for e in b]
 
 
 async def records(hub: Hub) -> list[dict[str, Any]]:
@@ -83,8 +80,8 @@ def test_another_principals_id_is_another_transaction(tmp_path: Path) -> None:
             assert (await hub.commit("T", owner, principal="token:owner")).first_id == 1
             assert (await hub.commit("T", Batch.build("c1.s", [b"m1", b"m2"]),
                                      principal="token:mallory")).first_id == 3  # fmt: skip
-            assert await values(hub, "c1.s") == [b"o1", b"o2", b"m1", b"m2", b"u", b"x", b"y",
-                                                 b"z"]  # fmt: skip
+            assert await stream_values(hub, "c1.s") == [b"o1", b"o2", b"m1", b"m2", b"u", b"x",
+                                                        b"y", b"z"]  # fmt: skip
             assert len(hub.txns) == 5
         finally:
             await hub.close()
@@ -105,13 +102,13 @@ def test_an_id_taken_first_by_another_principal_does_not_block_its_owner(tmp_pat
             assert mine == receipt("s", 3, 2, False)
             assert await hub.commit("q/7/0", batch, principal="token:owner") == receipt(
                 "s", 3, 2, True)  # fmt: skip
-            assert await values(hub, "s") == [b"a", b"b", b"a", b"b"]
+            assert await stream_values(hub, "s") == [b"a", b"b", b"a", b"b"]
             # concurrently, too: each principal's commit once
             both = await asyncio.gather(*(
                 hub.commit("race", Batch.build("s", [p.encode()]), principal=p)
                 for p in ("token:a", "token:b", "token:a", "token:b")))  # fmt: skip
             assert [r.already for r in both].count(False) == 2
-            assert sorted(await values(hub, "s"))[-2:] == [b"token:a", b"token:b"]
+            assert sorted(await stream_values(hub, "s"))[-2:] == [b"token:a", b"token:b"]
         finally:
             await hub.close()
 
@@ -278,7 +275,7 @@ def test_two_tokens_reusing_one_txn_id_over_rsio(tmp_path: Path) -> None:
                 assert (same.first_id, same.last_id) == (3, 4)
             async with tidewire.connect(url, token=owner) as o:
                 assert await o.publish("c1.s", [b"o1", b"o2"], txn="q/1") == first
-            assert await values(hub, "c1.s") == [b"o1", b"o2", b"m1", b"m2"]
+            assert await stream_values(hub, "c1.s") == [b"o1", b"o2", b"m1", b"m2"]
         finally:
             await server.close()
             await hub.close()

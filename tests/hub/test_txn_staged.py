@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import hub_server, run
+from helpers import hub_server, run, stream_values
 from tidewire.client.rsio import RsioError, connect
 from tidewire.client.rsio_staging import abort_parts, commit_parts, stage_part
 from tidewire.config import load_config
-from tidewire.hub import Hub
 from tidewire.hub.staging import STAGING_DIR, Staging, TxnPartMissing
 from tidewire.model import Batch
 from tidewire.protocols.rsio.names import OfferName, PublisherNameError
@@ -85,15 +84,6 @@ def test_commit_element_grammar() -> None:
 # ---------------------------------------------------------------- over sockets
 
 
-async def read_all(hub: Hub, stream: str = "s") -> list[bytes]:
-    out: list[bytes] = []
-    next_id = 1
-    while got := await hub.read(stream, next_id, 1 << 20):
-        out += [b.value(i) for b in got for i in range(len(b))]
-        next_id = got[-1].last_id + 1
-    return out
-
-
 def test_staged_commit_exactly_once(tmp_path: Path) -> None:
     """Two parts staged by two connections, a third (unnamed: a failed attempt) dropped; the
     commit appends the named ones in the order named, once; its replay adds nothing and
@@ -105,7 +95,7 @@ def test_staged_commit_exactly_once(tmp_path: Path) -> None:
             pb = await stage_part(b, "s", "T", "1.4", [rows("b", 3, keyed=True)])
             await stage_part(b, "s", "T", "1.3", [rows("lost", 4)])  # (a failed attempt)
             assert (pa.count, pb.count) == (7, 3)
-            assert await read_all(hub) == []  # staged: read by nobody
+            assert await stream_values(hub) == []  # staged: read by nobody
             assert len(staged_dirs(tmp_path)) == 1
             assert hub.txns.staged_bytes() > 0  # (the stats' staged_bytes)
             receipt = await commit_parts(a, "s", "T", [pb, pa])
@@ -113,13 +103,13 @@ def test_staged_commit_exactly_once(tmp_path: Path) -> None:
             assert (receipt.first_id, receipt.last_id) == (1, 10)
             want = ([f"b.{i}".encode() for i in range(3)]
                     + [f"a.{i}".encode() for i in range(5)] + [b"a2.0", b"a2.1"])  # fmt: skip
-            assert await read_all(hub) == want
+            assert await stream_values(hub) == want
             assert staged_dirs(tmp_path) == []  # every part of the key dropped
             assert hub.txns.staged_bytes() == 0
             again = await commit_parts(b, "s", "T", [pb, pa])  # Spark's replay
             assert again is not None
             assert (again.first_id, again.last_id) == (1, 10)
-            assert await read_all(hub) == want
+            assert await stream_values(hub) == want
             got = await hub.read("s", 1, 1 << 20)
             assert got[0].key(0) == b"k0"  # keys kept
 
@@ -139,7 +129,7 @@ def test_missing_or_different_part_fails_the_commit(tmp_path: Path) -> None:
             wrong = StagedPart("0.0", p0.count, 0, p0.fp ^ 1)
             with pytest.raises(RsioError, match="fingerprint"):
                 await commit_parts(c, "s", "T", [wrong])
-            assert await read_all(hub) == []
+            assert await stream_values(hub) == []
             # A part a machine crash tore (parts are not fsynced: hub/staging.py): its file
             # cut short, or with a byte changed, no longer matches what the driver names.
             [path] = [tmp_path / STAGING_DIR / d / "0.0.log" for d in staged_dirs(tmp_path)]
@@ -187,7 +177,7 @@ def test_abort_drops_parts(tmp_path: Path) -> None:
             with pytest.raises(RsioError, match="not staged"):
                 await commit_parts(c, "s", "T", [p])
             assert await commit_parts(c, "s", "T", []) is None  # nothing: no event
-            assert await read_all(hub) == []
+            assert await stream_values(hub) == []
 
     run(main())
 

@@ -31,7 +31,6 @@ live one, is replaced by a ``delete`` entry (its runtime retention goes with it)
 from __future__ import annotations
 
 import asyncio
-import base64
 import errno
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -49,7 +48,6 @@ from .jsapi import (
     StoredRecord,
     Tombstone,
     is_storage_full,
-    parse_header_block,
     retrying,
 )
 from .subjects import ADMIN, DELETED, WRITE, AdminEntry
@@ -126,17 +124,8 @@ def entry_of(jetstream: str, subject: str, headers: Mapping[str, str]) -> Stored
 async def read_entry(api: Api, head: Head) -> StoredEntry | None:
     """The stream's last administration entry, as the leader of its shard says (never a
     lagging replica: a decision is made on it); ``None`` when it has none."""
-    try:
-        answer = await api.call(f"$JS.API.STREAM.MSG.GET.{head.jetstream}",
-                                {"last_by_subj": head.admin_subject})  # fmt: skip
-    except JetStreamError as exc:
-        if exc.code == 404:
-            return None
-        raise
-    message = answer["message"]
-    headers = parse_header_block(base64.b64decode(message.get("hdrs", "")))
-    headers["Nats-Sequence"] = str(message["seq"])
-    return entry_of(head.jetstream, head.admin_subject, headers)
+    got = await api.leader_message(head.jetstream, {"last_by_subj": head.admin_subject})
+    return None if got is None else entry_of(head.jetstream, head.admin_subject, got[0])
 
 
 async def _last_record(host: AdminHost, head: Head) -> StoredRecord | None:

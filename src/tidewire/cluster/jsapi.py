@@ -225,23 +225,32 @@ class Api:
                     raise
                 body = {**body, "seq": tomb.seq + 1}
 
-    async def leader_get(self, stream: str, body: Mapping[str, Any]) -> StoredRecord | None:
+    async def leader_message(self, stream: str, body: Mapping[str, Any]
+                             ) -> tuple[dict[str, str], bytes] | None:  # fmt: skip
         """A message get answered by the stream's leader (never a lagging replica, unlike a
-        direct get): used where a stale answer could store a record twice. ``None`` when no
-        message matches. Tombstones as in :meth:`direct_get`."""
+        direct get): the message's headers (``Nats-Sequence`` and ``Nats-Subject`` included)
+        and data; ``None`` when no message matches."""
+        try:
+            answer = await self.call(f"$JS.API.STREAM.MSG.GET.{stream}", body)
+        except JetStreamError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        message = answer["message"]
+        headers = parse_header_block(base64.b64decode(message.get("hdrs", "")))
+        headers["Nats-Sequence"] = str(message["seq"])
+        headers.setdefault("Nats-Subject", str(message.get("subject", "?")))
+        return headers, base64.b64decode(message.get("data", ""))
+
+    async def leader_get(self, stream: str, body: Mapping[str, Any]) -> StoredRecord | None:
+        """:meth:`leader_message`'s record: used where a stale answer could store a record
+        twice. ``None`` when no message matches. Tombstones as in :meth:`direct_get`."""
         while True:
+            got = await self.leader_message(stream, body)
+            if got is None:
+                return None
             try:
-                answer = await self.call(f"$JS.API.STREAM.MSG.GET.{stream}", body)
-            except JetStreamError as exc:
-                if exc.code == 404:
-                    return None
-                raise
-            message = answer["message"]
-            headers = parse_header_block(base64.b64decode(message.get("hdrs", "")))
-            headers["Nats-Sequence"] = str(message["seq"])
-            headers.setdefault("Nats-Subject", str(message.get("subject", "?")))
-            try:
-                return _record(stream, headers, base64.b64decode(message.get("data", "")))
+                return _record(stream, *got)
             except Tombstone as tomb:
                 if "next_by_subj" not in body:
                     raise
