@@ -213,7 +213,9 @@ def test_a_bomb_of_refused_subscribes_does_not_hold_the_loop(tmp_path: Path, run
                 stream.close()
                 await stream.wait_closed()
             assert refused >= 100  # all of them, or as many as the hub took before ending it
-            assert messages <= refused // 20 + 5  # answers gathered: not a message each
+            # answers gathered, not a message each (how many per message depends on the
+            # hub's turns: 100 in 12 messages on a loaded CI machine, about 20 to one here)
+            assert messages <= refused // 8 + 5
             assert lags
             held = max(lags)  # less what the machine held a do-nothing process (tests/noise.py)
             assert held < 0.05 + noise.max_lag_s, f"the loop was held {held * 1000:.0f} ms"

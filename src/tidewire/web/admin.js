@@ -271,7 +271,7 @@ export function streamAdmin(stream, { onDeleted, askToken }) {
       const s = state.streams.find((x) => x.name === stream);
       showRetention(stream, s ? s.retention : null);
       if (!s) $("retention-current").textContent = "— (the hub does not list this stream)";
-      else if (s.retention === null) $("retention-current").textContent = "JetStream's own limits (cluster mode)";
+      else if (s.retention === null) $("retention-current").textContent = "not known (a storage without stream administration)";
     } catch (err) {
       // (GET /api/streams needs `monitor`: a principal with `admin` alone can still act)
       state.listError = String(err.message || err);
