@@ -108,6 +108,40 @@ def test_a_declared_element_over_the_connections_share_is_refused(
     run(main())
 
 
+def test_a_frame_that_fits_its_own_shares_waits_for_the_hubs_total(tmp_path: Path,
+                                                                    run: Run) -> None:  # fmt: skip
+    """A well-behaved client's frame that fits its connection's and principal's shares but not
+    the hub's total (held by another principal) is not refused: its connection waits, and goes
+    on once the other returns bytes (the budget wakes it). One that could never fit its own
+    share is still refused."""
+    budget = BudgetLimits(total=4 * MiB, principal=2 * MiB, connection=2 * MiB)
+
+    async def main() -> None:
+        async with hub_server(tmp_path, budget=budget) as (hub, server, url):
+            hog = hub.budget.share("token:hog", "elsewhere")
+            hog.hold("held", 4 * MiB - 64 * 1024)  # (the total, nearly all, another's)
+            async with tidewire.connect(url) as client:
+                publish = asyncio.ensure_future(client.publish("s", [b"v" * MiB]))
+                await until(lambda: hub.budget.refused > 0, "the frame met the full total")
+                await asyncio.sleep(0.05)  # (a chance to be refused, which it must not take)
+                assert not publish.done()
+                hog.release("held")  # the other principal's bytes come back
+                receipt = await asyncio.wait_for(publish, 10)
+                assert (receipt.first_id, receipt.last_id) == (1, 1)
+                assert len(await hub.read("s", 1)) == 1
+            hog.hold("held", 4 * MiB - 64 * 1024)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(RSIO_HELLO + bytes(encode(Offer(1, "s")) + encode(Subscribed(1, 0)))
+                         + b"\x07\x01" + varint(3 * MiB))  # (over its connection's 2 MiB)
+            goodbye = decode_rsio(await read_all(reader))[-1]
+            writer.close()
+            assert isinstance(goodbye, Goodbye)
+            assert "does not fit this connection's memory budget" in goodbye.reason
+            hog.close()
+
+    run(main())
+
+
 # --------------------------------------------------------------------------- slices, refusals
 
 

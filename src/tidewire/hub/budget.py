@@ -19,13 +19,20 @@ exceeded, and the adapter answers with its protocol's own error or pauses. :meth
 records bytes that are already in memory and cannot be refused (a delivery already written to
 the transport); it may go over, and the next ``try_hold`` of that connection then fails.
 
+A connection whose frame waits for room (rather than being refused: it fits its own and its
+principal's shares, and only the hub's total, held by others, or its own draining output is in
+the way) asks to be told when bytes are returned (:meth:`Share.on_release`): each waiter is
+called once, soon after the next release anywhere in the hub (on the next turn of the loop,
+never from inside another connection's accounting), and asks again if it still does not fit.
+
 Accounting is plain integers on the event loop's thread; nothing here allocates per byte. This
 is the hub's own core (no library does per-principal byte accounting), so it is hand-written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .fairness import LoopShares
@@ -65,6 +72,8 @@ class Budget:
         self._shares: set[Share] = set()
         self.refused = 0
         """How many :meth:`Share.try_hold` calls were refused, since start."""
+        self._waiters: dict[Share, Callable[[], None]] = {}  # (Share.on_release)
+        self._waking = False
 
     @property
     def used(self) -> int:
@@ -110,9 +119,22 @@ class Budget:
             self._by_principal[principal] = left
         else:
             self._by_principal.pop(principal, None)
+        if delta < 0 and self._waiters and not self._waking:
+            self._waking = True
+            try:
+                asyncio.get_running_loop().call_soon(self._wake)
+            except RuntimeError:  # (no loop: synchronous code releasing; wake at once)
+                self._wake()
+
+    def _wake(self) -> None:
+        self._waking = False
+        waiters, self._waiters = self._waiters, {}
+        for wake in waiters.values():
+            wake()
 
     def _forget(self, share: Share) -> None:
         self._shares.discard(share)
+        self._waiters.pop(share, None)
 
 
 class Share:
@@ -150,6 +172,21 @@ class Share:
         return max(0, min(b.limits.connection - self._held,
                           b.limits.principal - b.used_by(self.principal),
                           b.limits.total - b.used))  # fmt: skip
+
+    def fits_own(self, kind: str, nbytes: int) -> bool:
+        """Whether gauge ``kind`` at ``nbytes`` fits this connection's and its principal's
+        shares, whatever the hub's total: if it does, what is in the way is held by others
+        (or by this connection's own draining gauges), and the bytes may be waited for."""
+        delta = nbytes - self._gauges.get(kind, 0)
+        limits, b = self._budget.limits, self._budget
+        return delta <= 0 or (self._held + delta <= limits.connection
+                              and b.used_by(self.principal) + delta <= limits.principal)
+
+    def on_release(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once, soon after bytes are next returned anywhere in the hub (replacing
+        an earlier wish of this connection; dropped when it closes)."""
+        if not self.closed:
+            self._budget._waiters[self] = wake
 
     def try_hold(self, kind: str, nbytes: int) -> bool:
         """Set gauge ``kind`` to ``nbytes`` if that fits every share; else refuse, change

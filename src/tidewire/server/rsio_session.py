@@ -346,18 +346,20 @@ class RsioSession:
         return self.conn.closed or (carrier is not None and carrier.is_closing())
 
     def _settle(self) -> None:
-        """The input is decoded as far as it goes: charge what is left (and what the frame
-        begun has declared) to the budget, refusing a frame that does not fit before its
-        body is read; note since when a frame waits unfinished."""
+        """Input decoded as far as it goes: charge what is left (and what the frame begun has
+        declared), refusing a frame that cannot fit before its body is read; note since when."""
         conn, share = self.conn, self.share
         buffered, awaiting = conn.buffered, conn.awaiting
         if awaiting and not share.try_hold("inbound", buffered + awaiting):
             share.hold("inbound", buffered)
-            # What this connection holds that drains without the peer (elements becoming
-            # durable, output it reads): a frame that fits once they drain is waited for.
+            # Waited for (retried as bytes are returned anywhere): a frame that fits once this
+            # connection's holdings drain (elements made durable, output read) or that fits its
+            # own and its principal's shares (only the hub's total, others', is in the way).
             draining = share.gauge("ingest") + share.gauge("outbound")
-            if awaiting <= share.available() + draining:
-                self._pause("inbound")  # (retried as acknowledgements and output drain)
+            if awaiting <= share.available() + draining or share.fits_own(
+                    "inbound", buffered + awaiting):  # fmt: skip
+                self._pause("inbound")
+                share.on_release(self._slicer.run)  # (dropped when the share closes)
                 return
             # Staged transactions overflowing the budget fail, not the connection; the frame
             # then fits (it is their next element, dropped), or it is refused.
