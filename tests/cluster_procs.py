@@ -1,17 +1,24 @@
 """What the cluster tests share (tests/cluster/): gateways as ``tidewire serve --storage``
 processes over a ``LocalCluster``, and which node leads a stream's JetStream group, read from
-the nodes' monitoring ports (``/jsz?streams=true``)."""
+the nodes' monitoring ports (``/jsz?streams=true``); in process, a body run with several
+:class:`JetStreamStorage` gateways (:func:`with_storages`), and stream names no other test of
+the session-wide cluster uses (:func:`unique`)."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from helpers import run
 from hubproc import HubProcess
+from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.local import LocalCluster
 from tidewire.cluster.subjects import shard_of, shard_stream
 
-__all__ = ["caught_up", "gateways", "group_of", "groups", "joined", "leader_of"]
+__all__ = ["caught_up", "gateways", "group_of", "groups", "joined", "leader_of", "unique",
+           "with_storages"]
 
 SHARDS = 16  # cluster.shards' default
 
@@ -61,3 +68,24 @@ def gateways(tmp: Path, cluster: LocalCluster, count: int) -> list[HubProcess]:
 def joined(per_gateway: list[dict[str, str]]) -> dict[str, str]:
     """Every endpoint as the comma list of the gateways' URLs (the clients fail over)."""
     return {k: ",".join(u[k] for u in per_gateway) for k in per_gateway[0]}
+
+
+def unique(what: str) -> str:
+    """A stream name no other test uses (the session's cluster is shared)."""
+    return f"{what}.{uuid.uuid4().hex[:10]}"
+
+
+def with_storages(cluster: LocalCluster, count: int, body: Callable[..., Awaitable[None]],
+                  seconds: float = 90, **options: Any) -> None:  # fmt: skip
+    """Run ``body(*storages)`` with ``count`` gateways (``JetStreamStorage.connect(**options)``)
+    over ``cluster``, within ``seconds``; every one closed at the end."""
+
+    async def main() -> None:
+        storages = [await JetStreamStorage.connect(cluster.urls, **options) for _ in range(count)]
+        try:
+            await body(*storages)
+        finally:
+            for storage in storages:
+                await storage.close()
+
+    run(main(), seconds)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from aiohttp import web
 
 import tidewire
+from cluster_procs import unique, with_storages
 from helpers import run, until
 from tidewire.client.rsio import RsioError
 from tidewire.cluster.jetstream import JetStreamStorage
@@ -34,20 +34,7 @@ SECONDS = 20.0  # a notification between gateways on one machine: milliseconds; 
 
 
 def name(what: str) -> str:
-    return f"adm.{what}.{uuid.uuid4().hex[:10]}"
-
-
-def with_storages(cluster: LocalCluster, count: int,
-                  body: Callable[..., Awaitable[None]], **options: Any) -> None:  # fmt: skip
-    async def main() -> None:
-        storages = [await JetStreamStorage.connect(cluster.urls, **options) for _ in range(count)]
-        try:
-            await body(*storages)
-        finally:
-            for storage in storages:
-                await storage.close()
-
-    run(main(), 120)
+    return unique(f"adm.{what}")
 
 
 async def ids(storage: JetStreamStorage, stream: str) -> list[int]:
@@ -112,7 +99,7 @@ def test_two_gateways_creating_one_stream_at_once_one_wins(cluster: LocalCluster
 
             await until(agree, "both gateways agree on the winner", SECONDS)
 
-    with_storages(cluster, 2, body)
+    with_storages(cluster, 2, body, 120)
 
 
 def test_runtime_retention_set_through_one_gateway_is_applied_by_the_other(
@@ -152,7 +139,7 @@ def test_runtime_retention_set_through_one_gateway_is_applied_by_the_other(
                                 {"subjects_filter": admin_subject(s, a.shards)})  # fmt: skip
         assert info["state"]["subjects"] == {admin_subject(s, a.shards): 1}
 
-    with_storages(cluster, 2, body)
+    with_storages(cluster, 2, body, 120)
 
 
 def test_delete_through_one_gateway_ends_the_others_waiters_and_starts_again_at_one(
@@ -199,7 +186,7 @@ def test_delete_through_one_gateway_ends_the_others_waiters_and_starts_again_at_
         finally:
             await c.close()
 
-    with_storages(cluster, 2, body)
+    with_storages(cluster, 2, body, 120)
 
 
 def test_a_delete_racing_appends_through_the_other_gateway_leaves_a_stream_from_id_one(
@@ -215,7 +202,7 @@ def test_a_delete_racing_appends_through_the_other_gateway_leaves_a_stream_from_
 
         async def keep_appending() -> None:
             n = 0
-            while not stop.is_set() and n < 2000:
+            while not stop.is_set() and n < 20_000:  # (the delete may take 2,000 of them)
                 batch = await b.append(Batch.build(s, [b"v%d" % n]), assign_ids=True)
                 stored.append((batch.first_id, n))
                 n += 1
@@ -224,7 +211,11 @@ def test_a_delete_racing_appends_through_the_other_gateway_leaves_a_stream_from_
         await until(lambda: len(stored) >= 20, "appends flowing", SECONDS)
         await a.delete_stream(s)
         after = len(stored)
-        await until(lambda: len(stored) >= after + 20, "appends after the delete", SECONDS)
+        await until(lambda: len(stored) >= after + 20 or appender.done(),
+                    "appends after the delete", SECONDS)  # fmt: skip
+        if appender.done():
+            raise AssertionError(f"the appender ended after {len(stored)} appends: "
+                                 f"{appender.exception()!r}")  # fmt: skip
         stop.set()
         await asyncio.wait_for(appender, SECONDS)
         # whatever landed after the purge is a stream from id 1: contiguous, never a
@@ -237,7 +228,7 @@ def test_a_delete_racing_appends_through_the_other_gateway_leaves_a_stream_from_
         restarted = [n for first, n in stored if first == 1]
         assert len(restarted) == 1, restarted  # the new stream's first append, once
 
-    with_storages(cluster, 2, body)
+    with_storages(cluster, 2, body, 120)
 
 
 # ---------------------------------------------------------------------- the admin API
@@ -374,4 +365,4 @@ def test_a_gateway_that_missed_the_tombstone_finds_it_on_its_next_append(
         finally:
             await c.close()
 
-    with_storages(cluster, 2, body)
+    with_storages(cluster, 2, body, 120)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import nats
 import pytest
 
+from cluster_procs import unique, with_storages
 from helpers import run, until
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.jsapi import CorruptRecordError, JetStreamError, StoredRecord
@@ -24,7 +24,7 @@ from tidewire.record import encode
 
 
 def name(what: str) -> str:
-    return f"{what}.{uuid.uuid4().hex[:10]}"
+    return unique(what)
 
 
 async def everything(storage: JetStreamStorage, stream: str) -> list[Batch]:
@@ -38,20 +38,6 @@ async def everything(storage: JetStreamStorage, stream: str) -> list[Batch]:
 
 def ids_of(batches: list[Batch]) -> list[int]:
     return [int(i) for b in batches for i in b.ids]
-
-
-def with_storages(
-    cluster: LocalCluster, count: int, body: Callable[..., Awaitable[None]], **options: Any
-) -> None:
-    async def main() -> None:
-        storages = [await JetStreamStorage.connect(cluster.urls, **options) for _ in range(count)]
-        try:
-            await body(*storages)
-        finally:
-            for storage in storages:
-                await storage.close()
-
-    run(main(), 90)
 
 
 def test_two_gateways_append_to_one_stream_in_order_nothing_lost_or_twice(
