@@ -95,7 +95,10 @@ def read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 30.0) 
             return seen
         if not line and proc.poll() is not None:
             break
-    raise AssertionError(f"no {marker!r} on stdout within {timeout}s; got {seen}")
+    why = ""
+    if proc.poll() is not None and proc.stderr is not None:  # (it exited: say why)
+        why = f"; it exited {proc.returncode}, stderr: {proc.stderr.read()[-3000:]}"
+    raise AssertionError(f"no {marker!r} on stdout within {timeout}s; got {seen}{why}")
 
 
 def endpoint(lines: list[str], path: str) -> str:

@@ -136,7 +136,7 @@ def test_sighup_revokes_and_expires_tokens_on_open_connections(tmp_path: Path) -
             _, report = await asyncio.gather(attack(), bystander(hub, 3.0,
                                                                  token=hub.tokens["good"]))
             assert report.errors == []
-            assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+            assert report.max_stall_s < BYSTANDER_MAX_STALL_S + report.machine_stall_s, report
 
         run(main(), timeout=90)
         log = hub.log_text()

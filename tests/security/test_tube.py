@@ -353,7 +353,7 @@ def served_well(hub: RealHub, report: BystanderReport, slowest: float, before: i
     stall when given, and the bare promise in any case), ``/healthz`` as prompt, the hub alive
     and within its budget."""
     assert_served(solo, report)
-    assert report.max_stall_s < BYSTANDER_MAX_STALL_S, report
+    assert report.max_stall_s < BYSTANDER_MAX_STALL_S + report.machine_stall_s, report
     assert slowest < BYSTANDER_MAX_STALL_S, f"/healthz took {slowest * 1000:.0f} ms"
     assert hub.peak_rss() < before + BUDGET["memory.budget_bytes"] + RSS_MARGIN
     assert hub.alive

@@ -39,6 +39,7 @@ from . import admin
 from .admin import StoredEntry
 from .catalog import Catalog, Head, RecordPoint
 from .jsapi import (
+    NOT_FOUND,
     STREAM_NAME_IN_USE,
     TRANSIENT,
     Api,
@@ -65,6 +66,11 @@ CONNECT_ATTEMPTS = 8  # per server, 0.25 s apart, before connect gives up
 FIRST_WAIT = 2.0  # seconds for each answer while connecting (a restarted cluster drops some)
 NOTIFY_PENDING_BYTES = 64 * MiB  # the notification subscription's bound (headers only)
 
+
+STARTING = frozenset({NOT_FOUND})
+"""What a shard stream's info may answer at startup, and is waited out: another gateway
+starting at the same moment created it (a create of the same configuration succeeds here
+too), and until the cluster has made it, "stream not found" (10059)."""
 
 class JetStreamStorage:
     """:class:`~tidewire.hub.storage.Storage` and :class:`~tidewire.hub.storage.StreamAdmin`
@@ -217,7 +223,8 @@ class JetStreamStorage:
         except JetStreamError as exc:
             if exc.err_code != STREAM_NAME_IN_USE:
                 raise
-        info = await retrying(lambda: self.api.call(f"$JS.API.STREAM.INFO.{name}"), self.startup_s)
+        info = await retrying(lambda: self.api.call(f"$JS.API.STREAM.INFO.{name}"),
+                              self.startup_s, also=STARTING)  # fmt: skip
         config = info.get("config", {})  # created by someone else, differently: usable?
         republish = config.get("republish") or {}
         if (
@@ -281,7 +288,7 @@ class JetStreamStorage:
                 functools.partial(
                     self.api.call, f"$JS.API.STREAM.INFO.{shard_stream(shard)}", body, FIRST_WAIT
                 ),
-                self.startup_s,
+                self.startup_s, also=STARTING,
             )
             page = (info.get("state") or {}).get("subjects") or {}
             subjects.update(page)

@@ -78,19 +78,21 @@ class JetStreamError(LogError):
         self.description = description
 
 
-async def retrying(work: Callable[[], Awaitable[T]], seconds: float) -> T:
+async def retrying(work: Callable[[], Awaitable[T]], seconds: float,
+                   also: frozenset[int] = frozenset()) -> T:  # fmt: skip
     """``work()``, tried again with backoff while it gets no answer or JetStream says it is
     unavailable (a cluster starting, a stream electing its leader) or has too few peers online
     for a stream's replicas yet (a cluster whose servers are still meeting, a peer restarting:
-    error 10005, which stays an error after ``seconds`` when the cluster is too small), for up
-    to ``seconds``."""
+    error 10005, which stays an error after ``seconds`` when the cluster is too small), or
+    answers one of the error codes ``also`` (what the caller knows to be passing), for up to
+    ``seconds``."""
     deadline = time.monotonic() + seconds
     delay = 0.05
     while True:
         try:
             return await work()
         except JetStreamError as exc:
-            transient = exc.code == 503 or exc.err_code == NO_PEERS
+            transient = exc.code == 503 or exc.err_code == NO_PEERS or exc.err_code in also
             if not transient or time.monotonic() + delay > deadline:
                 raise
         except TRANSIENT:
