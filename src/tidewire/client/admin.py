@@ -285,8 +285,8 @@ class AdminClient:
     ) -> StreamRetention:
         """Create the stream ``name`` (``POST /api/streams``), empty; returns the retention that
         applies to it. Given neither retention argument, the configuration's applies; given
-        either (``None``: no bound), both are its runtime retention, the one not given without
-        a bound (the hub's rule). :class:`AdminError` ``409`` if it exists, ``400`` for a name
+        either (``None``: no bound), both are its runtime retention, the one not given taking
+        the configuration's value. :class:`AdminError` ``409`` if it exists, ``400`` for a name
         the hub refuses (``_tidewire.*`` included), ``403`` without the ``admin`` right on
         it."""
         body: dict[str, Any] = {"name": name, **_retention_body(retention_ms, retention_bytes)}
