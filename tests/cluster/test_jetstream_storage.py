@@ -374,6 +374,43 @@ def test_a_message_without_a_records_headers_is_corrupt_and_does_not_stop_a_conn
     run(main(), 60)
 
 
+def test_a_connect_while_new_streams_appear_loads_the_reserved_streams(
+    cluster: LocalCluster,
+) -> None:
+    # A connect reads the reserved streams one by one; streams another gateway creates
+    # meanwhile are learnt from notifications during those reads (the CI failure: "dictionary
+    # changed size during iteration" ended a gateway's start).
+    reserved = f"_tidewire.{name('res')}"
+
+    async def body(a: JetStreamStorage) -> None:
+        for chunk in range(20):  # (enough records that reading them takes a while)
+            await a.append(Batch.build(reserved, [b"r%d" % (chunk * 50 + i) for i in range(50)]),
+                           assign_ids=True)  # fmt: skip
+        stop = asyncio.Event()
+        created: list[str] = []
+
+        async def create() -> None:
+            while not stop.is_set() and len(created) < 5_000:
+                created.append(name("new"))
+                await a.append(Batch.build(created[-1], [b"v"]), assign_ids=True)
+
+        creator = asyncio.ensure_future(create())
+        try:
+            for _ in range(3):
+                before = len(created)
+                b = await JetStreamStorage.connect(cluster.urls)
+                try:
+                    assert [int(x.ids[-1]) for x in b.replay(reserved)][-1:] == [1000]
+                    assert len(created) > before  # (streams did appear during the connect)
+                finally:
+                    await b.close()
+        finally:
+            stop.set()
+            await creator
+
+    with_storages(cluster, 1, body)
+
+
 def test_no_cluster_at_the_urls_is_a_log_error_in_seconds() -> None:
     from tidewire.cluster.local import free_port
 

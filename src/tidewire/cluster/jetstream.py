@@ -188,8 +188,9 @@ class JetStreamStorage:
         await self.nc.subscribe("twn.>", cb=self._on_notify,
                                 pending_bytes_limit=NOTIFY_PENDING_BYTES)  # fmt: skip
         await self._load_catalog(load_concurrency)
-        for stream in self.catalog.heads:
-            if stream.startswith(RESERVED_PREFIX) and self.catalog.known(stream):
+        # (a copy: a notification handled during the reads below adds heads of new streams)
+        for stream in [s for s in self.catalog.heads if s.startswith(RESERVED_PREFIX)]:
+            if self.catalog.known(stream):
                 self._reserved[stream] = await self._read_all(stream)
         self._spawn(self._every(self.status_interval_s, self.refresh_status))
         # (always: a runtime retention may be set on any stream, by any gateway, at any time;
