@@ -39,6 +39,20 @@ def test_every_node_syncs_always_and_has_a_meta_leader(cluster: LocalCluster) ->
     assert meta["cluster_size"] == 3
 
 
+def test_a_node_that_does_not_come_up_is_reported_with_the_end_of_its_log(
+    own_cluster: Callable[[int], LocalCluster],
+) -> None:
+    running = own_cluster(3)
+    running.kill(2)
+    for line in ("first line\n", "x" * 3000 + "\n", "the last words\n"):
+        with open(running.directory / "n3.log", "a") as log:
+            log.write(line)
+    assert running.log_tail(running.nodes[2]).endswith("the last words\n")
+    assert "first line" not in running.log_tail(running.nodes[2])
+    with pytest.raises(ClusterError, match=r"(?s)n3 exited \(-9\); the end of .*:.*last words"):
+        running.wait_ready(5, [running.nodes[2]])
+
+
 def test_a_killed_node_restarts_on_its_ports_and_stop_ends_every_process(
     own_cluster: Callable[[int], LocalCluster],
 ) -> None:

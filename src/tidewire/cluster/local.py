@@ -196,11 +196,9 @@ class LocalCluster:
         for node in nodes or self.nodes:
             while not self._ready(node):
                 if node.process is not None and node.process.poll() is not None:
-                    raise ClusterError(f"nats-server {node.name} exited "
-                                       f"({node.process.returncode}): see "
-                                       f"{self.directory / (node.name + '.log')}")  # fmt: skip
+                    raise self._failed(node, f"exited ({node.process.returncode})")
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"nats-server {node.name} not ready in {seconds:.0f}s")
+                    raise self._failed(node, f"not ready in {seconds:.0f}s")
                 time.sleep(0.05)
 
     def _ready(self, node: Node) -> bool:
@@ -215,6 +213,20 @@ class LocalCluster:
             return bool(meta.get("leader"))
         except (OSError, urllib.error.URLError, ValueError):
             return False
+
+    def _failed(self, node: Node, what: str) -> ClusterError:
+        log = self.directory / f"{node.name}.log"
+        return ClusterError(f"nats-server {node.name} {what}; the end of {log}:\n"
+                            f"{self.log_tail(node)}")  # fmt: skip
+
+    def log_tail(self, node: Node, size: int = 2000) -> str:
+        """The last ``size`` bytes of ``node``'s log (``<dir>/<name>.log``), as text."""
+        try:
+            with open(self.directory / f"{node.name}.log", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                return f.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(unreadable: {exc})"
 
     def monitor(self, node: Node, path: str) -> dict[str, object]:
         """A monitoring endpoint's JSON (``/jsz?streams=true``, ``/varz``...) of ``node``."""
