@@ -17,6 +17,7 @@ from helpers import run, until
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.jsapi import CorruptRecordError, JetStreamError, StoredRecord
 from tidewire.cluster.local import LocalCluster
+from tidewire.cluster.shards import shard_config
 from tidewire.cluster.subjects import IDS, SUM, WRITE, RecordSum, shard_of, subject_of
 from tidewire.log import LogConfig, StreamSettings
 from tidewire.model import Batch, DataLossError, IdOrderError, LogError, StorageFullError
@@ -313,7 +314,7 @@ def test_describe_and_the_cluster_status(cluster: LocalCluster) -> None:
         assert status.connected in {u.removeprefix("nats://") for u in cluster.urls}
         assert len(status.servers) >= 3
         shard = shard_of("anything", 16)
-        assert json.dumps(a.shard_config(shard)["republish"]) == json.dumps(
+        assert json.dumps(shard_config(shard, a.replicas)["republish"]) == json.dumps(
             {"src": f"tw.{shard}.>", "dest": f"twn.{shard}.>", "headers_only": True}
         )
 

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tidewire.cluster.local import ClusterError, LocalCluster, find_nats_server, server_version
+from tidewire.cluster.local import (
+    MIN_VERSION,
+    ClusterError,
+    LocalCluster,
+    find_nats_server,
+    server_version,
+)
 
 
 def test_the_server_found_is_recent_enough() -> None:
-    assert server_version(find_nats_server()) >= (2, 11, 0)
+    assert server_version(find_nats_server()) >= MIN_VERSION >= (2, 12, 0)
 
 
 def test_an_old_server_is_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ from hubproc import HubProcess
 from tidewire.client.rsio import RsioError, connect
 from tidewire.client.rsio_staging import commit_parts, stage_part
 from tidewire.hub import Hub
-from tidewire.hub.staging import STAGING_DIR
+from tidewire.hub.staging import STAGING_DIR, Staging
 from tidewire.hub.txn import fingerprint
 from tidewire.model import Batch
 from tidewire.protocols.rsio.staged import StagedPart
@@ -37,7 +37,7 @@ def part_rows(txn: str, part: int, n: int = 4) -> Batch:
 def stage_by_hand(hub: Hub, txn: str, parts: int) -> tuple[list[StagedPart], Batch]:
     """Parts staged as a ``stage=`` offer leaves them; their rows as the commit merges them."""
     staging = hub.txns.staging
-    assert staging is not None
+    assert isinstance(staging, Staging)
     named, batches = [], []
     for p in range(parts):
         batch = part_rows(txn, p)

@@ -158,7 +158,7 @@ def test_principals_and_streams_do_not_share_parts(tmp_path: Path) -> None:
                 with pytest.raises(RsioError, match="not staged"):
                     await commit_parts(c, "t", "T", [p])
             staging = hub.txns.staging
-            assert staging is not None
+            assert isinstance(staging, Staging)
             assert staging.directory("anonymous", "s", "T") != staging.directory("bob", "s", "T")
             with pytest.raises(TxnPartMissing):
                 await hub.txns.commit_staged("T", "s", [p], principal="bob")
@@ -208,7 +208,8 @@ def test_sweep_and_partial_files(tmp_path: Path) -> None:
     old.finish()
     for entry in os.scandir(staging.directory("p", "s", "OLD")):
         os.utime(entry.path, (1000, 1000))
-    assert staging.sweep(now_ms=2_000_000, ttl_ms=1000) == 1
+    staging.ttl_ms = 1000
+    assert staging.sweep(now_ms=2_000_000) == 1
     assert not os.path.isdir(staging.directory("p", "s", "OLD"))
     assert staging.remove_partial() == 1
     assert os.listdir(staging.directory("p", "s", "T")) == []
@@ -230,7 +231,7 @@ def test_a_retention_pass_sweeps_stale_staging(tmp_path: Path) -> None:
             await stage_part(c, "s", "OLD", "0.0", [rows("x", 2)])
             await stage_part(c, "s", "NEW", "0.0", [rows("y", 2)])
             staging = hub.txns.staging
-            assert staging is not None
+            assert isinstance(staging, Staging)
             before = staged_dirs(tmp_path)
             for entry in os.scandir(staging.directory("anonymous", "s", "OLD")):
                 os.utime(entry.path, (1000, 1000))

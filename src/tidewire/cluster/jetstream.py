@@ -15,10 +15,9 @@ import asyncio
 import errno
 import functools
 import itertools
-import json
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import nats
@@ -29,18 +28,18 @@ from ..hub.storage import ClusterStatus, Storage, StreamAdmin, StreamStats
 from ..log import LogConfig, Retention
 from ..model import (
     Batch,
+    IdOrderError,
     LogClosedError,
     LogError,
     StorageFullError,
     now_ms,
     validate_stream_name,
 )
+from ..record import HEADER_SIZE
 from . import admin
 from .admin import StoredEntry
 from .catalog import Catalog, Head, RecordPoint
 from .jsapi import (
-    NOT_FOUND,
-    STREAM_NAME_IN_USE,
     TRANSIENT,
     Api,
     CorruptRecordError,
@@ -49,9 +48,12 @@ from .jsapi import (
     Tombstone,
     retrying,
 )
+from .jsatomic import Source, append_atomic
 from .jsread import Reader, find_time
-from .jswrite import StreamWriter
+from .jswrite import RECORD_BYTES, StreamWriter
 from .retention import enforce
+from .shards import FIRST_WAIT, STARTING, ensure_shard
+from .staging import JetStreamStaging
 from .status import cluster_status
 from .subjects import shard_stream, stream_of_admin_subject, stream_of_subject
 
@@ -60,17 +62,11 @@ __all__ = ["JetStreamStorage"]
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-MAX_MSG_SIZE = 8 * MiB
 RESERVED_PREFIX = "_tidewire."
 CONNECT_ATTEMPTS = 8  # per server, 0.25 s apart, before connect gives up
-FIRST_WAIT = 2.0  # seconds for each answer while connecting (a restarted cluster drops some)
 NOTIFY_PENDING_BYTES = 64 * MiB  # the notification subscription's bound (headers only)
+ATOMIC_FROM = RECORD_BYTES - HEADER_SIZE - 8  # an own-id append bigger than one record
 
-
-STARTING = frozenset({NOT_FOUND})
-"""What a shard stream's info may answer at startup, and is waited out: another gateway
-starting at the same moment created it (a create of the same configuration succeeds here
-too), and until the cluster has made it, "stream not found" (10059)."""
 
 class JetStreamStorage:
     """:class:`~tidewire.hub.storage.Storage` and :class:`~tidewire.hub.storage.StreamAdmin`
@@ -183,7 +179,8 @@ class JetStreamStorage:
     async def _start(self, load_concurrency: int) -> None:
         servers = max(len(self.urls), len(self.nc.servers))
         self.replicas = min(self.replicas, servers)
-        await asyncio.gather(*(self._ensure_shard(k) for k in range(self.shards)))
+        await asyncio.gather(*(ensure_shard(self.api, k, self.replicas, self.startup_s)
+                               for k in range(self.shards)))  # fmt: skip
         # Follow first, then load: a record stored meanwhile is seen by one or the other.
         await self.nc.subscribe("twn.>", cb=self._on_notify,
                                 pending_bytes_limit=NOTIFY_PENDING_BYTES)  # fmt: skip
@@ -196,46 +193,6 @@ class JetStreamStorage:
         # (always: a runtime retention may be set on any stream, by any gateway, at any time;
         # a pass over streams without limits reads nothing)
         self._spawn(self._every(self.retention_interval_s, self.retention_pass, wait=True))
-
-    def shard_config(self, shard: int) -> dict[str, Any]:
-        """The JetStream configuration of shard stream ``TW_<shard>`` (docs/cluster.md)."""
-        return {
-            "name": shard_stream(shard),
-            "subjects": [f"tw.{shard}.>"],
-            "retention": "limits",
-            "storage": "file",
-            "num_replicas": self.replicas,
-            "allow_direct": True,
-            "max_msg_size": MAX_MSG_SIZE,
-            "discard": "old",
-            "republish": {"src": f"tw.{shard}.>", "dest": f"twn.{shard}.>", "headers_only": True},
-        }
-
-    async def _ensure_shard(self, shard: int) -> None:
-        name = shard_stream(shard)
-        try:
-            await retrying(
-                lambda: self.api.call(
-                    f"$JS.API.STREAM.CREATE.{name}", self.shard_config(shard), FIRST_WAIT
-                ),
-                self.startup_s,
-            )
-            return
-        except JetStreamError as exc:
-            if exc.err_code != STREAM_NAME_IN_USE:
-                raise
-        info = await retrying(lambda: self.api.call(f"$JS.API.STREAM.INFO.{name}"),
-                              self.startup_s, also=STARTING)  # fmt: skip
-        config = info.get("config", {})  # created by someone else, differently: usable?
-        republish = config.get("republish") or {}
-        if (
-            f"tw.{shard}.>" not in config.get("subjects", [])
-            or republish.get("dest") != f"twn.{shard}.>"
-            or config.get("max_age", 0)
-            or config.get("max_msgs_per_subject", -1) > 0
-        ):
-            raise LogError(f"JetStream stream {name} exists with a configuration tidewire "
-                           f"cannot use: {json.dumps(config)}")  # fmt: skip
 
     async def _load_catalog(self, concurrency: int) -> None:
         """Every stream of every shard: its administration entry, then its first and last
@@ -382,6 +339,10 @@ class JetStreamStorage:
 
     # ------------------------------------------------------------------ background passes
 
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` in the background (cancelled at close; a failure is logged)."""
+        self._spawn(work)
+
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
@@ -494,11 +455,35 @@ class JetStreamStorage:
         if fence is not None and fence != self.refusals:
             raise StorageFullError(batch.stream, errno.ENOSPC, "after an earlier append was "
                                    "refused")  # fmt: skip
+        if not assign_ids and batch.nbytes > ATOMIC_FROM:  # (more than one record: at once)
+            if batch.first_id <= self.accepted_latest(batch.stream):
+                raise IdOrderError(batch.stream, batch.first_id, self.accepted_latest(batch.stream))
+
+            async def whole() -> AsyncIterator[Batch]:
+                yield batch
+
+            await self.append_atomic(batch.stream, batch.first_id, len(batch), whole)
+            return batch
         writer = self.writers.get(batch.stream)
         if writer is None:
             head = self.catalog.head(batch.stream)
             writer = self.writers[batch.stream] = StreamWriter(self, head, self.max_queued_bytes)
         return await writer.append(batch, assign_ids, fence)
+
+    async def append_atomic(self, stream: str, first_id: int, count: int,
+                            source: Source) -> tuple[int, int]:  # fmt: skip
+        """Store the ``count`` events of ``source()`` as ids ``first_id``.. of ``stream``,
+        all visible at once or none (:mod:`.jsatomic`), after this gateway's appends queued
+        before; the ids stored."""
+        self._check_open()
+        writer = self.writers.get(stream)
+        if writer is not None:
+            await writer.idle.wait()
+        return await append_atomic(self, self.catalog.head(stream), first_id, count, source)
+
+    def staging_area(self) -> JetStreamStaging:
+        """Staged parts in ``TW_STAGE`` (:mod:`.staging`)."""
+        return JetStreamStaging(self)
 
     async def read(self, stream: str, from_id: int, max_bytes: int, max_events: int) -> list[Batch]:
         if self._closed:

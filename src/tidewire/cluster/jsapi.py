@@ -261,13 +261,28 @@ class Api:
     async def direct_batch(
         self, stream: str, subject: str, seq: int, batch: int, max_bytes: int
     ) -> list[StoredRecord]:
+        """Up to ``batch`` records of ``subject`` from ``seq`` on (about ``max_bytes``, at
+        least one), in one batched direct get (:meth:`direct_messages`); tombstones left
+        out."""
+        out: list[StoredRecord] = []
+        for msg in await self.direct_messages(stream, subject, seq, batch, max_bytes):
+            try:
+                out.append(_record(stream, msg.headers or {}, msg.data))
+            except Tombstone:
+                continue  # (a deleted stream's mark: no record, and nothing before it)
+        return out
+
+    async def direct_messages(
+        self, stream: str, subject: str, seq: int, batch: int, max_bytes: int
+    ) -> list[Msg]:
         """Up to ``batch`` messages of ``subject`` from ``seq`` on (about ``max_bytes``, at
         least one), in one batched direct get: answered message by message on an inbox and
-        closed by a ``Status: 204`` (end of batch) or ``404`` (none)."""
+        closed by a ``Status: 204`` (end of batch) or ``404`` (none). Each has its headers
+        (``Nats-Sequence`` among them)."""
         inbox = self.nc.new_inbox()
         got: asyncio.Queue[Msg] = asyncio.Queue()
         sub = await self.nc.subscribe(inbox, cb=got.put)
-        out: list[StoredRecord] = []
+        out: list[Msg] = []
         try:
             body = {"seq": seq, "next_by_subj": subject, "batch": batch, "max_bytes": max_bytes}
             await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(body).encode(),
@@ -279,10 +294,7 @@ class Api:
                     return out
                 if status is not None or not msg.headers:
                     raise JetStreamError(int(status or 0), 0, f"direct get batch: {status}")
-                try:
-                    out.append(_record(stream, msg.headers, msg.data))
-                except Tombstone:
-                    continue  # (a deleted stream's mark: no record, and nothing before it)
+                out.append(msg)
         finally:
             await sub.unsubscribe()
 

@@ -35,9 +35,10 @@ from ..model import TidewireError
 
 __all__ = ["MIN_VERSION", "ClusterError", "LocalCluster", "Node", "find_nats_server"]
 
-MIN_VERSION = (2, 11, 0)
-"""The oldest nats-server tidewire runs on: ``sync_interval`` (2.10) and batched direct gets
-with ``next_by_subj`` (2.11), which the JetStream backend reads with."""
+MIN_VERSION = (2, 12, 0)
+"""The oldest nats-server tidewire runs on: ``sync_interval`` (2.10), batched direct gets
+with ``next_by_subj`` (2.11), which the JetStream backend reads with, and atomic batch
+publishes (2.12), which it stores transactions with."""
 
 MAX_PAYLOAD = 8 * 1024 * 1024
 READY_SECONDS = 30.0

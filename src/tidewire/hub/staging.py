@@ -34,6 +34,7 @@ pass) and ``*.tmp`` files left by a crash when the hub opens.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import itertools
@@ -41,16 +42,26 @@ import logging
 import mmap
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from crc32c import crc32c
 
 from ..model import Batch, TidewireError
-from ..record import HEADER_SIZE, HeaderError, decode_body, parse_header
+from ..record import HEADER_SIZE, HeaderError, decode_body, merge, parse_header
+from .fingerprint import Fingerprint, fingerprint
 
-__all__ = ["STAGING_DIR", "NamedPart", "PartWriter", "StagedInfo", "Staging", "TxnPartMissing"]
+if TYPE_CHECKING:
+    from .storage import Storage
+
+__all__ = [
+    "STAGING_DIR", "STAGING_TTL_MS", "Content", "NamedPart", "PartSink", "PartWriter",
+    "StagedInfo", "Staging", "StagingArea", "TxnPartMissing", "key_digest", "records_of",
+]
+
+STAGING_TTL_MS = 24 * 3600 * 1000
+"""Staged parts untouched this long are dropped (a day; setting ``txn.staging_ttl_ms``)."""
 
 log = logging.getLogger("tidewire.hub")
 
@@ -76,6 +87,65 @@ class NamedPart(Protocol):
     def count(self) -> int: ...
     @property
     def fp(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What a commit stores: ``count`` events of fingerprint ``fp`` (about ``nbytes``), and
+    how to append them as ids ``first``.. (returning the ids stored): one batch
+    (:meth:`~.txn.Transactions.commit`), or staged parts that are never in memory at once
+    (:meth:`StagingArea.content`)."""
+
+    count: int
+    fp: int
+    append: Callable[[int], Awaitable[tuple[int, int]]]
+    nbytes: int = 0
+
+
+class PartSink(Protocol):
+    """One part being received (a ``stage=`` offer): :meth:`write` its elements as they
+    come (each one log record, checked: :class:`ValueError`), then :meth:`close`, or
+    :meth:`discard` (the offer failed; never raises)."""
+
+    async def write(self, elements: Sequence[bytes]) -> None: ...
+    async def close(self) -> StagedInfo: ...
+    def discard(self) -> None: ...
+
+
+class StagingArea(Protocol):
+    """Where a hub keeps staged parts: files in the embedded log's data directory
+    (:class:`Staging`), or a JetStream stream in cluster mode
+    (``tidewire.cluster.staging``). ``ttl_ms``: parts untouched this long are dropped."""
+
+    ttl_ms: int
+
+    def writer(self, principal: str | None, stream: str, txn: str, part: str) -> PartSink:
+        """A new part of that transaction key (replacing one of the same name)."""
+        ...
+
+    async def content(self, principal: str | None, stream: str, txn: str,
+                      parts: Sequence[NamedPart]) -> Content:  # fmt: skip
+        """The named parts, in order, as a commit's :class:`Content` (each part checked
+        against its count and fingerprint first: :class:`TxnPartMissing`)."""
+        ...
+
+    async def drop(self, principal: str | None, stream: str, txn: str) -> bool:
+        """Forget every part of that key (committed, aborted); whether there were any."""
+        ...
+
+    def sweep(self, now_ms: int, keep: Sequence[tuple[str | None, str, str]]) -> int:
+        """Drop parts untouched for :attr:`ttl_ms` (except those of the keys ``keep``:
+        commits running); how many keys' (0 where the store expires them itself)."""
+        ...
+
+    def staged_bytes(self) -> int:
+        """Bytes of staged parts (for the stats; as last known)."""
+        ...
+
+
+def key_digest(principal: str | None, stream: str, txn: str) -> str:
+    """The name of a transaction key's parts (32 hex digits of SHA-256)."""
+    return hashlib.sha256(f"{principal}\0{stream}\0{txn}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +202,15 @@ class PartWriter:
         self.records += 1
         self.nbytes += len(element)
 
+    async def write(self, elements: Sequence[bytes]) -> None:
+        """:meth:`add` each (small writes on the event loop's thread: the page cache's)."""
+        for element in elements:
+            self.add(element)
+
+    async def close(self) -> StagedInfo:
+        """:meth:`finish`, in a worker thread."""
+        return await asyncio.to_thread(self.finish)
+
     def finish(self) -> StagedInfo:
         """Put the part under its final name (not fsynced: the module says why) and describe
         it."""
@@ -151,15 +230,17 @@ class PartWriter:
 
 
 class Staging:
-    """The staging area under ``root`` (``<data_dir>/.txn-staging``)."""
+    """The staging area under ``root`` (``<data_dir>/.txn-staging``), committed into
+    ``storage`` (the embedded log's: a transaction bigger than one append is a bulk append)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage: Storage | None = None) -> None:
         self.root = root
+        self.storage = storage
+        self.ttl_ms = STAGING_TTL_MS
 
     def directory(self, principal: str | None, stream: str, txn: str) -> str:
         """Where the parts of that transaction key are."""
-        digest = hashlib.sha256(f"{principal}\0{stream}\0{txn}".encode()).hexdigest()[:32]
-        return os.path.join(self.root, digest)
+        return os.path.join(self.root, key_digest(principal, stream, txn))
 
     def writer(self, principal: str | None, stream: str, txn: str, part: str) -> PartWriter:
         return PartWriter(self.directory(principal, stream, txn), part)
@@ -195,7 +276,7 @@ class Staging:
             # checked (header and body CRC) as it arrived, so a file that matches is what the
             # writer sent and its records are decoded without a second body CRC pass.
             fp = crc32c(data)
-            batches = list(_records(stream, data, verify=fp != named.fp))
+            batches = list(records_of(stream, data, verify=fp != named.fp))
             count = sum(len(b) for b in batches)
             if (count, fp) != (named.count, named.fp):
                 raise TxnPartMissing(
@@ -203,16 +284,62 @@ class Staging:
                     f"event(s) of fingerprint {fp}, not the {named.count} of {named.fp} named")
             yield from batches
 
-    def drop(self, principal: str | None, stream: str, txn: str) -> None:
-        """Forget every part of that key (committed, aborted)."""
-        shutil.rmtree(self.directory(principal, stream, txn), ignore_errors=True)
+    async def content(self, principal: str | None, stream: str, txn: str,
+                      parts: Sequence[NamedPart]) -> Content:  # fmt: skip
+        """The named parts as one batch (read whole, in a worker thread), or, bigger than one
+        append takes, as a bulk append (log/bulk.py) never all in memory."""
+        from .storage import BulkAppends  # (storage.py imports this module's names)
 
-    def sweep(self, now_ms: int, ttl_ms: int, keep: Sequence[str] = ()) -> int:
-        """Drop the key directories whose newest file is older than ``ttl_ms`` at ``now_ms``
-        (wall clock ms), except those in ``keep`` (commits running); how many."""
-        dropped = 0
+        storage = self.storage
+        assert storage is not None, "a staging area without a storage commits nothing"
+        nbytes = self.size(principal, stream, txn, parts)
+        limit = storage.bulk_from_bytes if isinstance(storage, BulkAppends) else None
+        if limit is None or nbytes <= limit:
+            batches = await asyncio.to_thread(
+                lambda: list(self.load(principal, stream, txn, parts)))
+            batch = merge([(b, None) for b in batches]) if len(batches) > 1 else batches[0]
+
+            async def append_batch(first: int) -> tuple[int, int]:
+                stored = await storage.append(batch.with_ids(first))
+                return stored.first_id, stored.last_id
+
+            return Content(len(batch), fingerprint(batch), append_batch, batch.nbytes)
+        assert isinstance(storage, BulkAppends)
+
+        def source() -> Iterator[Batch]:  # (the page cache's pages, mapped: not a copy)
+            return self.load(principal, stream, txn, parts, mapped=True)
+
+        def fingerprinted() -> Fingerprint:  # a first pass, which checks each part too
+            acc = Fingerprint()
+            for b in source():
+                acc.add(b)
+            return acc
+
+        acc = await asyncio.to_thread(fingerprinted)
+
+        async def append_bulk(first: int) -> tuple[int, int]:  # (the parts read again)
+            return await storage.append_bulk(stream, first, acc.count, nbytes, source)
+
+        return Content(acc.count, acc.value(), append_bulk, nbytes)
+
+    async def drop(self, principal: str | None, stream: str, txn: str) -> bool:
+        """Forget every part of that key (committed, aborted); whether there were any."""
+        return await asyncio.to_thread(self._remove, self.directory(principal, stream, txn))
+
+    @staticmethod
+    def _remove(directory: str) -> bool:
+        existed = os.path.isdir(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        return existed
+
+    def sweep(self, now_ms: int, keep: Sequence[tuple[str | None, str, str]] = ()) -> int:
+        """Drop the key directories whose newest file is older than :attr:`ttl_ms` at
+        ``now_ms`` (wall clock ms), except those of the keys ``keep`` (commits running); how
+        many."""
+        dropped, ttl_ms = 0, self.ttl_ms
+        kept = {self.directory(*key) for key in keep}
         for name, path in self._directories():
-            if path in keep:
+            if path in kept:
                 continue
             try:
                 newest = max((e.stat().st_mtime for e in os.scandir(path)),
@@ -253,7 +380,9 @@ class Staging:
                 yield entry.name, entry.path
 
 
-def _records(stream: str, data: memoryview, *, verify: bool = True) -> Iterator[Batch]:
+def records_of(stream: str, data: memoryview, *, verify: bool = True) -> Iterator[Batch]:
+    """The batches of the log records back to back in ``data`` (:class:`TxnPartMissing`
+    when one is damaged)."""
     pos = 0
     while pos < len(data):
         try:

@@ -25,6 +25,7 @@ renaming anything in the log (whose tests and tools stay as they are).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -32,6 +33,7 @@ from typing import Protocol, runtime_checkable
 from ..log import Log, LogConfig, Retention, StreamStats
 from ..model import Batch
 from ..record import HEADER_SIZE
+from .staging import STAGING_DIR, Staging, StagingArea
 
 __all__ = [
     "BulkAppends",
@@ -40,6 +42,7 @@ __all__ = [
     "GroupStatus",
     "ReplicaStatus",
     "Retention",
+    "StagesParts",
     "Storage",
     "StreamAdmin",
     "StreamStats",
@@ -256,6 +259,16 @@ class BulkAppends(Protocol):
         ...
 
 
+@runtime_checkable
+class StagesParts(Protocol):
+    """What a storage that keeps staged transaction parts (hub/staging.py: the Spark sink's)
+    offers besides :class:`Storage`."""
+
+    def staging_area(self) -> StagingArea:
+        """Its staging area (one per hub: made once, by the hub's transactions)."""
+        ...
+
+
 class EmbeddedStorage:
     """:class:`Storage` on the embedded :class:`~tidewire.log.Log` of one data directory."""
 
@@ -271,6 +284,10 @@ class EmbeddedStorage:
     def directory(self) -> str:
         """The data directory (absolute)."""
         return self.log.directory
+
+    def staging_area(self) -> Staging:
+        """Files under ``<data_dir>/.txn-staging`` (hub/staging.py)."""
+        return Staging(os.path.join(self.log.directory, STAGING_DIR), self)
 
     def describe(self) -> str:
         return self.log.directory

@@ -98,24 +98,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ..model import Batch, IdOrderError, TidewireError
-from ..record import merge
 from .fingerprint import Fingerprint, fingerprint
 from .ledger import past
-from .staging import STAGING_DIR, NamedPart, Staging
-from .storage import BulkAppends
+from .staging import STAGING_TTL_MS, Content, NamedPart, Staging, StagingArea
+from .storage import StagesParts
 
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["STAGING_TTL_MS", "TXN_STREAM", "Transactions", "TxnKey", "TxnReceipt", "fingerprint"]
+__all__ = [
+    "STAGING_TTL_MS", "TXN_STREAM", "Content", "Transactions", "TxnKey", "TxnReceipt",
+    "fingerprint",
+]
 
 log = logging.getLogger("tidewire.hub")
 
@@ -123,7 +124,6 @@ TXN_STREAM = "_tidewire.txns"
 MAX_TXN_BYTES = 1024
 RETRIES = 16  # collisions with other writers' ids (each leaves a wider gap) before giving up
 TRIES = 256  # decisions (each after a catch-up) before giving up: see _commit
-STAGING_TTL_MS = 24 * 3600 * 1000  # staged parts untouched this long are dropped (a day)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,17 +158,6 @@ class _Entry:
         return self.first + self.count - 1
 
 
-@dataclass(frozen=True, slots=True)
-class Content:
-    """What a commit stores: ``count`` events of fingerprint ``fp``, and how to append them
-    as ids ``first``.. (returning the ids stored): one batch (:meth:`Transactions.commit`), or
-    a bulk append of staged parts that never is in memory at once (:meth:`commit_staged`)."""
-
-    count: int
-    fp: int
-    append: Callable[[int], Awaitable[tuple[int, int]]]
-
-
 class _Outcome(Enum):
     OPEN = "open"  # nothing stored at or above the intent's first id yet: it may still land
     DONE = "done"  # one of the key's intents at that id is stored there
@@ -187,14 +176,21 @@ class Transactions:
         self._locks: dict[TxnKey, tuple[asyncio.Lock, list[int]]] = {}  # per key: lock, users
         self._stream_locks: dict[str, asyncio.Lock] = {}
         self._legacy: dict[str, TxnKey] = {}  # at load: a keyless done record's intent
-        directory = getattr(hub.storage, "directory", None)  # (the embedded log's only)
-        self.staging: Staging | None = None
-        """Staged parts (:mod:`.staging`): ``None`` where the storage has no data directory
-        (JetStream: staged offers are refused there, docs/spark.md "Sink")."""
-        if isinstance(directory, str):
-            self.staging = Staging(os.path.join(directory, STAGING_DIR))
-        self.staging_ttl_ms = STAGING_TTL_MS
-        """Staged parts untouched this long are dropped after a retention pass."""
+        storage = hub.storage
+        self.staging: StagingArea | None = (storage.staging_area()
+                                            if isinstance(storage, StagesParts) else None)
+        """Staged parts (:mod:`.staging`): the storage's (files in the embedded log's data
+        directory, a JetStream stream in cluster mode); ``None`` where it keeps none."""
+
+    @property
+    def staging_ttl_ms(self) -> int:
+        """Staged parts untouched this long are dropped (setting ``txn.staging_ttl_ms``)."""
+        return self.staging.ttl_ms if self.staging is not None else STAGING_TTL_MS
+
+    @staging_ttl_ms.setter
+    def staging_ttl_ms(self, value: int) -> None:
+        if self.staging is not None:
+            self.staging.ttl_ms = value
 
     def load(self) -> None:
         """Rebuild the registry from ``_tidewire.txns`` (at hub open), then forget what
@@ -204,8 +200,8 @@ class Transactions:
             self._apply(record, now, seq)
         self._legacy.clear()
         self.forget_removed(now)
-        if self.staging is not None and not getattr(getattr(self.hub.storage, "log", None),
-                                                    "read_only", False):
+        if isinstance(self.staging, Staging) and not getattr(getattr(self.hub.storage, "log",
+                                                                     None), "read_only", False):
             self.staging.remove_partial()
 
     async def catch_up(self) -> int:
@@ -276,8 +272,7 @@ class Transactions:
         for key in gone:
             del self._entries[key]
         if self.staging is not None:  # (staged parts nobody committed or aborted)
-            running = [self.staging.directory(*k) for k in self._locks]
-            self.staging.sweep(now, self.staging_ttl_ms, running)
+            self.staging.sweep(now, list(self._locks))
         return len(gone)
 
     async def commit_staged(
@@ -291,8 +286,9 @@ class Transactions:
         (a replay; its parts are dropped). A named part not staged, or holding other rows
         than named (count, fingerprint): :class:`~.staging.TxnPartMissing` (stage it again).
         Empty ``parts`` or parts of no event: a receipt of count 0."""
-        if self.staging is None:
-            raise TidewireError("staged transactions need the embedded log (docs/spark.md)")
+        staging = self.staging
+        if staging is None:
+            raise TidewireError("this hub's storage keeps no staged parts")
         if not txn or len(txn.encode()) > MAX_TXN_BYTES:
             raise TidewireError(f"a transaction id is 1..{MAX_TXN_BYTES} bytes")
         key = _key(principal, stream, txn)
@@ -301,67 +297,30 @@ class Transactions:
         if found is None or not found[1].done:
             await self.catch_up()
             found = self._find(key)
-        staging = self.staging
         if found is not None and found[1].done:  # a replay: nothing to read
-            staging.drop(principal, stream, txn)
+            await staging.drop(principal, stream, txn)
             return _already(found[1], stream, txn, count)
         if not count:
-            staging.drop(principal, stream, txn)
+            await staging.drop(principal, stream, txn)
             return TxnReceipt(stream, 0, 0, 0, already=False)
-        # (a running commit of the key is waited for in commit(), which then answers DONE)
-        storage, nbytes = self.hub.storage, staging.size(principal, stream, txn, parts)
-        limit = storage.bulk_from_bytes if isinstance(storage, BulkAppends) else None
-        if limit is not None and nbytes > limit:  # more than one append takes: a bulk append
-            receipt = await self._commit_bulk(txn, stream, parts, nbytes, principal, via)
-        else:
-            batches = await asyncio.to_thread(
-                lambda: list(staging.load(principal, stream, txn, parts)))
-            batch = merge([(b, None) for b in batches]) if len(batches) > 1 else batches[0]
-            receipt = await self.hub.commit(txn, batch, via=via, principal=principal)
-        staging.drop(principal, stream, txn)
+        # (a running commit of the key is waited for in commit_content, which then answers
+        # DONE; the parts are read, and checked, first)
+        content = await staging.content(principal, stream, txn, parts)
+        receipt = await self.hub.commit_content(txn, stream, content, content.nbytes, via=via,
+                                                principal=principal)  # fmt: skip
+        await staging.drop(principal, stream, txn)
         return receipt
 
-    async def _commit_bulk(self, txn: str, stream: str, parts: Sequence[NamedPart],
-                           nbytes: int, principal: str, via: str) -> TxnReceipt:  # fmt: skip
-        """A staged transaction as one bulk append (log/bulk.py): its fingerprint from a first
-        pass over the parts (which checks each against its name), then the parts appended as
-        they are read again; never all in memory (the page cache's pages, mapped)."""
-        staging, storage = self.staging, self.hub.storage
-        assert staging is not None
-        assert isinstance(storage, BulkAppends)
-
-        def source() -> Iterator[Batch]:
-            return staging.load(principal, stream, txn, parts, mapped=True)
-
-        def fingerprinted() -> Fingerprint:
-            acc = Fingerprint()
-            for batch in source():
-                acc.add(batch)
-            return acc
-
-        acc = await asyncio.to_thread(fingerprinted)
-
-        async def append(first: int) -> tuple[int, int]:
-            return await storage.append_bulk(stream, first, acc.count, nbytes, source)
-
-        content = Content(acc.count, acc.value(), append)
-        return await self.hub.commit_content(txn, stream, content, nbytes, via=via,
-                                             principal=principal)  # fmt: skip
-
-    def abort_staged(self, txn: str, stream: str, *, principal: str = "anonymous") -> bool:
+    async def abort_staged(self, txn: str, stream: str, *, principal: str = "anonymous") -> bool:
         """Drop the staged parts of that key unless a commit of it is running; whether any
         were dropped (nothing is appended, a committed transaction stays committed)."""
         key = _key(principal, stream, txn)
         if self.staging is None or key in self._locks:
             return False
-        directory = self.staging.directory(principal, stream, txn)
-        existed = os.path.isdir(directory)
-        self.staging.drop(principal, stream, txn)
-        return existed
+        return await self.staging.drop(principal, stream, txn)
 
     def staged_bytes(self) -> int:
-        """Bytes of staged parts on disk, waiting for a commit or an abort (0 without staging:
-        a cluster's gateways have none yet)."""
+        """Bytes of staged parts waiting for a commit or an abort (0 without staging)."""
         return 0 if self.staging is None else self.staging.staged_bytes()
 
     async def forget_stream(self, stream: str) -> int:

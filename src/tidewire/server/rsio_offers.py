@@ -14,9 +14,11 @@ fit fails the offer with ``offerEnded``), and committed once at its onComplete
 may have changed, to charge them to its share (gauge ``"ingest"``).
 
 Staged transactions (docs/protocols/rsio.md "Staged transactions", :mod:`tidewire.hub.staging`):
-a ``stage=`` offer's records are checked and written through to a staging file as they
-arrive (nothing held, no ``max_txn_bytes``), made durable at onComplete and acknowledged with
-one ``committed(offer, records, 1, events)``; a ``commit`` offer's one JSON element names the
+a ``stage=`` offer's records are checked and written through to the hub's staging area (files,
+or JetStream in cluster mode) by the offer's task, :data:`STAGE_WINDOW` elements requested
+ahead of what is written (held meanwhile within ``max_txn_bytes`` and the budget, as a
+transaction's), closed at onComplete and acknowledged with one
+``committed(offer, records, 1, events)``; a ``commit`` offer's one JSON element names the
 parts (held as a transaction offer's elements are) and is committed at onComplete
 (``Transactions.commit_staged``); an ``abort`` offer drops the parts at onComplete.
 """
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ..hub import Ingest, Pipeline, Share, abandon
-from ..hub.staging import PartWriter
+from ..hub.staging import PartSink
 from ..model import Batch, TidewireError, now_ms
 from ..observe.logs import ConnectionLog
 from ..protocols.rsio import Cancel, Committed, Connection, OfferEnded, Request, Subscribe
@@ -38,9 +40,10 @@ from ..protocols.rsio.names import OfferName
 from ..protocols.rsio.runs import OfferRun, join_offer_parts, offer_run_decoder
 from ..protocols.rsio.staged import parse_parts
 
-__all__ = ["OFFER_WINDOW", "Inlet", "Offers"]
+__all__ = ["OFFER_WINDOW", "STAGE_WINDOW", "Inlet", "Offers"]
 
 OFFER_WINDOW = 8192  # elements requested ahead of what is committed, per offer
+STAGE_WINDOW = 4  # a stage= offer's records (a few MiB each) requested ahead of those written
 
 
 
@@ -60,7 +63,7 @@ class Inlet:
     task: asyncio.Task[None] | None = None
     explicit_ids: bool | None = None  # decided by the offer's first envelope batch
     failed: str | None = None  # the hub gave up on the offer (a transaction too big)
-    part: PartWriter | None = None  # a stage= offer's file
+    part: PartSink | None = None  # a stage= offer's part
 
 
 class Offers:
@@ -103,7 +106,7 @@ class Offers:
         if name.stage is not None and name.txn is not None:
             staging = self.ingest.hub.txns.staging
             if staging is None:
-                reason = "staged transactions need the embedded log (docs/spark.md)"
+                reason = "this hub keeps no staged parts"
                 self.refuse(offer, reason)
                 return reason
             try:
@@ -112,7 +115,7 @@ class Offers:
                 reason = f"cannot stage part {name.stage!r}: {exc}"
                 self.refuse(offer, reason)
                 return reason
-        self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW))
+        self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW if part is None else STAGE_WINDOW))
         inlet = self.inlets[offer] = Inlet(offer, name, part=part)
         inlet.task = asyncio.create_task(self._commit_loop(inlet))
         return None
@@ -195,9 +198,10 @@ class Offers:
             self.on_ingest()
 
     def _gather_txn(self, inlet: Inlet, parts: Sequence[bytes | OfferRun], count: int,
-                    nbytes: int) -> None:  # fmt: skip
+                    nbytes: int, *, request: bool = True) -> None:  # fmt: skip
         """A transaction's elements are held until its onComplete (then appended at once),
-        within ``max_txn_bytes`` per connection; more are requested as they arrive."""
+        within ``max_txn_bytes`` per connection; more are requested as they arrive (without
+        ``request``: once the offer's task has written them, a staged part's)."""
         if inlet.failed is not None:
             return
         if self.share is not None and not self.share.try_hold("txn", self.txn_bytes + nbytes):
@@ -211,25 +215,16 @@ class Offers:
             self._fail_txn(inlet, f"transactions on this connection exceed "
                                   f"{self.max_txn_bytes} bytes")  # fmt: skip
             return
-        if self.conn.is_subscribed(inlet.offer):
+        if request and self.conn.is_subscribed(inlet.offer):
             self.conn.send(Request(inlet.offer, count))
         inlet.wake.set()
 
     def _stage(self, inlet: Inlet, elements: Sequence[bytes]) -> None:
-        """A staged part's records: checked and written through to its file (page cache), so
-        nothing is held here; as many requested again."""
-        if inlet.failed is not None or inlet.part is None:
-            return
-        try:
-            for element in elements:
-                inlet.part.add(element)
-        except (ValueError, OSError) as exc:
-            inlet.failed = f"part {inlet.name.stage!r} not staged: {exc}"
-            inlet.wake.set()
-            return
-        inlet.count += len(elements)
-        if self.conn.is_subscribed(inlet.offer):
-            self.conn.send(Request(inlet.offer, len(elements)))
+        """A staged part's records: held (as a transaction's) until the offer's task has
+        written them to the staging area, then as many requested again."""
+        if inlet.failed is None and inlet.part is not None:
+            self._gather_txn(inlet, elements, len(elements), sum(map(len, elements)),
+                             request=False)  # fmt: skip
 
     def fail_open_txns(self, reason: str) -> bool:
         """Give up every transaction offer still receiving that has staged elements (each
@@ -417,7 +412,7 @@ class Offers:
         if name.action == "abort":
             if inlet.count:
                 raise ValueError("abort takes no element")
-            if txns.abort_staged(txn, name.stream, principal=principal):
+            if await txns.abort_staged(txn, name.stream, principal=principal):
                 self.log.info("transaction %r into %r aborted: staged parts dropped", txn,
                               name.stream)  # fmt: skip
             return
@@ -433,15 +428,15 @@ class Offers:
         if not self.conn.closed:
             self.conn.send(Committed(inlet.offer, 1, receipt.first_id, receipt.last_id))
 
-    async def _finish_stage(self, inlet: Inlet, part: PartWriter) -> None:
-        """A ``stage=`` offer's end: the part put under its final name (hub/staging.py),
-        ``committed(offer, records, 1, events)`` (when it has records), ``offerEnded``; or the
-        part dropped."""
+    async def _finish_stage(self, inlet: Inlet, part: PartSink) -> None:
+        """A ``stage=`` offer: its records written as they come (:meth:`_write_stage`), then
+        the part closed, ``committed(offer, records, 1, events)`` (when it has records),
+        ``offerEnded``; or the part dropped."""
         offer = inlet.offer
         try:
-            reason = await _completed(inlet, "part")
+            reason = await self._write_stage(inlet, part)
             if reason is None:
-                staged = await asyncio.to_thread(part.finish)
+                staged = await part.close()
                 if staged.records and not self.conn.closed:
                     self.conn.send(Committed(offer, staged.records, 1,
                                              max(staged.count, staged.records)))  # fmt: skip
@@ -453,13 +448,45 @@ class Offers:
         except asyncio.CancelledError:
             part.discard()
             raise
-        except OSError as exc:
+        except (OSError, TidewireError) as exc:
             part.discard()
             self.log.warning("offer %d: staging part %r failed: %s", offer, inlet.name.stage, exc)
             self._ended(offer, f"part not staged: {exc}", cancel=True)
         finally:
+            self.txn_bytes -= inlet.nbytes
+            inlet.parts, inlet.nbytes = [], 0
+            if self.share is not None:
+                self.share.hold("txn", self.txn_bytes)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
+
+    async def _write_stage(self, inlet: Inlet, part: PartSink) -> str | None:
+        """Write the part's records as they arrive, requesting as many again once written,
+        until the publisher ends: ``None`` when it completed, else why the part is not
+        staged."""
+        while True:
+            if inlet.failed is not None:
+                return inlet.failed
+            if inlet.parts:
+                taken, nbytes = cast(list[bytes], inlet.parts), inlet.nbytes
+                inlet.parts, inlet.nbytes = [], 0
+                try:
+                    await part.write(taken)
+                except ValueError as exc:
+                    return f"part {inlet.name.stage!r} not staged: {exc}"
+                finally:
+                    self.txn_bytes -= nbytes
+                    if self.share is not None:
+                        self.share.hold("txn", self.txn_bytes)
+                if inlet.ended is None and self.conn.is_subscribed(inlet.offer):
+                    self.conn.send(Request(inlet.offer, len(taken)))
+                    self.flush()
+                continue
+            if inlet.ended is not None:
+                return f"part abandoned: the publisher failed: {inlet.ended}" if inlet.ended \
+                    else None  # fmt: skip
+            inlet.wake.clear()
+            await inlet.wake.wait()
 
 
 async def _completed(inlet: Inlet, what: str) -> str | None:
