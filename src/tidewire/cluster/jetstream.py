@@ -470,16 +470,17 @@ class JetStreamStorage:
             writer = self.writers[batch.stream] = StreamWriter(self, head, self.max_queued_bytes)
         return await writer.append(batch, assign_ids, fence)
 
-    async def append_atomic(self, stream: str, first_id: int, count: int,
-                            source: Source) -> tuple[int, int]:  # fmt: skip
+    async def append_atomic(self, stream: str, first_id: int, count: int, source: Source,
+                            record_bytes: int = RECORD_BYTES) -> tuple[int, int]:  # fmt: skip
         """Store the ``count`` events of ``source()`` as ids ``first_id``.. of ``stream``,
-        all visible at once or none (:mod:`.jsatomic`), after this gateway's appends queued
-        before; the ids stored."""
+        all visible at once or none (:mod:`.jsatomic`, records of at most ``record_bytes``),
+        after this gateway's appends queued before; the ids stored."""
         self._check_open()
         writer = self.writers.get(stream)
         if writer is not None:
             await writer.idle.wait()
-        return await append_atomic(self, self.catalog.head(stream), first_id, count, source)
+        return await append_atomic(self, self.catalog.head(stream), first_id, count, source,
+                                   record_bytes)  # fmt: skip
 
     def staging_area(self) -> JetStreamStaging:
         """Staged parts in ``TW_STAGE`` (:mod:`.staging`)."""

@@ -114,10 +114,11 @@ async def records(source: AsyncIterator[Batch], first_id: int,
         yield flush()
 
 
-async def append_atomic(host: AtomicHost, head: Head, first_id: int, count: int,
-                        source: Source) -> tuple[int, int]:  # fmt: skip
+async def append_atomic(host: AtomicHost, head: Head, first_id: int, count: int, source: Source,
+                        record_bytes: int = RECORD_BYTES) -> tuple[int, int]:  # fmt: skip
     """Store the ``count`` events of ``source()`` (called again for each try) as ids
-    ``first_id``.. of ``head``'s stream, as one atomic batch; the ids stored.
+    ``first_id``.. of ``head``'s stream, as one atomic batch of records of at most
+    ``record_bytes``; the ids stored.
     :class:`~tidewire.model.IdOrderError` once the stream's head is at or above
     ``first_id``; retried (a conflict below ``first_id``, no answer) until
     ``append_timeout_s``."""
@@ -130,7 +131,7 @@ async def append_atomic(host: AtomicHost, head: Head, first_id: int, count: int,
                 return first_id, first_id + count - 1
             raise IdOrderError(head.name, first_id, head.latest)
         try:
-            return await _publish(host, head, first_id, count, source, write)
+            return await _publish(host, head, first_id, count, source, write, record_bytes)
         except JetStreamError as exc:
             if is_storage_full(exc):
                 raise StorageFullError(head.name, errno.ENOSPC,
@@ -153,7 +154,7 @@ async def append_atomic(host: AtomicHost, head: Head, first_id: int, count: int,
 
 
 async def _publish(host: AtomicHost, head: Head, first_id: int, count: int,
-                   source: Source, write: str) -> tuple[int, int]:  # fmt: skip
+                   source: Source, write: str, record_bytes: int) -> tuple[int, int]:  # fmt: skip
     api, nc = host.api, host.api.nc
     batch_id = uuid.uuid4().hex
     expected = head.last_seq
@@ -164,9 +165,10 @@ async def _publish(host: AtomicHost, head: Head, first_id: int, count: int,
     queued: tuple[bytearray, dict[str, str]] | None = None
 
     async def send(data: bytearray, headers: dict[str, str], *, commit: bool) -> None:
-        n = len(points)
-        if n > MAX_MESSAGES:
-            raise LimitExceeded("records in one atomic JetStream batch", MAX_MESSAGES, n)
+        n = int(headers["Nats-Batch-Sequence"])
+        if len(points) > MAX_MESSAGES:  # (before the last message allowed: none is stored)
+            raise LimitExceeded("records in one atomic JetStream batch", MAX_MESSAGES,
+                                len(points))  # fmt: skip
         if commit:
             headers["Nats-Batch-Commit"] = "1"
         if commit or n == 1 or n % ACK_EVERY == 0:
@@ -183,7 +185,7 @@ async def _publish(host: AtomicHost, head: Head, first_id: int, count: int,
         else:
             await nc.publish(head.subject, bytes(data), headers=headers)
 
-    async for data, n, max_ts in records(source(), first_id):
+    async for data, n, max_ts in records(source(), first_id, record_bytes):
         if queued is not None:
             await send(*queued, commit=False)
         a, b = last_id + 1, last_id + n

@@ -168,6 +168,9 @@ class JetStreamStaging:
             i, count, fp = wrong
             if i in leader:
                 named = parts[i]
+                if not count:
+                    raise TxnPartMissing(f"part {named.part!r} of transaction {txn!r} into "
+                                         f"{stream!r} is not staged (stage it again)")
                 raise TxnPartMissing(
                     f"part {named.part!r} of transaction {txn!r} into {stream!r} holds {count} "
                     f"event(s) of fingerprint {fp}, not the {named.count} of {named.fp} named")

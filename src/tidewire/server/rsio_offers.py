@@ -16,8 +16,9 @@ may have changed, to charge them to its share (gauge ``"ingest"``).
 Staged transactions (docs/protocols/rsio.md "Staged transactions", :mod:`tidewire.hub.staging`):
 a ``stage=`` offer's records are checked and written through to the hub's staging area (files,
 or JetStream in cluster mode) by the offer's task, :data:`STAGE_WINDOW` elements requested
-ahead of what is written (held meanwhile within ``max_txn_bytes`` and the budget, as a
-transaction's), closed at onComplete and acknowledged with one
+ahead of what is written (held meanwhile within the connection's budget share, gauge
+``"stage"``; never ``max_txn_bytes``: a part is not held whole), closed at onComplete and
+acknowledged with one
 ``committed(offer, records, 1, events)``; a ``commit`` offer's one JSON element names the
 parts (held as a transaction offer's elements are) and is committed at onComplete
 (``Transactions.commit_staged``); an ``abort`` offer drops the parts at onComplete.
@@ -85,6 +86,7 @@ class Offers:
         self.max_txn_bytes = max_txn_bytes
         self.inlets: dict[int, Inlet] = {}
         self.txn_bytes = 0  # held by this connection's open transaction offers
+        self.stage_bytes = 0  # staged records held until written (gauge "stage")
         self.share = share
         self.on_ingest = on_ingest
 
@@ -198,10 +200,9 @@ class Offers:
             self.on_ingest()
 
     def _gather_txn(self, inlet: Inlet, parts: Sequence[bytes | OfferRun], count: int,
-                    nbytes: int, *, request: bool = True) -> None:  # fmt: skip
+                    nbytes: int) -> None:  # fmt: skip
         """A transaction's elements are held until its onComplete (then appended at once),
-        within ``max_txn_bytes`` per connection; more are requested as they arrive (without
-        ``request``: once the offer's task has written them, a staged part's)."""
+        within ``max_txn_bytes`` per connection; more are requested as they arrive."""
         if inlet.failed is not None:
             return
         if self.share is not None and not self.share.try_hold("txn", self.txn_bytes + nbytes):
@@ -215,16 +216,25 @@ class Offers:
             self._fail_txn(inlet, f"transactions on this connection exceed "
                                   f"{self.max_txn_bytes} bytes")  # fmt: skip
             return
-        if request and self.conn.is_subscribed(inlet.offer):
+        if self.conn.is_subscribed(inlet.offer):
             self.conn.send(Request(inlet.offer, count))
         inlet.wake.set()
 
     def _stage(self, inlet: Inlet, elements: Sequence[bytes]) -> None:
-        """A staged part's records: held (as a transaction's) until the offer's task has
-        written them to the staging area, then as many requested again."""
-        if inlet.failed is None and inlet.part is not None:
-            self._gather_txn(inlet, elements, len(elements), sum(map(len, elements)),
-                             request=False)  # fmt: skip
+        """A staged part's records: held until the offer's task has written them to the
+        staging area (at most the :data:`STAGE_WINDOW` requested), then as many requested
+        again."""
+        if inlet.failed is not None or inlet.part is None:
+            return
+        nbytes = sum(map(len, elements))
+        if self.share is not None and not self.share.try_hold("stage", self.stage_bytes + nbytes):
+            inlet.failed = "staged parts on this connection exceed its memory budget"
+        else:
+            inlet.parts += elements
+            inlet.count += len(elements)
+            inlet.nbytes += nbytes
+            self.stage_bytes += nbytes
+        inlet.wake.set()
 
     def fail_open_txns(self, reason: str) -> bool:
         """Give up every transaction offer still receiving that has staged elements (each
@@ -233,8 +243,8 @@ class Offers:
         what overflows it, so it fails, not the connection (which carries on)."""
         failed = False
         for inlet in self.inlets.values():
-            if (inlet.name.txn is not None and inlet.ended is None and inlet.failed is None
-                    and inlet.nbytes):  # fmt: skip
+            if (inlet.name.txn is not None and inlet.part is None and inlet.ended is None
+                    and inlet.failed is None and inlet.nbytes):  # fmt: skip
                 self._fail_txn(inlet, reason)
                 failed = True
         return failed
@@ -453,12 +463,15 @@ class Offers:
             self.log.warning("offer %d: staging part %r failed: %s", offer, inlet.name.stage, exc)
             self._ended(offer, f"part not staged: {exc}", cancel=True)
         finally:
-            self.txn_bytes -= inlet.nbytes
+            self._unstage(inlet.nbytes)
             inlet.parts, inlet.nbytes = [], 0
-            if self.share is not None:
-                self.share.hold("txn", self.txn_bytes)
             if self.inlets.get(offer) is inlet:
                 del self.inlets[offer]
+
+    def _unstage(self, nbytes: int) -> None:
+        self.stage_bytes -= nbytes
+        if self.share is not None:
+            self.share.hold("stage", self.stage_bytes)
 
     async def _write_stage(self, inlet: Inlet, part: PartSink) -> str | None:
         """Write the part's records as they arrive, requesting as many again once written,
@@ -475,9 +488,7 @@ class Offers:
                 except ValueError as exc:
                     return f"part {inlet.name.stage!r} not staged: {exc}"
                 finally:
-                    self.txn_bytes -= nbytes
-                    if self.share is not None:
-                        self.share.hold("txn", self.txn_bytes)
+                    self._unstage(nbytes)
                 if inlet.ended is None and self.conn.is_subscribed(inlet.offer):
                     self.conn.send(Request(inlet.offer, len(taken)))
                     self.flush()

@@ -19,8 +19,14 @@ ids. Delta's "write files nobody reads, then name them in the log" is the model:
 
 The prefix is ``spark:<query id>:<batch id>`` for a streaming query (the ids Spark replays
 with; an executor reads them from the task's local properties) and ``spark-write:<uuid>`` for
-a batch write. Cluster mode (the option ``gateways``) keeps the rows-through-the-driver path
-of ``source.py``: JetStream has no staging area yet.
+a batch write.
+
+Cluster mode (the option ``gateways``): every gateway serves every stream and the parts live
+in the cluster (JetStream's ``TW_STAGE``, docs/cluster.md "Staged parts"), so a task stages at
+the gateway its partition is dealt (``partition mod n``; the next ones if it does not answer)
+and the driver commits each stream's parts at any gateway: at the next one if a gateway fails
+(the transaction id makes a second try safe). The commit is one JetStream atomic batch:
+readers see a micro-batch's rows of a stream all at once.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -36,7 +42,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..client.rsio import RsioClient, RsioError
+from ..client.rsio import Receipt, RsioClient, RsioError
 from ..client.rsio_staging import PartStager, StagedPart, abort_parts
 from ..client.rsio_staging import commit_parts as commit_staged
 from ..model import TidewireError
@@ -57,7 +63,7 @@ class StagedParts(WriterCommitMessage):
 
     partition: int
     prefix: str | None  # the transaction prefix (None: the task could not tell it)
-    parts: tuple[tuple[str, str, StagedPart], ...]  # (stream, url, part)
+    parts: tuple[tuple[str, str, StagedPart], ...]  # (stream, url, part); url "": any gateway
 
 
 def _on(session: HubSession, coro: Awaitable[T]) -> T:
@@ -79,7 +85,7 @@ def _on(session: HubSession, coro: Awaitable[T]) -> T:
 
 def _client(session: HubSession) -> RsioClient:
     session.open()
-    assert isinstance(session.client, RsioClient)  # (no gateways on this path)
+    assert isinstance(session.client, RsioClient)  # (one hub's or gateway's: no failover)
     return session.client
 
 
@@ -105,6 +111,8 @@ def stage_task(iterator: Iterator[pa.RecordBatch], options: Options,
     (one Arrow batch in memory at a time, plus the publishers' bounded queues)."""
     partition, prefix, part = task_prefix(fixed_prefix)
     sessions: dict[str, HubSession] = {}
+    if options.gateways:  # (one gateway for all the task's streams: "" in the message)
+        sessions[""] = _answering(options.urls, partition)
     stagers: dict[str, tuple[str, PartStager]] = {}
     try:
         for record_batch in iterator:
@@ -114,7 +122,7 @@ def stage_task(iterator: Iterator[pa.RecordBatch], options: Options,
                                        "write exactly once")  # fmt: skip
                 entry = stagers.get(batch.stream)
                 if entry is None:
-                    url = _url(options, batch.stream)
+                    url = "" if options.gateways else _url(options, batch.stream)
                     session = sessions.get(url) or sessions.setdefault(url, HubSession(url))
                     stager = PartStager(_client(session), batch.stream,
                                         f"{prefix}:{batch.stream}", part)  # fmt: skip
@@ -126,6 +134,37 @@ def stage_task(iterator: Iterator[pa.RecordBatch], options: Options,
         for session in sessions.values():
             session.close()
     return StagedParts(partition, prefix, staged)
+
+
+def _answering(urls: Sequence[str], first: int) -> HubSession:
+    """A session open at the first of the gateways ``urls`` that answers, from the
+    ``first``-th (mod their number) on."""
+    failure: HubError | None = None
+    for i in range(len(urls)):
+        session = HubSession(urls[(first + i) % len(urls)])
+        try:
+            return session.open()
+        except HubError as exc:
+            session.close()
+            failure = exc
+            log.warning("gateway %s does not answer: %s", session.url, exc)
+    assert failure is not None
+    raise failure
+
+
+def _at_any(urls: Sequence[str], start: int, work: Callable[[HubSession], T]) -> T:
+    """``work`` at the first gateway of ``urls`` that carries it through, from the
+    ``start``-th on (each is tried once: ``work`` must be safe to do again)."""
+    failure: HubError | None = None
+    for i in range(len(urls)):
+        try:
+            with HubSession(urls[(start + i) % len(urls)]) as session:
+                return work(session)
+        except HubError as exc:
+            failure = exc
+            log.warning("%s; trying the next gateway", exc)
+    assert failure is not None
+    raise failure
 
 
 def _url(options: Options, stream: str) -> str:
@@ -144,16 +183,24 @@ def _by_stream(messages: Sequence[WriterCommitMessage | None]
     return found
 
 
-def commit_parts(messages: Sequence[WriterCommitMessage | None], prefix: str) -> None:
+def commit_parts(messages: Sequence[WriterCommitMessage | None], prefix: str,
+                 gateways: Sequence[str] = ()) -> None:  # fmt: skip
     """``commit()``: per stream, the winning tasks' parts (in partition order) committed as
-    one transaction ``<prefix>:<stream>``."""
+    one transaction ``<prefix>:<stream>``; at its hub, or at any of the ``gateways``."""
     sessions: dict[str, HubSession] = {}
     try:
-        for (stream, url), parts in sorted(_by_stream(messages).items()):
-            session = sessions.get(url) or sessions.setdefault(url, HubSession(url))
+        for n, ((stream, url), parts) in enumerate(sorted(_by_stream(messages).items())):
             named = [p for _, p in sorted(parts, key=lambda item: item[0])]
             txn = f"{prefix}:{stream}"
-            receipt = _on(session, commit_staged(_client(session), stream, txn, named))
+
+            def commit(session: HubSession, stream: str = stream, txn: str = txn,
+                       named: list[StagedPart] = named) -> Receipt | None:  # fmt: skip
+                return _on(session, commit_staged(_client(session), stream, txn, named))
+
+            if url == "":
+                receipt = _at_any(gateways, n, commit)
+            else:
+                receipt = commit(sessions.get(url) or sessions.setdefault(url, HubSession(url)))
             if receipt is not None:
                 log.info("committed %d event(s) of %d part(s) to %r (ids %d..%d) for %s",
                          sum(p.count for p in named), len(named), stream, receipt.first_id,
@@ -163,13 +210,22 @@ def commit_parts(messages: Sequence[WriterCommitMessage | None], prefix: str) ->
             session.close()
 
 
-def abort_parts_of(messages: Sequence[WriterCommitMessage | None], prefix: str) -> None:
-    """``abort()``: drop what the tasks that answered staged (best effort: the hub's sweep
-    drops what this cannot reach)."""
+def abort_parts_of(messages: Sequence[WriterCommitMessage | None], prefix: str,
+                   gateways: Sequence[str] = ()) -> None:  # fmt: skip
+    """``abort()``: drop what the tasks that answered staged (best effort: the hub's sweep,
+    or the staging stream's age limit, drops what this cannot reach)."""
     for stream, url in sorted(_by_stream(messages)):
+        txn = f"{prefix}:{stream}"
+
+        def abort(session: HubSession, stream: str = stream, txn: str = txn) -> None:
+            _on(session, abort_parts(_client(session), stream, txn))
+
         try:
-            with HubSession(url) as session:
-                _on(session, abort_parts(_client(session), stream, f"{prefix}:{stream}"))
+            if url == "":
+                _at_any(gateways, 0, abort)
+            else:
+                with HubSession(url) as session:
+                    abort(session)
         except HubError as exc:
             log.warning("could not drop the staged parts of %s:%s: %s", prefix, stream, exc)
 

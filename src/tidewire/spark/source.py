@@ -12,9 +12,8 @@ only the parts' names, counts and fingerprints; the driver's ``commit(messages, 
 commits each stream's parts at once. The hub stores a transaction once, ever
 (``tidewire.hub.txn``): a micro-batch that Spark replays after a failure, with the same query
 and batch ids, finds its transactions already committed and adds nothing. ``abort()`` drops
-the staged parts. With ``gateways`` (cluster mode, no staging area on JetStream yet) the rows
-still travel in the commit messages, as Arrow IPC, and the driver publishes each stream's rows
-as one transaction, bounded by the hub's ``rsio.max_txn_bytes`` (64 MiB by default).
+the staged parts. With ``gateways`` (cluster mode) the parts are staged in the cluster through
+any gateway and committed at any gateway (:mod:`.sink`).
 
 Gateways (the option ``gateways``, cluster mode): every URL serves every stream, so planning
 asks whichever answers first, the partitions are dealt round robin over the gateways (each
@@ -29,11 +28,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -53,7 +50,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from ..native import tune_allocator
-from .arrow import SCHEMA_DDL, from_arrow, group_to_arrow
+from .arrow import SCHEMA_DDL, group_to_arrow
 from .hubs import HubError, HubSession, ids_at, list_streams, locate, locate_any
 from .planning import (
     BATCH_ROWS,
@@ -346,61 +343,6 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # --------------------------------------------------------------------------- writing
 
 
-@dataclass(frozen=True)
-class _Staged(WriterCommitMessage):
-    """One task's rows, checked, as Arrow IPC (they reach the hub in the driver's commit)."""
-
-    partition: int
-    query_id: str | None
-    rows: bytes  # an Arrow IPC stream; empty when the task had no row
-
-
-def _stage(iterator: Iterator[pa.RecordBatch], options: Options) -> _Staged:
-    context = TaskContext.get()
-    partition = context.partitionId() if context is not None else 0
-    query_id = context.getLocalProperty("sql.streaming.queryId") if context is not None else None
-    sink = pa.BufferOutputStream()
-    writer: pa.ipc.RecordBatchStreamWriter | None = None
-    for record_batch in iterator:
-        from_arrow(record_batch, options.stream)  # check the rows here, in the task
-        if writer is None:
-            writer = pa.ipc.new_stream(sink, record_batch.schema)
-        writer.write_batch(record_batch)
-    if writer is None:
-        return _Staged(partition, query_id, b"")
-    writer.close()
-    return _Staged(partition, query_id, sink.getvalue().to_pybytes())
-
-
-def _publish(messages: Sequence[WriterCommitMessage | None], options: Options, txn: str) -> None:
-    """Every stream's staged rows, in task order, as one transaction ``<txn>:<stream>``."""
-    staged = sorted((m for m in messages if isinstance(m, _Staged) and m.rows),
-                    key=lambda m: m.partition)  # fmt: skip
-    if not staged:
-        return
-    tables = [pa.ipc.open_stream(m.rows).read_all() for m in staged]
-    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
-    (rows,) = table.to_batches()  # one chunk per column after combine_chunks: one batch
-    per_stream = {batch.stream: batch for batch in from_arrow(rows, options.stream)}
-    if options.gateways:  # any gateway: one session, the same txn id again at the next
-        anywhere = HubSession(options.urls[0], gateways=options.urls)
-        where = {s: StreamInfo(s, anywhere.url, False, None, 0) for s in per_stream}
-        sessions = {anywhere.url: anywhere.open()}
-    else:
-        where = locate(options.urls, sorted(per_stream))
-        sessions = {}
-    try:
-        for stream in sorted(per_stream):
-            url = where[stream].url
-            hub = sessions.get(url) or sessions.setdefault(url, HubSession(url).open())
-            receipt = hub.commit(stream, per_stream[stream], f"{txn}:{stream}")
-            log.info("committed %d event(s) to %r (ids %d..%d) for %s at %s", receipt.count,
-                     stream, receipt.first_id, receipt.last_id, txn, hub.current)  # fmt: skip
-    finally:
-        for hub in sessions.values():
-            hub.close()
-
-
 class TidewireWriter(DataSourceArrowWriter):
     """``df.write.format("tidewire")``: each stream's rows stored at once (one transaction)."""
 
@@ -409,20 +351,17 @@ class TidewireWriter(DataSourceArrowWriter):
         self.txn = f"spark-write:{uuid.uuid4()}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        if self.options.gateways:
-            return _stage(iterator, self.options)
         return stage_task(iterator, self.options, self.txn)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        if self.options.gateways:
-            _publish(messages, self.options, self.txn)
-        else:
-            commit_parts(messages, self.txn)
+        commit_parts(messages, self.txn, self._gateways())
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        if not self.options.gateways:
-            abort_parts_of(messages, self.txn)
+        abort_parts_of(messages, self.txn, self._gateways())
         log.info("write aborted: nothing was published")
+
+    def _gateways(self) -> Sequence[str]:
+        return self.options.urls if self.options.gateways else ()
 
 
 class TidewireStreamWriter(DataSourceStreamArrowWriter):
@@ -433,32 +372,21 @@ class TidewireStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        if self.options.gateways:
-            return _stage(iterator, self.options)
         return stage_task(iterator, self.options)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        if not self.options.gateways:
-            prefix = query_prefix(messages)
-            if prefix is None:
-                if any(isinstance(m, StagedParts) and m.parts for m in messages):
-                    raise RuntimeError("the streaming query id is unknown: cannot write "
-                                       "exactly once")  # fmt: skip
-                return
-            if not prefix.endswith(f":{batchId}"):
-                raise RuntimeError(f"the tasks staged {prefix!r}, not micro-batch {batchId}")
-            commit_parts(messages, prefix)
+        prefix = query_prefix(messages)
+        if prefix is None:
+            if any(isinstance(m, StagedParts) and m.parts for m in messages):
+                raise RuntimeError("the streaming query id is unknown: cannot write "
+                                   "exactly once")  # fmt: skip
             return
-        query = next((m.query_id for m in messages if isinstance(m, _Staged) and m.query_id),
-                     None)  # fmt: skip
-        if query is None:
-            if any(isinstance(m, _Staged) and m.rows for m in messages):
-                raise RuntimeError("the streaming query id is unknown: cannot write exactly once")
-            return
-        _publish(messages, self.options, f"spark:{query}:{batchId}")
+        if not prefix.endswith(f":{batchId}"):
+            raise RuntimeError(f"the tasks staged {prefix!r}, not micro-batch {batchId}")
+        commit_parts(messages, prefix, self.options.urls if self.options.gateways else ())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         prefix = query_prefix(messages)
-        if prefix is not None and not self.options.gateways:
-            abort_parts_of(messages, prefix)
+        if prefix is not None:
+            abort_parts_of(messages, prefix, self.options.urls if self.options.gateways else ())
         log.info("micro-batch %d aborted: nothing was published", batchId)
