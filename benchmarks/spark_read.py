@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/spark_read.py            # 5 M events of 100 B, 3 rounds
     .venv/bin/python benchmarks/spark_read.py --quick    # 1 M events, 2 rounds
+    .venv/bin/python benchmarks/spark_read.py --cluster  # the streaming write in cluster mode
 
 The same events (stream, id, key, 100 B value, timestamp) are stored twice: in a tidewire stream
 (written with ``tidewire.log.Log``, served by a ``tidewire serve`` subprocess) and in a local
@@ -22,6 +23,12 @@ One JSON line per figure on stdout (fields as in log_append.py), progress on std
 ``count()`` keeps its earlier goal (>= 0.5 x Parquet, which answers from its footers). Issue
 23: the streaming write through the exactly-once sink >= 0.8 x the Parquet sink
 (``streaming_write_100B``).
+
+``--cluster`` measures only the streaming write, into a gateway (``tidewire serve --storage``)
+over a local 3-node JetStream cluster (``LocalCluster``, R3, ``sync_interval: always``), the
+sink given ``gateways``: ``streaming_write_100B_cluster``, against the same Parquet sink in the
+same rounds. No goal of its own (issue 23 names none for cluster mode); it compares the
+sink's paths in cluster mode from one session to the next.
 """
 
 from __future__ import annotations
@@ -97,11 +104,11 @@ def fill(data_dir: str, parquet: str, n: int) -> None:
     asyncio.run(run())
 
 
-def start_hub(data_dir: str) -> tuple[subprocess.Popen[str], str]:
+def start_hub(data_dir: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidewire.cli", "serve", "--data-dir", data_dir,
          "--http-port", "0", "--rsio-port", "0", "--seguro-port", "0", "--tolliver-port", "0",
-         "--set", "log_level=warning"],
+         "--set", "log_level=warning", *extra],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -156,6 +163,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Spark reading tidewire vs Parquet")
     parser.add_argument("--quick", action="store_true", help="1 M events, 2 rounds")
     parser.add_argument("--dir", help="where to put the temporary data (default: the system's)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="only the streaming write, through a gateway of a local cluster")
     args = parser.parse_args()
     n = 1_000_000 if args.quick else 5_000_000
     rounds = 2 if args.quick else 3
@@ -163,15 +172,22 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     import tidewire.spark
+    from tidewire.cluster.local import LocalCluster
 
     work = scratch_dir(args.dir)
     data_dir, parquet = os.path.join(work, "hub"), os.path.join(work, "events")
     hub = None
     spark = None
+    cluster = LocalCluster(os.path.join(work, "cluster"), 3) if args.cluster else None
     try:
         say(f"writing {n:,} events of {VALUE_BYTES} B to a tidewire stream and to Parquet")
         fill(data_dir, parquet, n)
-        hub, url = start_hub(data_dir)
+        if cluster is not None:
+            cluster.start()
+            hub, url = start_hub(os.path.join(work, "gateway"), "--storage",
+                                 cluster.storage_url)  # fmt: skip
+        else:
+            hub, url = start_hub(data_dir)
         spark = (
             SparkSession.builder.master("local[2]")
             .config("spark.ui.enabled", "false")
@@ -187,6 +203,9 @@ def main() -> None:
         import _spark_ceiling
 
         spark.dataSource.register(_spark_ceiling.CeilingDataSource)
+        if cluster is not None:
+            streaming_write(spark, url, parquet, work, n, rounds, cluster=True)
+            return
         batch_reads(spark, url, parquet, n, rounds)
         streaming_write(spark, url, parquet, work, n, rounds)
     finally:
@@ -195,6 +214,8 @@ def main() -> None:
         if hub is not None:
             hub.terminate()
             hub.wait(timeout=60)
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -249,8 +270,10 @@ def batch_reads(spark: Any, url: str, parquet: str, n: int, rounds: int) -> None
         print(json.dumps(record), flush=True)
 
 
-def streaming_write(spark: Any, url: str, parquet: str, work: str, n: int, rounds: int) -> None:
-    """Parquet events -> tidewire (exactly-once sink) against -> Parquet; prints one figure."""
+def streaming_write(spark: Any, url: str, parquet: str, work: str, n: int, rounds: int, *,
+                    cluster: bool = False) -> None:  # fmt: skip
+    """Parquet events -> tidewire (exactly-once sink; ``cluster``: through the gateway at
+    ``url``) against -> Parquet; prints one figure."""
     schema = spark.read.parquet(parquet).schema
     tw_rates: list[float] = []
     pq_rates: list[float] = []
@@ -261,7 +284,7 @@ def streaming_write(spark: Any, url: str, parquet: str, work: str, n: int, round
                       .parquet(parquet))  # fmt: skip
             if side == "tw":
                 sink = (source.select("key", "value", "timestamp").writeStream
-                        .format("tidewire").option("url", url)
+                        .format("tidewire").option("gateways" if cluster else "url", url)
                         .option("stream", f"copy{r}"))  # fmt: skip
             else:
                 sink = (source.writeStream.format("parquet")
@@ -274,8 +297,12 @@ def streaming_write(spark: Any, url: str, parquet: str, work: str, n: int, round
             seconds = timed(run)
             (tw_rates if side == "tw" else pq_rates).append(n / seconds)
             say(f"streaming write round {r + 1} {side}: {n / seconds:,.0f} rows/s")
-    print(json.dumps(figure("streaming_write_100B", "rows/s", tw_rates, pq_rates,
-                            "parquet sink", 0.8)), flush=True)  # fmt: skip
+    if cluster:
+        line = figure("streaming_write_100B_cluster", "rows/s", tw_rates, pq_rates,
+                      "parquet sink", None)
+    else:
+        line = figure("streaming_write_100B", "rows/s", tw_rates, pq_rates, "parquet sink", 0.8)
+    print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+import nats
 import pytest
 
 from cluster_procs import unique, with_storages
@@ -19,6 +20,7 @@ from tidewire.client.rsio_staging import abort_parts, commit_parts, stage_part
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.jsatomic import MAX_MESSAGES
 from tidewire.cluster.local import LocalCluster
+from tidewire.cluster.shards import shard_config
 from tidewire.cluster.staging import STAGE_STREAM
 from tidewire.hub import Hub
 from tidewire.hub.staging import STAGING_TTL_MS
@@ -194,3 +196,27 @@ def test_staging_expires_with_the_ttl(cluster: LocalCluster) -> None:
         await staging.ensure()
 
     with_storages(cluster, 1, body)
+
+
+def test_a_shard_made_without_atomic_batches_is_upgraded_at_connect(
+    own_cluster: Callable[[int], LocalCluster],
+) -> None:
+    cluster = own_cluster(1)
+
+    async def main() -> None:
+        nc = await nats.connect(servers=cluster.urls)
+        try:  # (TW_0 as a tidewire before atomic appends made it)
+            old = {k: v for k, v in shard_config(0, 1).items() if k != "allow_atomic"}
+            await nc.request("$JS.API.STREAM.CREATE.TW_0", json.dumps(old).encode(), timeout=10)
+        finally:
+            await nc.close()
+        storage = await JetStreamStorage.connect(cluster.urls, shards=1)
+        try:
+            info = await storage.api.call("$JS.API.STREAM.INFO.TW_0")
+            assert info["config"]["allow_atomic"] is True
+            stored = await storage.append(big("s", 10).with_ids(1))  # (an atomic batch)
+            assert stored.last_id == storage.latest("s") == 10
+        finally:
+            await storage.close()
+
+    run(main(), 60)

@@ -5,6 +5,11 @@ the hub itself, as a *part* of the micro-batch's transaction, and the driver com
 that won (``Transactions.commit_staged`` in :mod:`.txn`). Delta's "add file, then name it in
 the log" is the model: a part is a file nobody reads; the commit names it.
 
+Where parts are kept is the storage's :class:`StagingArea`: :class:`Staging` below (files in
+the embedded log's data directory), or ``tidewire.cluster.staging`` (a JetStream stream, in
+cluster mode). The server writes a part through a :class:`PartSink` and commits with
+:meth:`StagingArea.content`, the parts as a :class:`Content` for the transaction's ledger.
+
 On disk (the embedded log's data directory; nothing here is held in memory)::
 
     <data_dir>/.txn-staging/<key hash>/<part>.log     a finished part
