@@ -1,8 +1,10 @@
 """Atomic appends and staged transactions in cluster mode, on the shared 3-node cluster
 (docs/cluster.md "Atomic appends", "Staged parts"): an own-id append bigger than one record
-is one JetStream atomic batch; a batch whose source fails half-way leaves nothing; parts
-staged through one gateway are committed through another, exactly once, all visible at once;
-a part whose messages are not as named is never taken."""
+is one JetStream atomic batch; a batch whose source fails half-way leaves nothing, and a
+transaction whose gateway died half-way is completed once through another; parts staged
+through one gateway are committed through another, exactly once, all visible at once; a part
+whose messages are not as named is never taken; shards made before atomic batches are
+upgraded."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from tidewire.cluster.local import LocalCluster
 from tidewire.cluster.shards import shard_config
 from tidewire.cluster.staging import STAGE_STREAM
 from tidewire.hub import Hub
-from tidewire.hub.staging import STAGING_TTL_MS
+from tidewire.hub.fingerprint import fingerprint
+from tidewire.hub.staging import STAGING_TTL_MS, Content
 from tidewire.model import Batch, IdOrderError, LimitExceeded
 from tidewire.server.rsio import start_rsio_server
 
@@ -220,3 +223,44 @@ def test_a_shard_made_without_atomic_batches_is_upgraded_at_connect(
             await storage.close()
 
     run(main(), 60)
+
+
+def test_a_commit_that_died_half_way_is_completed_once_through_another_gateway(
+    cluster: LocalCluster,
+) -> None:
+    """The gap atomic batches close: a gateway that dies in the middle of a transaction's
+    append (its intent recorded, part of its records published) leaves nothing stored, so the
+    next commit of the key, through another gateway, finds the intent OPEN and completes it
+    at its ids: stored once, with the ids the first commit would have answered."""
+    s = unique("died")
+
+    async def main() -> None:
+        a = Hub(await JetStreamStorage.connect(cluster.urls))
+        b = Hub(await JetStreamStorage.connect(cluster.urls))
+        try:
+            batch = big(s, 20)  # ~20 MiB: three records
+
+            async def dies(first: int) -> tuple[int, int]:
+                async def half() -> AsyncIterator[Batch]:
+                    yield batch.slice(0, 12)
+                    raise RuntimeError("the gateway dies here")
+
+                storage = a.storage
+                assert isinstance(storage, JetStreamStorage)
+                return await storage.append_atomic(s, first, len(batch), half)
+
+            content = Content(len(batch), fingerprint(batch), dies)
+            with pytest.raises(RuntimeError, match="dies here"):
+                await a.commit_content("T", s, content, batch.nbytes, principal="p")
+            assert s not in b.storage
+            receipt = await b.commit("T", batch, principal="p")
+            assert (receipt.first_id, receipt.last_id, receipt.already) == (1, 20, False)
+            again = await a.commit("T", batch, principal="p")
+            assert (again.first_id, again.already) == (1, True)
+            values = await everything(b.storage, s)  # type: ignore[arg-type]
+            assert [v.split(b":")[0] for v in values] == [b"v%d" % i for i in range(20)]
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main(), 120)
