@@ -16,6 +16,7 @@ import errno
 import functools
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
@@ -51,6 +52,7 @@ from .jsapi import (
 from .jsatomic import Source, append_atomic
 from .jsread import Reader, find_time
 from .jswrite import RECORD_BYTES, StreamWriter
+from .notices import Notices
 from .retention import enforce
 from .shards import FIRST_WAIT, STARTING, ensure_shard
 from .staging import JetStreamStaging
@@ -109,6 +111,7 @@ class JetStreamStorage:
         self._writes = itertools.count(1)
         self._reserved: dict[str, list[Batch]] = {}
         self._status: ClusterStatus | None = None
+        self.notices = Notices()  # (what the stored-record feed said: lost notifications)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._finding_first: set[str] = set()  # streams whose first record is being read
         self._closed = False
@@ -271,6 +274,7 @@ class JetStreamStorage:
                 self.catalog.trimmed(head.name, RecordPoint.of(first))  # fmt: skip
 
     async def _on_notify(self, msg: Msg) -> None:
+        self.notices.hear(msg.headers or {})
         if msg.subject.count(".") == 3:  # twn.<k>.<token>.admin (a record's has 2 dots)
             self._on_admin(msg)
             return
@@ -387,6 +391,10 @@ class JetStreamStorage:
         here = f"{connected.hostname}:{connected.port}" if connected else ""
         servers = [f"{u.hostname}:{u.port}" for u in self.nc.servers]
         self._status = cluster_status(infos, here, servers, now_ms())
+        for suspect in self.notices.suspects(infos, time.time()):  # (a notification lost?)
+            for stream in self.catalog.waited():
+                if (head := self.catalog.head(stream)).jetstream == suspect:
+                    self._spawn(self.refresh_head(head))
         return self._status
 
     # ------------------------------------------------------------------ what it is

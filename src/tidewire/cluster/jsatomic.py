@@ -47,7 +47,14 @@ from ..model import (
 )
 from ..record import HEADER_SIZE, encode, merge
 from .catalog import Catalog, Head, RecordPoint
-from .jsapi import WRONG_LAST_SEQUENCE, Api, JetStreamError, Tombstone, is_storage_full
+from .jsapi import (
+    WRONG_LAST_SEQUENCE,
+    Api,
+    JetStreamError,
+    Tombstone,
+    is_storage_full,
+    retrying,
+)
 from .jswrite import RECORD_BYTES
 from .subjects import IDS, SUM, WRITE, RecordSum
 
@@ -127,7 +134,8 @@ async def append_atomic(host: AtomicHost, head: Head, first_id: int, count: int,
     unsure = False  # a commit without an answer may have been stored
     while True:
         if head.latest >= first_id:
-            if unsure and await _landed(host, head, write):
+            left = max(0.05, deadline - time.monotonic())
+            if unsure and await retrying(lambda: _landed(host, head, write), left):
                 return first_id, first_id + count - 1
             raise IdOrderError(head.name, first_id, head.latest)
         try:
@@ -145,7 +153,8 @@ async def append_atomic(host: AtomicHost, head: Head, first_id: int, count: int,
             if time.monotonic() > deadline:
                 raise LogError(f"stream {head.name!r}: no ack for an atomic batch from "
                                f"JetStream in {host.append_timeout_s:g} s: {exc!r}") from None
-        if await _landed(host, head, write):  # (refreshes the head from the leader too)
+        left = max(0.05, deadline - time.monotonic())
+        if await retrying(lambda: _landed(host, head, write), left):  # (refreshes the head)
             return first_id, first_id + count - 1
         if time.monotonic() > deadline:
             raise LogError(f"stream {head.name!r}: an atomic batch was not stored in "

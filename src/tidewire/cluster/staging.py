@@ -8,7 +8,9 @@ ours). A part is the subject ``twstage.<key digest>.<part token>`` (the digest i
 embedded staging directory's name, :func:`~tidewire.hub.staging.key_digest`; the token is
 the part's name as a subject token): one message per staged record, its bytes as the offer
 sent them, with a header ``Tw-Part-Seq`` (0, 1, ...) that the commit checks, so a part whose
-messages are missing, doubled or out of order is never taken for the one named.
+messages are missing or out of order is never taken for the one named; a publish is retried
+through a failover (``append_timeout_s``) under its ``Nats-Msg-Id`` (``<part nonce>:<seq>``),
+so JetStream stores it once, and a repeat the commit finds is skipped.
 
 A part's first write purges its subject (a part of the same name staged before is replaced,
 as the file is) and then publishes the offer's records with their acks awaited, a window at
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, Protocol
 
@@ -67,6 +70,7 @@ class StagingHost(Protocol):
     api: Api
     replicas: int
     startup_s: float
+    append_timeout_s: float
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
@@ -119,8 +123,10 @@ class JetStreamStaging:
     async def purge(self, subject: str) -> int:
         """Purge ``subject``'s messages; how many there were."""
         await self.ensure()
-        answer = await self.host.api.call(f"$JS.API.STREAM.PURGE.{STAGE_STREAM}",
-                                          {"filter": subject})  # fmt: skip
+        answer = await retrying(
+            lambda: self.host.api.call(f"$JS.API.STREAM.PURGE.{STAGE_STREAM}",
+                                       {"filter": subject}),
+            self.host.append_timeout_s)  # fmt: skip
         return int(answer.get("purged", 0))
 
     async def drop(self, principal: str | None, stream: str, txn: str) -> bool:
@@ -189,24 +195,26 @@ class JetStreamStaging:
 
     async def _messages(self, subject: str, leader: bool) -> AsyncIterator[bytes]:
         """The part's messages' bytes in order, while their ``Tw-Part-Seq`` runs 0, 1, ...
-        (a gap or a repeat ends them early: the part then does not match its name)."""
+        (one seen again is skipped; a gap ends them early: the part then does not match its
+        name). Each read is retried through a failover (``append_timeout_s``)."""
         api, seq, expected = self.host.api, 1, 0
-        while True:
+
+        async def fetch() -> list[tuple[dict[str, str], bytes]]:
             if leader:
                 got = await api.leader_message(STAGE_STREAM, {"seq": seq,
                                                               "next_by_subj": subject})
-                found = [] if got is None else [got]
-            else:
-                msgs = await api.direct_messages(STAGE_STREAM, subject, seq, READ_BATCH,
-                                                 READ_BYTES)  # fmt: skip
-                found = [(m.headers or {}, m.data) for m in msgs]
-            if not found:
-                return
+                return [] if got is None else [got]
+            msgs = await api.direct_messages(STAGE_STREAM, subject, seq, READ_BATCH, READ_BYTES)
+            return [(dict(m.headers or {}), m.data) for m in msgs]
+
+        while found := await retrying(fetch, self.host.append_timeout_s):
             for headers, data in found:
-                if headers.get(PART_SEQ) != str(expected):
+                n = int(headers.get(PART_SEQ, "-1"))
+                if n > expected or n < 0:
                     return
-                expected += 1
-                yield data
+                if n == expected:
+                    expected += 1
+                    yield data
             seq = int(found[-1][0]["Nats-Sequence"]) + 1
 
 
@@ -219,6 +227,7 @@ class JetStreamPart:
         self.part = part
         self.count = self.records = self.nbytes = self.fp = 0
         self._started = False
+        self._nonce = uuid.uuid4().hex  # (Nats-Msg-Id: a publish tried again is stored once)
 
     async def _start(self) -> None:
         if not self._started:
@@ -228,15 +237,21 @@ class JetStreamPart:
     async def write(self, elements: Sequence[bytes]) -> None:
         """Check each element (one log record), publish them all, and wait for every ack."""
         counts = [check_record(e) for e in elements]
-        api = self.staging.host.api
+        host = self.staging.host
+
+        async def publish(data: bytes, n: int) -> int:
+            headers = {PART_SEQ: str(n), "Nats-Msg-Id": f"{self._nonce}:{n}"}
+            return await retrying(  # (through a failover: a duplicate is dropped by its id)
+                lambda: host.api.publish(self.subject, data, headers, wait=host.api.timeout),
+                host.append_timeout_s)  # fmt: skip
+
         try:
             await self._start()
-            await asyncio.gather(*(
-                api.publish(self.subject, bytes(e), {PART_SEQ: str(self.records + i)},
-                            wait=api.timeout)
-                for i, e in enumerate(elements)))  # fmt: skip
+            await asyncio.gather(*(publish(bytes(e), self.records + i)
+                                   for i, e in enumerate(elements)))  # fmt: skip
         except (NatsError, TimeoutError) as exc:
-            raise LogError(f"part {self.part!r}: no ack from JetStream: {exc!r}") from None
+            raise LogError(f"part {self.part!r}: no ack from JetStream in "
+                           f"{host.append_timeout_s:g} s: {exc!r}") from None
         for element, count in zip(elements, counts, strict=True):
             self.fp = crc32c(element, self.fp)
             self.count += count
