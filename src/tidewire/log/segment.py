@@ -26,13 +26,14 @@ the cut fsynced (:meth:`Segment.rollback`), so it ends at the last committed rec
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import mmap
 import os
 import time
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..model import Batch, CorruptLogError, LogError
@@ -53,6 +54,13 @@ __all__ = ["ReadBudget", "RollbackError", "Segment", "segment_name"]
 log = logging.getLogger("tidewire.log")
 
 _SCAN_CHUNK = 4 * 1024 * 1024
+WRITEBACK_BYTES = 8 * 1024 * 1024
+"""Every this many bytes written to a segment, the kernel is told to start writing them to
+the disk (``sync_file_range(SYNC_FILE_RANGE_WRITE)``: it returns at once). Without it a
+segment's pages stay dirty until its :meth:`Segment.seal` at the roll, whose ``fdatasync`` then
+writes up to ``segment_bytes`` at once on the stream's append path: 80 ms for 128 MiB here,
+every append of the stream waiting (the security tests' bystander saw it as a stall). Kafka's
+``flush.messages`` and RocksDB's ``bytes_per_sync`` answer the same way."""
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 
 
@@ -60,6 +68,26 @@ class RollbackError(LogError):
     """A failed write that could not be undone: the file may hold bytes past its committed
     size, or a file of an unfinished roll could not be removed. The stream must stop writing
     (it is failed until a restart, whose recovery settles what is on disk)."""
+
+
+def _writeback() -> Callable[[int, int, int], None]:
+    """``sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)`` from the C library
+    (Linux; through ctypes, which releases the GIL: the os module has no binding), else a
+    no-op. A hint: its failure changes nothing (``fdatasync`` makes data durable)."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return lambda fd, offset, nbytes: None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, nbytes: int) -> None:
+        call(fd, offset, nbytes, 2)  # SYNC_FILE_RANGE_WRITE: start write-out, do not wait
+
+    return start
+
+
+start_writeback = _writeback()
 
 
 def segment_name(base_id: int, suffix: str) -> str:
@@ -87,6 +115,7 @@ class Segment:
     index_ts: array[int] | None = field(default_factory=lambda: array("q"))
     bytes_since_index: int = 0
     fsync_seconds: float = 0.0  # how long the last write's fdatasync took (the metrics)
+    written_back: int = 0  # the offset up to which the kernel was told to write back
     # Reads: a read-only mapping of the file's first len(_map) bytes (all committed), made at
     # the first read and again when a read needs more (the active segment grows). Batches read
     # are views into it and keep it alive: close() only drops this reference.
@@ -257,7 +286,11 @@ class Segment:
         except BaseException:
             self.rollback()
             raise
-        return start + total
+        end = start + total
+        if end - self.written_back >= WRITEBACK_BYTES:
+            start_writeback(self.fd, self.written_back, end - self.written_back)
+            self.written_back = end
+        return end
 
     def sync(self) -> float:
         """``fdatasync`` what :meth:`write` wrote; how long it took (seconds)."""
