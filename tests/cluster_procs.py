@@ -16,6 +16,8 @@ from hubproc import HubProcess
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.local import LocalCluster
 from tidewire.cluster.subjects import shard_of, shard_stream
+from tidewire.hub import Storage
+from tidewire.model import Batch
 
 __all__ = ["caught_up", "gateways", "group_of", "groups", "joined", "leader_of", "unique",
            "with_storages"]
@@ -89,3 +91,13 @@ def with_storages(cluster: LocalCluster, count: int, body: Callable[..., Awaitab
                 await storage.close()
 
     run(main(), seconds)
+
+
+async def everything(storage: Storage, stream: str) -> list[Batch]:
+    """Every batch of ``stream`` a gateway reads, from its start id on."""
+    out: list[Batch] = []
+    next_id = storage.start_id(stream)
+    while batches := await storage.read(stream, next_id, 1 << 20, 10_000):
+        out += batches
+        next_id = batches[-1].last_id + 1
+    return out

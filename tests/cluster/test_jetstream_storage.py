@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import pytest
 
-from cluster_procs import unique, with_storages
+from cluster_procs import everything, unique, with_storages
 from helpers import run, until
 from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.jsapi import CorruptRecordError, JetStreamError, StoredRecord
@@ -26,15 +26,6 @@ from tidewire.record import encode
 
 def name(what: str) -> str:
     return unique(what)
-
-
-async def everything(storage: JetStreamStorage, stream: str) -> list[Batch]:
-    out: list[Batch] = []
-    next_id = storage.start_id(stream)
-    while batches := await storage.read(stream, next_id, 1 << 20, 10_000):
-        out += batches
-        next_id = batches[-1].last_id + 1
-    return out
 
 
 def ids_of(batches: list[Batch]) -> list[int]:

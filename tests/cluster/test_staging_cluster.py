@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import nats
 import pytest
 
-from cluster_procs import unique, with_storages
+from cluster_procs import everything, unique, with_storages
 from helpers import run
 from tidewire.client.rsio import RsioError, connect
 from tidewire.client.rsio_staging import abort_parts, commit_parts, stage_part
@@ -24,7 +24,7 @@ from tidewire.cluster.jsatomic import MAX_MESSAGES
 from tidewire.cluster.local import LocalCluster
 from tidewire.cluster.shards import shard_config
 from tidewire.cluster.staging import STAGE_STREAM
-from tidewire.hub import Hub
+from tidewire.hub import Hub, Storage
 from tidewire.hub.fingerprint import fingerprint
 from tidewire.hub.staging import STAGING_TTL_MS, Content
 from tidewire.model import Batch, IdOrderError, LimitExceeded
@@ -38,13 +38,8 @@ def big(stream: str, n: int, size: int = MiB, tag: bytes = b"v") -> Batch:
     return Batch.build(stream, [tag + b"%d:" % i + b"x" * size for i in range(n)])
 
 
-async def everything(storage: JetStreamStorage, stream: str) -> list[bytes]:
-    out: list[bytes] = []
-    next_id = storage.start_id(stream)
-    while batches := await storage.read(stream, next_id, 4 * MiB, 10_000):
-        out += [b.value(i) for b in batches for i in range(len(b))]
-        next_id = batches[-1].last_id + 1
-    return out
+async def values_of(storage: Storage, stream: str) -> list[bytes]:
+    return [b.value(i) for b in await everything(storage, stream) for i in range(len(b))]
 
 
 async def staged(hub: Hub, stream: str, txn: str) -> dict[str, int]:
@@ -66,9 +61,9 @@ def test_an_own_id_append_bigger_than_a_record_is_stored_at_once(cluster: LocalC
         assert (stored.first_id, stored.last_id) == (5, 24)
         assert a.latest(s) == 24
         await asyncio.wait_for(b.wait_for(s, 23), 10)
-        values = await everything(b, s)
-        assert values[0] == b"before"
-        assert [v.split(b":")[0] for v in values[1:]] == [b"v%d" % i for i in range(20)]
+        got = await values_of(b, s)
+        assert got[0] == b"before"
+        assert [v.split(b":")[0] for v in got[1:]] == [b"v%d" % i for i in range(20)]
         assert a.stats()[a.streams().index(s)].segments >= 4  # (records: 1 + the batch's)
         with pytest.raises(IdOrderError):  # (ids at or below the stream's latest)
             await b.append(big(s, 10).with_ids(20))
@@ -91,7 +86,7 @@ def test_a_batch_whose_source_fails_half_way_leaves_nothing(cluster: LocalCluste
         stored = await b.append(Batch.build(s, [b"next"]), assign_ids=True)
         assert stored.first_id == 1  # (nothing of the batch is there)
         await asyncio.wait_for(a.wait_for(s, 0), 10)
-        assert await everything(a, s) == [b"next"]
+        assert await values_of(a, s) == [b"next"]
 
     with_storages(cluster, 2, body)
 
@@ -137,8 +132,7 @@ def test_parts_staged_through_one_gateway_are_committed_through_another_once(
                 again = await commit_parts(one, s, "T", [p0, p1])  # a replay, elsewhere
                 assert again is not None
                 assert (again.first_id, again.last_id) == (1, 12)
-                values = await everything(hubs[0].storage, s)  # type: ignore[arg-type]
-                tags = [v.split(b":")[0] for v in values]
+                tags = [v.split(b":")[0] for v in await values_of(hubs[0].storage, s)]
                 assert tags == [b"a%d" % i for i in range(6)] + [b"b%d" % i for i in range(6)]
                 # The commit dropped every part of the key, the unnamed one too.
                 assert unnamed.count == 1
@@ -257,8 +251,8 @@ def test_a_commit_that_died_half_way_is_completed_once_through_another_gateway(
             assert (receipt.first_id, receipt.last_id, receipt.already) == (1, 20, False)
             again = await a.commit("T", batch, principal="p")
             assert (again.first_id, again.already) == (1, True)
-            values = await everything(b.storage, s)  # type: ignore[arg-type]
-            assert [v.split(b":")[0] for v in values] == [b"v%d" % i for i in range(20)]
+            got = await values_of(b.storage, s)
+            assert [v.split(b":")[0] for v in got] == [b"v%d" % i for i in range(20)]
         finally:
             await a.close()
             await b.close()

@@ -20,14 +20,18 @@ import pytest
 import tidewire
 from clustered_storage import URLS, ClusteredStorage
 from helpers import child_env, run
+from tidewire.cluster.jetstream import JetStreamStorage
 from tidewire.cluster.local import LocalCluster, free_port
+from tidewire.cluster.staging import STAGE_STREAM
 from tidewire.config import ConfigError, ServerConfig, load_config
+from tidewire.hub.staging import STAGING_TTL_MS
 from tidewire.hub.storage import Storage
 from tidewire.server.serve import Endpoint, serve
 from tidewire.server.storage_open import (
     EXIT_UNAVAILABLE,
     StorageUnavailable,
     connect_jetstream,
+    open_hub,
 )
 
 PORTS = {"http.port": 0, "rsio.port": 0, "tolliver.port": 0, "seguro.port": 0}
@@ -211,3 +215,30 @@ def test_the_jetstream_backend_is_given_the_cluster_settings(
             await storage.close()
 
     assert run(main(), 60) == f"{cluster.storage_url} (JetStream, 4 shards, R1)"
+
+
+def test_the_staging_ttl_reaches_a_gateway_and_its_staging_stream(
+    tmp_path: Path, cluster: LocalCluster
+) -> None:
+    """``txn.staging_ttl_ms`` is the cluster staging stream's ``max_age`` too (docs/cluster.md
+    "Staged parts"), as it is the embedded sweep's TTL."""
+    config = load_config(None, {**PORTS, "data_dir": str(tmp_path),
+                                "storage.url": cluster.storage_url,
+                                "txn.staging_ttl_ms": 7_200_000}, environ={})  # fmt: skip
+
+    async def main() -> int:
+        hub = await open_hub(config)
+        try:
+            assert hub.txns.staging_ttl_ms == 7_200_000
+            part = hub.stage("anonymous", "ttl.s", "T", "0.1")
+            await part.close()  # (makes TW_STAGE, or brings its max_age to the setting)
+            storage = hub.storage
+            assert isinstance(storage, JetStreamStorage)
+            info = await storage.api.call(f"$JS.API.STREAM.INFO.{STAGE_STREAM}")
+            return int(info["config"]["max_age"])
+        finally:
+            hub.txns.staging_ttl_ms = STAGING_TTL_MS  # (as the other tests' gateways have it)
+            await hub.txns.staging.ensure()  # type: ignore[union-attr]
+            await hub.close()
+
+    assert run(main(), 60) == 7_200_000 * 1_000_000

@@ -173,13 +173,7 @@ class JetStreamStaging:
                 break
             i, count, fp = wrong
             if i in leader:
-                named = parts[i]
-                if not count:
-                    raise TxnPartMissing(f"part {named.part!r} of transaction {txn!r} into "
-                                         f"{stream!r} is not staged (stage it again)")
-                raise TxnPartMissing(
-                    f"part {named.part!r} of transaction {txn!r} into {stream!r} holds {count} "
-                    f"event(s) of fingerprint {fp}, not the {named.count} of {named.fp} named")
+                raise TxnPartMissing.of(parts[i], txn, stream, (count, fp) if count else None)
             leader.add(i)
 
         async def source() -> AsyncIterator[Batch]:

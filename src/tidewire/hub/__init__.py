@@ -5,6 +5,7 @@ from .fairness import FairnessLimits, LoopShares, Throttle
 from .hub import RESERVED_PREFIX, Hub, NotSupported, Start, StreamDeleted
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits, Pipeline, abandon
 from .ledger import Ledger
+from .staging import PartSink
 from .storage import (
     ClusterStatus,
     EmbeddedStorage,
@@ -35,6 +36,7 @@ __all__ = [
     "Ledger",
     "LoopShares",
     "NotSupported",
+    "PartSink",
     "Pipeline",
     "RecordSubscription",
     "ReplicaStatus",

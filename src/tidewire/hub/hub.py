@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 from ..log import Log, LogConfig, StreamDeleted
 from ..model import (
@@ -30,6 +30,7 @@ from ..model import (
 from .budget import Budget, Share
 from .ingest import INGEST_DEFAULTS, Ingest, IngestLimits
 from .ledger import Ledger
+from .staging import STAGING_TTL_MS, PartSink
 from .storage import ClusterStatus, EmbeddedStorage, Retention, Storage, StreamAdmin, StreamStats
 from .subscription import RecordSubscription, Subscription
 from .traffic import Metrics
@@ -70,9 +71,11 @@ class Hub:
         retention_interval_s: float = 60.0,
         clock: Callable[[], int] = now_ms,
         txn_expiration_ms: int | None = None,
+        staging_ttl_ms: int = STAGING_TTL_MS,
     ) -> None:
         """``txn_expiration_ms``: forget a transaction id that long after its commit even if
-        its events are retained (:mod:`.txn`; ``None``: only once retention removed them)."""
+        its events are retained (:mod:`.txn`; ``None``: only once retention removed them);
+        ``staging_ttl_ms``: drop staged parts untouched that long (:mod:`.staging`)."""
         self.storage: Storage = (
             EmbeddedStorage(storage) if isinstance(storage, Log) else storage
         )
@@ -91,6 +94,7 @@ class Hub:
         """Per protocol (``via``), the limits :meth:`ingest` gives (``serve`` sets them from
         the ``ingest.*`` settings); a protocol not named gets :class:`IngestLimits()`."""
         self.txns = Transactions(self, expiration_ms=txn_expiration_ms)
+        self.txns.staging_ttl_ms = staging_ttl_ms
         self.budget = Budget()
         """The memory budget every connection's :class:`~.budget.Share` draws on
         (``serve`` sets its limits from the ``memory.*`` settings)."""
@@ -105,11 +109,36 @@ class Hub:
         retention_interval_s: float = 60.0,
         clock: Callable[[], int] = now_ms,
         txn_expiration_ms: int | None = None,
+        staging_ttl_ms: int = STAGING_TTL_MS,
     ) -> Hub:
         """Open (and recover) the embedded log in ``data_dir`` and build a hub on it."""
         return cls(EmbeddedStorage.open(data_dir, config),
                    retention_interval_s=retention_interval_s, clock=clock,
-                   txn_expiration_ms=txn_expiration_ms)  # fmt: skip
+                   txn_expiration_ms=txn_expiration_ms,
+                   staging_ttl_ms=staging_ttl_ms)  # fmt: skip
+
+    @classmethod
+    async def connect(cls, opening: Callable[[], Awaitable[Storage]], **options: Any) -> Hub:
+        """Build a hub on the storage ``opening()`` connects (a remote backend: the hub is
+        built once it is connected, since building replays the reserved streams, which such
+        a backend fetches while connecting); the storage is closed if the hub cannot be
+        built. ``options``: :meth:`__init__`'s."""
+        storage = await opening()
+        try:
+            return cls(storage, **options)
+        except BaseException:
+            await storage.close()
+            raise
+
+    def stage(self, principal: str, stream: str, txn: str, part: str) -> PartSink:
+        """A new part ``part`` of ``principal``'s staged transaction ``txn`` into ``stream``
+        (:mod:`.staging`: the storage's staging area keeps it until a commit or an abort);
+        :class:`~tidewire.model.TidewireError` when the storage keeps none, ``OSError`` when
+        the part cannot be begun."""
+        _writable(stream)
+        if self.txns.staging is None:
+            raise TidewireError("this hub keeps no staged parts")
+        return self.txns.staging.writer(principal, stream, txn, part)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -81,6 +81,17 @@ class TxnPartMissing(TidewireError):
     """A part named by a commit is not staged (or holds other rows than named): the writer
     must stage it again (Spark replays the micro-batch)."""
 
+    @classmethod
+    def of(cls, named: NamedPart, txn: str, stream: str,
+           found: tuple[int, int] | None) -> TxnPartMissing:  # fmt: skip
+        """The error for ``named``: not staged (``found`` None), or found holding
+        ``(count, fp)`` instead (every staging area says it the same way)."""
+        where = f"part {named.part!r} of transaction {txn!r} into {stream!r}"
+        if found is None:
+            return cls(f"{where} is not staged (stage it again)")
+        return cls(f"{where} holds {found[0]} event(s) of fingerprint {found[1]}, not the "
+                   f"{named.count} of {named.fp} named")  # fmt: skip
+
 
 class NamedPart(Protocol):
     """A part as a commit names it (``tidewire.protocols.rsio.staged.StagedPart``): its name,
@@ -275,8 +286,7 @@ class Staging:
                     else:
                         data = memoryview(f.read())
             except FileNotFoundError:
-                raise TxnPartMissing(f"part {named.part!r} of transaction {txn!r} into "
-                                     f"{stream!r} is not staged (stage it again)") from None
+                raise TxnPartMissing.of(named, txn, stream, None) from None
             # The fingerprint first: it covers the whole file, each record of which was
             # checked (header and body CRC) as it arrived, so a file that matches is what the
             # writer sent and its records are decoded without a second body CRC pass.
@@ -284,9 +294,7 @@ class Staging:
             batches = list(records_of(stream, data, verify=fp != named.fp))
             count = sum(len(b) for b in batches)
             if (count, fp) != (named.count, named.fp):
-                raise TxnPartMissing(
-                    f"part {named.part!r} of transaction {txn!r} into {stream!r} holds {count} "
-                    f"event(s) of fingerprint {fp}, not the {named.count} of {named.fp} named")
+                raise TxnPartMissing.of(named, txn, stream, (count, fp))
             yield from batches
 
     async def content(self, principal: str | None, stream: str, txn: str,

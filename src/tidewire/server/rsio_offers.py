@@ -32,8 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from ..hub import Ingest, Pipeline, Share, abandon
-from ..hub.staging import PartSink
+from ..hub import Ingest, PartSink, Pipeline, Share, abandon
 from ..model import Batch, TidewireError, now_ms
 from ..observe.logs import ConnectionLog
 from ..protocols.rsio import Cancel, Committed, Connection, OfferEnded, Request, Subscribe
@@ -106,15 +105,14 @@ class Offers:
             return reason
         part = None
         if name.stage is not None and name.txn is not None:
-            staging = self.ingest.hub.txns.staging
-            if staging is None:
-                reason = "this hub keeps no staged parts"
-                self.refuse(offer, reason)
-                return reason
             try:
-                part = staging.writer(self.ingest.principal, name.stream, name.txn, name.stage)
+                part = self.ingest.hub.stage(self.ingest.principal, name.stream, name.txn,
+                                             name.stage)  # fmt: skip
+            except TidewireError as exc:
+                reason = str(exc)
             except OSError as exc:
                 reason = f"cannot stage part {name.stage!r}: {exc}"
+            if reason is not None:
                 self.refuse(offer, reason)
                 return reason
         self.conn.send(Subscribe(publisher, offer, OFFER_WINDOW if part is None else STAGE_WINDOW))

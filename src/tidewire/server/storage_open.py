@@ -1,11 +1,14 @@
 """Where ``tidewire serve`` keeps the streams: the embedded log in ``data_dir`` (the default),
 or, with ``storage.url`` set (``--storage``), a NATS JetStream cluster (docs/cluster.md).
 
+This is where ``serve`` chooses the storage backend from its configuration (the one place
+above both the hub and the cluster package); everything else reaches the streams through the
+:class:`~tidewire.hub.Hub` built here (:meth:`Hub.open <tidewire.hub.Hub.open>` on the embedded
+log, :meth:`Hub.connect <tidewire.hub.Hub.connect>` on a connected cluster).
+
 In cluster mode the gateway keeps nothing on its own disk: ``data_dir`` is not opened (nor
 created), the hub's own state (transactions, Tolliver offsets, Seguro points) is in the cluster
-with the streams, and the TLS and access files are named by their own settings. The hub is
-built only once the storage is connected, because building it replays the reserved streams
-(:meth:`tidewire.hub.storage.Storage.replay`), which a remote backend fetches while connecting.
+with the streams, and the TLS and access files are named by their own settings.
 
 A cluster that cannot be reached within ``cluster.append_timeout_s`` is
 :class:`StorageUnavailable`, one line naming the URLs and the reason, never a traceback;
@@ -23,8 +26,7 @@ from typing import Any
 
 from ..config import ServerConfig
 from ..errors import TidewireError
-from ..hub import Hub
-from ..hub.storage import Storage
+from ..hub import Hub, Storage
 
 __all__ = ["EXIT_UNAVAILABLE", "Connector", "StorageUnavailable", "connect_jetstream", "open_hub"]
 
@@ -93,14 +95,8 @@ async def open_hub(config: ServerConfig, connect: Connector | None = None) -> Hu
     options: dict[str, Any] = {
         "retention_interval_s": config.retention_check_interval_s,
         "txn_expiration_ms": None if expiration < 0 else expiration,
+        "staging_ttl_ms": int(config.values["txn.staging_ttl_ms"]),
     }
     if not config.clustered:
-        hub = Hub.open(config.data_dir, config.log, **options)
-        hub.txns.staging_ttl_ms = int(config.values["txn.staging_ttl_ms"])
-        return hub
-    storage = await open_storage(config, connect)
-    try:
-        return Hub(storage, **options)
-    except BaseException:
-        await storage.close()
-        raise
+        return Hub.open(config.data_dir, config.log, **options)
+    return await Hub.connect(lambda: open_storage(config, connect), **options)
